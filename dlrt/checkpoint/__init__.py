@@ -1,0 +1,1 @@
+"""Checkpoint folders: reading (`folder`), loading weights (`loader`), writing (`make`)."""

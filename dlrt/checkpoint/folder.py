@@ -1,0 +1,90 @@
+"""A Hugging Face checkpoint folder: config, generation config, safetensors files and index."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dlrt.errors import CheckpointError
+
+INDEX_NAME = "model.safetensors.index.json"
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} does not hold a JSON object")
+    return data
+
+
+@dataclass
+class CheckpointFolder:
+    """The files of one checkpoint. `tensor_files` maps each tensor name to its safetensors file
+    (empty when the folder has no weights, e.g. a config-only folder for dummy loading)."""
+
+    path: Path
+    hf_config: dict[str, Any]
+    generation_config: dict[str, Any]
+    tensor_files: dict[str, Path] = field(default_factory=dict)
+
+    @staticmethod
+    def open(path: str | Path, require_weights: bool = True) -> CheckpointFolder:
+        """Read a checkpoint folder.
+
+        Raises:
+            CheckpointError: not a folder, no `config.json`, weights only in a pickle format
+                (.bin/.pt: never loaded), an index naming a missing file, or no weights at all
+                when `require_weights`.
+        """
+        root = Path(path).expanduser()
+        if not root.is_dir():
+            raise CheckpointError(f"checkpoint folder {root} does not exist or is not a folder")
+        if not (root / "config.json").is_file():
+            raise CheckpointError(f"{root} has no config.json")
+        hf_config = _read_json(root / "config.json")
+        gen_path = root / "generation_config.json"
+        generation = _read_json(gen_path) if gen_path.is_file() else {}
+        files = _tensor_files(root) if require_weights else {}
+        return CheckpointFolder(root, hf_config, generation, files)
+
+    def has_tokenizer(self) -> bool:
+        return any((self.path / n).is_file()
+                   for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
+
+
+def _tensor_files(root: Path) -> dict[str, Path]:
+    from safetensors import safe_open
+
+    index = root / INDEX_NAME
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index} has no weight_map")
+        files = {name: root / fname for name, fname in weight_map.items()}
+        for f in sorted(set(files.values())):
+            if not f.is_file():
+                raise CheckpointError(f"{index} names {f.name}, which is not in {root}")
+        return files
+    shards = sorted(root.glob("*.safetensors"))
+    if not shards:
+        pickles = sorted(p.name for p in root.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+        if pickles:
+            raise CheckpointError(
+                f"{root} holds only non-safetensors weights ({', '.join(pickles[:3])}); dlrt "
+                "loads safetensors only (pickle files can run code): convert the checkpoint")
+        raise CheckpointError(f"{root} has no *.safetensors weights (and no {INDEX_NAME})")
+    files: dict[str, Path] = {}
+    for shard in shards:
+        try:
+            with safe_open(shard, framework="pt") as f:
+                for name in f.keys():
+                    files[name] = shard
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{shard} is not a valid safetensors file: {e}") from e
+    return files

@@ -1,0 +1,69 @@
+"""Built-in tiny configs and the embedded default model (tiny SDAR + the real SDAR tokenizer)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from dlrt import env
+
+TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "data" / "sdar-qwen3"
+
+_SDAR_GEN = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny-sdar": {
+        "architectures": ["SDARForCausalLM"], "model_type": "sdar", "vocab_size": 151936,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000, "max_position_embeddings": 32768,
+        "tie_word_embeddings": False, "initializer_range": 0.02, "block_size": 4,
+        "mask_token_id": 151669, "bos_token_id": 151643, "eos_token_id": 151643,
+        "torch_dtype": "bfloat16",
+    },
+    "tiny-sdar-moe": {
+        "architectures": ["SDARMoeForCausalLM"], "model_type": "sdar_moe",
+        "vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128,
+        "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2,
+        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False,
+        "initializer_range": 0.02, "mask_token_id": 151669, "bos_token_id": 151643,
+        "eos_token_id": 151643, "torch_dtype": "bfloat16",
+    },
+    "tiny-llada": {
+        "architectures": ["LLaDAModelLM"], "model_type": "llada", "d_model": 64,
+        "n_heads": 4, "n_kv_heads": 4, "n_layers": 2, "mlp_hidden_size": 128,
+        "embedding_size": 126464, "vocab_size": 126464, "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0, "max_sequence_length": 4096, "mask_token_id": 126336,
+        "eos_token_id": 126081, "pad_token_id": 126081, "block_type": "llama",
+        "layer_norm_type": "rms", "rope": True, "weight_tying": False, "init_std": 0.02,
+        "torch_dtype": "bfloat16",
+    },
+}
+PRESET_GENERATION = {
+    "tiny-sdar": _SDAR_GEN,
+    "tiny-sdar-moe": _SDAR_GEN,
+    "tiny-llada": {"eos_token_id": 126081, "pad_token_id": 126081},
+}
+
+DEFAULT_PRESET = "tiny-sdar"
+DEFAULT_SEED = 0
+_DEFAULT_VERSION = "v1"
+
+
+def preset(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config, generation_config) of a built-in preset (copies)."""
+    return copy.deepcopy(PRESETS[name]), copy.deepcopy(PRESET_GENERATION[name])
+
+
+def default_model_path() -> Path:
+    """The embedded default model; written (deterministically, seed 0) on first use."""
+    path = env.cache_dir() / "models" / f"{DEFAULT_PRESET}-{_DEFAULT_VERSION}"
+    if not (path / "config.json").is_file():
+        from dlrt.checkpoint.make import make_checkpoint
+
+        make_checkpoint(DEFAULT_PRESET, path, seed=DEFAULT_SEED)
+    return path

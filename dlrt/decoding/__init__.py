@@ -1,0 +1,1 @@
+"""Decoding: options and their resolution, the per-round quota, sampling, remasking strategies."""

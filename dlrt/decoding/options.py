@@ -1,0 +1,159 @@
+"""Decoding options: what a request may set (`DecodingOptions`, None = default) and the one step
+that resolves them against the decoder's defaults and `generation_config.json`
+(`DecodingParams`, every field concrete and validated)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlrt.decoding.sampling import SamplingSpec
+from dlrt.decoding.strategies import STRATEGIES, StrategySpec
+from dlrt.errors import OptionError
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """Per-request options of `LLM.generate`. None means: the decoder's / checkpoint's default.
+
+    max_new_tokens: tokens to generate at most (>= 1).
+    block_length: B, positions denoised together (>= 1).
+    denoising_steps: T, round budget per block (>= 1); default B (one token per round).
+    remasking_strategy: one of `dlrt.decoding.strategies.STRATEGIES`.
+    threshold: confidence bar in [0, 1] (low_confidence_dynamic, threshold, dynamic_pmax).
+    eb_threshold: entropy budget in nats (> 0) of `entropy_bounded`.
+    temperature: >= 0; 0 is greedy. top_k: >= 0 (0 = off). top_p: in (0, 1].
+    seed: >= 0; sampling and `random` are reproducible for a given seed.
+    stop: extra stop token ids (int) or stop strings (str).
+    ignore_eos: do not stop at the checkpoint's stop ids (benchmarks).
+    """
+
+    max_new_tokens: int | None = None
+    block_length: int | None = None
+    denoising_steps: int | None = None
+    remasking_strategy: str | None = None
+    threshold: float | None = None
+    eb_threshold: float | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[int | str, ...] = ()
+    ignore_eos: bool = False
+
+    @staticmethod
+    def from_kwargs(kwargs: dict[str, Any]) -> DecodingOptions:
+        """Build from keyword options. Raises OptionError on an unknown name or a bad type."""
+        names = {f.name for f in dataclasses.fields(DecodingOptions)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise OptionError(f"unknown decoding option(s) {unknown}; known: {sorted(names)}")
+        kw = {k: v for k, v in kwargs.items() if v is not None}
+        if "stop" in kw:
+            stop = kw["stop"]
+            stop = [stop] if isinstance(stop, (str, int)) else stop
+            if not isinstance(stop, (list, tuple)):
+                raise OptionError("stop must be a token id, a string, or a list of them")
+            kw["stop"] = tuple(stop)
+        opts = DecodingOptions(**kw)
+        opts._check_types()
+        return opts
+
+    def _check_types(self) -> None:
+        ints = ("max_new_tokens", "block_length", "denoising_steps", "top_k", "seed")
+        floats = ("threshold", "eb_threshold", "temperature", "top_p")
+        for name in ints:
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise OptionError(f"{name} must be an integer, got {v!r}")
+        for name in floats:
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise OptionError(f"{name} must be a number, got {v!r}")
+        if self.remasking_strategy is not None and not isinstance(self.remasking_strategy, str):
+            raise OptionError(f"remasking_strategy must be a string, got {self.remasking_strategy!r}")
+        for s in self.stop:
+            if isinstance(s, bool) or not isinstance(s, (int, str)) or s == "":
+                raise OptionError(f"stop entries must be token ids or non-empty strings, got {s!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise OptionError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+
+
+@dataclass(frozen=True)
+class DecoderDefaults:
+    """A decoder's defaults; `block_length=None` means one block over the whole generation."""
+
+    block_length: int | None
+    remasking_strategy: str
+    threshold: float = 0.9
+    eb_threshold: float = 0.35
+
+
+@dataclass(frozen=True)
+class DecodingParams:
+    """Resolved, validated options of one request."""
+
+    max_new_tokens: int
+    block_length: int
+    denoising_steps: int
+    strategy: StrategySpec
+    sampling: SamplingSpec
+    stop_token_ids: frozenset[int]
+    stop_strings: tuple[str, ...] = field(default=())
+
+
+def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config: dict[str, Any],
+            eos_token_ids: tuple[int, ...], default_max_new_tokens: int,
+            random_seed: int) -> DecodingParams:
+    """Fill every None from the decoder defaults and `generation_config.json`, then validate.
+
+    Sampling defaults follow `generation_config.json` when it sets `do_sample` (as vLLM does);
+    otherwise greedy. `random_seed` is used when the request gives no seed.
+
+    Raises:
+        OptionError: a value out of range (the message names the option).
+    """
+    gen = generation_config
+    sample = bool(gen.get("do_sample", False))
+    max_new = _pick(opts.max_new_tokens, default_max_new_tokens)
+    _check(max_new >= 1, "max_new_tokens", max_new, "must be >= 1")
+    block = _pick(opts.block_length, defaults.block_length, max_new)
+    _check(block >= 1, "block_length", block, "must be >= 1")
+    steps = _pick(opts.denoising_steps, block)
+    _check(steps >= 1, "denoising_steps", steps, "must be >= 1")
+    name = _pick(opts.remasking_strategy, defaults.remasking_strategy)
+    _check(name in STRATEGIES, "remasking_strategy", name, f"must be one of {STRATEGIES}")
+    threshold = float(_pick(opts.threshold, defaults.threshold))
+    _check(0.0 <= threshold <= 1.0, "threshold", threshold, "must be in [0, 1]")
+    eb = float(_pick(opts.eb_threshold, defaults.eb_threshold))
+    _check(eb > 0.0, "eb_threshold", eb, "must be > 0")
+    temperature = float(_pick(opts.temperature, gen.get("temperature") if sample else 0.0, 0.0))
+    _check(temperature >= 0.0, "temperature", temperature, "must be >= 0")
+    top_k = int(_pick(opts.top_k, gen.get("top_k") if sample else 0, 0))
+    _check(top_k >= 0, "top_k", top_k, "must be >= 0 (0 = off)")
+    top_p = float(_pick(opts.top_p, gen.get("top_p") if sample else 1.0, 1.0))
+    _check(0.0 < top_p <= 1.0, "top_p", top_p, "must be in (0, 1]")
+    seed = _pick(opts.seed, random_seed)
+    _check(0 <= seed < 2**63, "seed", seed, "must be in [0, 2^63)")
+    stop_ids = {s for s in opts.stop if isinstance(s, int)}
+    if not opts.ignore_eos:
+        stop_ids |= set(eos_token_ids)
+    return DecodingParams(
+        max_new_tokens=max_new,
+        block_length=block,
+        denoising_steps=steps,
+        strategy=StrategySpec(name, threshold, eb),
+        sampling=SamplingSpec(temperature, top_k, top_p, seed),
+        stop_token_ids=frozenset(stop_ids),
+        stop_strings=tuple(s for s in opts.stop if isinstance(s, str)),
+    )
+
+
+def _pick(*values):
+    return next(v for v in values if v is not None)
+
+
+def _check(ok: bool, name: str, value: Any, why: str) -> None:
+    if not ok:
+        raise OptionError(f"{name}={value!r} {why}")

@@ -1,0 +1,39 @@
+"""Counter-based random numbers keyed by (seed, stream, round, position, column).
+
+Pure int64 tensor arithmetic (a 32-bit integer hash, "lowbias32" by C. Wellons), so the same
+key gives the same number in eager code, in a captured CUDA graph and on the CPU, with no
+generator state to carry between rounds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_M32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B9
+SAMPLE_STREAM = 0  # Gumbel noise for token sampling
+REMASK_STREAM = 1  # scores of the `random` strategy
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """Hash int64 values in [0, 2^32) to int64 values in [0, 2^32)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def _key(seed, stream: int, round_idx, positions: torch.Tensor) -> torch.Tensor:
+    """[n] int64 key per position. seed/round_idx: int or 0-d int64 tensor."""
+    k = mix32(torch.as_tensor(seed, dtype=torch.int64, device=positions.device) & _M32)
+    k = mix32((k + stream * _GOLDEN) & _M32)
+    k = mix32((k + round_idx) & _M32)
+    return mix32((k + positions) & _M32)
+
+
+def uniform(seed, stream: int, round_idx, positions: torch.Tensor, width: int) -> torch.Tensor:
+    """Uniform floats in (0, 1), [n, width] fp32, one per (position, column)."""
+    cols = torch.arange(width, dtype=torch.int64, device=positions.device)
+    h = mix32((_key(seed, stream, round_idx, positions)[:, None] + cols[None, :] * _GOLDEN) & _M32)
+    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))

@@ -1,0 +1,51 @@
+"""One denoising round after the forward: candidates, confidences, remasking strategy, commit.
+
+Pure tensor code with fixed shapes (no `.item()`, no data-dependent Python branches), shared by
+every decoder and execution mode so they commit the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dlrt.decoding import rng
+from dlrt.decoding.sampling import SamplingSpec, candidates, entropy, probabilities
+from dlrt.decoding.strategies import NEEDS_ENTROPY, NEEDS_RANDOM, StrategySpec, select
+
+
+@dataclass(frozen=True)
+class RoundSpec:
+    """What every round of a request shares."""
+
+    strategy: StrategySpec
+    sampling: SamplingSpec
+    steps: int  # the round budget T; the last round commits every remaining mask
+
+
+def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
+                  masked: torch.Tensor, positions: torch.Tensor, round_idx,
+                  quota) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Commit some masked positions of a block.
+
+    Args:
+        logits: [n, V] logits at the block positions (any float dtype).
+        tokens: [n] int64 current ids (mask token where masked).
+        masked: [n] bool, positions not yet decided (fixed prompt tokens are False).
+        positions: [n] int64 absolute positions (keys of the sampling noise).
+        round_idx: int or 0-d int64 tensor, round within the block (0-based).
+        quota: int or 0-d int64 tensor, this round's quota k.
+    Returns:
+        (tokens [n] int64, masked [n] bool, commit [n] bool) after the round.
+    """
+    probs = probabilities(logits, spec.sampling)  # [n, V] fp32
+    cand, conf = candidates(probs, spec.sampling, round_idx, positions)
+    ent = entropy(probs) if spec.strategy.name in NEEDS_ENTROPY else None
+    rand = None
+    if spec.strategy.name in NEEDS_RANDOM:
+        rand = rng.uniform(spec.sampling.seed, rng.REMASK_STREAM, round_idx, positions, 1)[:, 0]
+    commit = select(spec.strategy, conf, masked, quota, ent, rand)
+    last = torch.as_tensor(round_idx, device=masked.device) >= spec.steps - 1
+    commit = commit | (masked & last)
+    return torch.where(commit, cand, tokens), masked & ~commit, commit

@@ -1,0 +1,1 @@
+"""User entry points: the `dlrt` command line (and, later, the server)."""

@@ -1,0 +1,140 @@
+"""The `dlrt` command line: generate, make-checkpoint.
+
+Decoding flags are derived from `DecodingOptions` (each default written once, there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import typing
+
+from dlrt.decoding.options import DecodingOptions
+from dlrt.errors import DlrtError
+
+_HELP = {
+    "max_new_tokens": "tokens to generate at most (default 128)",
+    "block_length": "block length B (default: the model's / decoder's)",
+    "denoising_steps": "round budget T per block (default B)",
+    "remasking_strategy": "sequential, low_confidence_static, low_confidence_dynamic, "
+                          "threshold, entropy_bounded, dynamic_pmax, random",
+    "threshold": "confidence threshold in [0, 1] (default 0.9)",
+    "eb_threshold": "entropy budget of entropy_bounded (default 0.35)",
+    "temperature": "0 = greedy (default: generation_config.json, else 0)",
+    "top_k": "top-k filter, 0 = off", "top_p": "top-p filter, 1 = off",
+    "seed": "sampling seed", "stop": "extra stop token id or string (repeatable)",
+    "ignore_eos": "do not stop at end-of-sequence tokens",
+}
+
+
+def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per `DecodingOptions` field; all default to None (= the model's default)."""
+    hints = typing.get_type_hints(DecodingOptions)
+    for f in dataclasses.fields(DecodingOptions):
+        flag = "--" + f.name.replace("_", "-")
+        hint = hints[f.name]
+        if hint is bool:
+            parser.add_argument(flag, action="store_true", default=None, help=_HELP[f.name])
+        elif f.name == "stop":
+            parser.add_argument(flag, action="append", default=None, help=_HELP[f.name])
+        else:
+            kind = next(t for t in typing.get_args(hint) if t is not type(None))
+            parser.add_argument(flag, type=kind, default=None, help=_HELP[f.name])
+
+
+def decoding_kwargs(args: argparse.Namespace) -> dict:
+    kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(DecodingOptions)}
+    if kw["stop"]:
+        kw["stop"] = [int(s) if s.lstrip("-").isdigit() else s for s in kw["stop"]]
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None,
+                        help="checkpoint folder (default: the embedded tiny SDAR model)")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"])
+    parser.add_argument("--decoder", default=None, help="block, canvas or dllm_var")
+    parser.add_argument("--mask-token-id", type=int, default=None)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--attention-backend", default=None)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    names = ("dtype", "device", "load_format", "decoder", "mask_token_id", "max_model_len",
+             "attention_backend")
+    return {n: getattr(args, n) for n in names}
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from dlrt import LLM
+
+    llm = LLM(args.model, **engine_kwargs(args))
+    prompt = args.prompt
+    if args.prompt_ids:
+        prompt = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
+    kw = decoding_kwargs(args)
+    if args.json:
+        result = llm.generate(prompt, chat=args.chat, **kw)
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+        return 0
+    for block in llm.stream(prompt, chat=args.chat, **kw):
+        sys.stdout.write(block.text)
+        sys.stdout.flush()
+        if block.finish_reason:
+            sys.stdout.write("\n")
+            sys.stderr.write(f"[finish_reason={block.finish_reason}]\n")
+    return 0
+
+
+def _make_checkpoint(args: argparse.Namespace) -> int:
+    from dlrt.checkpoint.make import make_checkpoint
+
+    out = make_checkpoint(args.source, args.out, seed=args.seed, dtype=args.dtype,
+                          num_layers=args.num_layers,
+                          max_shard_bytes=int(args.max_shard_gb * 10**9), device=args.device,
+                          overwrite=args.overwrite)
+    print(out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dlrt", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text for one prompt")
+    add_engine_flags(gen)
+    src = gen.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-ids", help="prompt as token ids, comma or space separated")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    gen.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    add_decoding_flags(gen)
+    gen.set_defaults(func=_generate)
+
+    mk = sub.add_parser("make-checkpoint",
+                        help="write a checkpoint with seeded random weights")
+    mk.add_argument("source", help="a preset (tiny-sdar, tiny-sdar-moe, tiny-llada) or a "
+                                   "folder with config.json")
+    mk.add_argument("out", help="destination folder")
+    mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--dtype", default="bfloat16")
+    mk.add_argument("--num-layers", type=int, default=None, help="keep only this many layers")
+    mk.add_argument("--max-shard-gb", type=float, default=5.0)
+    mk.add_argument("--device", default="cpu", help="where to draw the random values")
+    mk.add_argument("--overwrite", action="store_true")
+    mk.set_defaults(func=_make_checkpoint)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except DlrtError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

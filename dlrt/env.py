@@ -1,0 +1,20 @@
+"""Environment variables read by dlrt (all `DLRT_`-prefixed), typed, in one place."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """DLRT_CACHE_DIR: where the embedded default model is made (default ~/.cache/dlrt)."""
+    value = os.environ.get("DLRT_CACHE_DIR")
+    if value:
+        return Path(value).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dlrt"
+
+
+def attention_backend() -> str | None:
+    """DLRT_ATTENTION_BACKEND: force an attention backend ('sdpa'); None = choose per device."""
+    return os.environ.get("DLRT_ATTENTION_BACKEND") or None

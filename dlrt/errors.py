@@ -1,0 +1,21 @@
+"""Errors raised by dlrt. Every error names the problem; the server maps them to 4xx answers."""
+
+
+class DlrtError(Exception):
+    """Base class of every error dlrt raises on purpose."""
+
+
+class CheckpointError(DlrtError):
+    """A checkpoint folder is unusable: missing file, missing or mis-shaped tensor, bad format."""
+
+
+class ConfigError(DlrtError):
+    """A `config.json` names an unknown `model_type` or lacks a field the family needs."""
+
+
+class OptionError(DlrtError, ValueError):
+    """A user option (decoding or engine) has a bad value."""
+
+
+class PromptError(DlrtError, ValueError):
+    """A prompt is empty, has a bad type, or does not fit in the context."""

@@ -1,0 +1,248 @@
+"""`LLM`: load a block-diffusion checkpoint and generate from Python."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlrt import env
+from dlrt.attention import get_backend
+from dlrt.checkpoint.folder import CheckpointFolder
+from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize
+from dlrt.config import ModelConfig
+from dlrt.decoding.options import DecodingOptions, DecodingParams, resolve
+from dlrt.errors import ConfigError, OptionError, PromptError
+from dlrt.models import build_model
+from dlrt.outputs import BlockOutput, GenerationResult
+from dlrt.runtime.decoders import DECODERS, FAMILY_STOP_IDS, decoder_for
+from dlrt.runtime.kv_cache import PagedKVCache
+from dlrt.runtime.runner import ModelRunner
+from dlrt.tokenizer import Prompt, TextStream, encode_prompt, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+          "float64": torch.float64}
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+DEFAULT_MAX_NEW_TOKENS = 128
+
+
+class LLM:
+    """A loaded model ready to generate, one request at a time.
+
+    Args:
+        model: checkpoint folder (Hugging Face layout, safetensors only); None = the embedded
+            default (a tiny SDAR model with the SDAR tokenizer, made on first use).
+        dtype: "auto" (bfloat16 on CUDA, float32 on CPU) or a dtype name.
+        device: "auto" (CUDA when available), "cpu", "cuda", "cuda:N".
+        load_format: "auto"/"safetensors" (read the weights) or "dummy" (seeded random weights,
+            no weight files needed: benchmarks on configs alone).
+        decoder: "block" (SDAR), "canvas" (LLaDA pure diffusion / semi-AR) or "dllm_var"
+            (LLaDA weights, block decoding with KV cache and look-ahead); None = family default.
+        mask_token_id: overrides the config's / tokenizer's mask token.
+        max_model_len: context limit in tokens (default: the config's maximum).
+        attention_backend: "sdpa" (default; see `dlrt.attention`).
+        seed: seed of dummy weights.
+    Raises:
+        CheckpointError, ConfigError, OptionError: the message names the problem.
+    """
+
+    def __init__(self, model: str | Path | None = None, *, dtype: str = "auto",
+                 device: str = "auto", load_format: str = "auto", decoder: str | None = None,
+                 mask_token_id: int | None = None, max_model_len: int | None = None,
+                 attention_backend: str | None = None, seed: int = 0):
+        if model is None:
+            from dlrt.checkpoint.presets import default_model_path
+
+            model = default_model_path()
+        if load_format not in LOAD_FORMATS:
+            raise OptionError(f"load_format {load_format!r} is not one of {LOAD_FORMATS}")
+        self.device = _device(device)
+        self.dtype = _dtype(dtype, self.device)
+        self.folder = CheckpointFolder.open(model, require_weights=load_format != "dummy")
+        config = ModelConfig.from_hf(self.folder.hf_config)
+        self.tokenizer = load_tokenizer(self.folder.path)
+        self.config = config.replace(mask_token_id=self._mask_token(config, mask_token_id))
+        self.max_model_len = _context(config, max_model_len)
+        self.decoder_name, self.decoder_defaults = decoder_for(
+            config.family, decoder, config.block_size)
+        gen_eos = self.folder.generation_config.get("eos_token_id")
+        eos = tuple(gen_eos if isinstance(gen_eos, list) else [gen_eos]) if gen_eos is not None \
+            else config.eos_token_ids
+        self.eos_token_ids = tuple(dict.fromkeys(eos + FAMILY_STOP_IDS.get(config.family, ())))
+        self.model = self._load(load_format, seed)
+        backend = get_backend(attention_backend or env.attention_backend() or "sdpa")
+        cache = PagedKVCache(config.num_layers, config.num_kv_heads, config.head_dim,
+                             self.max_model_len, self.dtype, self.device)
+        self.runner = ModelRunner(self.model, backend, cache, self.device)
+        module, cls, _ = DECODERS[self.decoder_name]
+        self.decoder = getattr(importlib.import_module(module), cls)(
+            self.runner, self.config.mask_token_id, self.decoder_defaults)
+
+    def _mask_token(self, config: ModelConfig, option: int | None) -> int:
+        if option is not None:
+            if isinstance(option, bool) or not isinstance(option, int) \
+                    or not 0 <= option < config.vocab_size:
+                raise OptionError(f"mask_token_id={option!r} is not a token id of the vocabulary")
+            return option
+        if config.mask_token_id is not None:
+            return int(config.mask_token_id)
+        tok_mask = getattr(self.tokenizer, "mask_token_id", None)
+        if tok_mask is not None:
+            return int(tok_mask)
+        raise ConfigError(f"{self.folder.path}: config.json has no mask_token_id and the "
+                          "tokenizer no mask token; pass mask_token_id=...")
+
+    def _load(self, load_format: str, seed: int) -> torch.nn.Module:
+        with torch.device("meta"):
+            model = build_model(self.config)
+        materialize(model, self.dtype, self.device)
+        if load_format == "dummy":
+            init_dummy(model, seed, self.config.initializer_range)
+        else:
+            load_safetensors(model, self.folder)
+        return model.eval()
+
+    def encode(self, prompt: Prompt, chat: bool = False) -> list[int]:
+        """Token ids of a prompt (see `dlrt.tokenizer.encode_prompt`)."""
+        return encode_prompt(self.tokenizer, prompt, self.config.vocab_size, chat)
+
+    def resolve(self, options: DecodingOptions) -> DecodingParams:
+        """Resolve per-request options against this model's defaults."""
+        return resolve(options, self.decoder_defaults, self.folder.generation_config,
+                       self.eos_token_ids, DEFAULT_MAX_NEW_TOKENS, random.randrange(2**31))
+
+    def stream(self, prompt: Prompt, *, chat: bool = False, **options: Any
+               ) -> Iterator[BlockOutput]:
+        """Generate, yielding one `BlockOutput` per decided block. Options as `generate`."""
+        yield from self._stream(prompt, chat, options, {})
+
+    def generate(self, prompt: Prompt, max_new_tokens: int | None = None, *, chat: bool = False,
+                 **options: Any) -> GenerationResult:
+        """Generate for one prompt.
+
+        Args:
+            prompt: text, a list of chat messages ({"role", "content"}; through the chat
+                template), or a list of token ids. Text goes through the chat template too
+                when `chat=True`.
+            max_new_tokens and **options: see `dlrt.decoding.options.DecodingOptions`
+                (block_length, denoising_steps, remasking_strategy, threshold, eb_threshold,
+                temperature, top_k, top_p, seed, stop, ignore_eos).
+        Raises:
+            OptionError: unknown option or bad value. PromptError: bad or too long prompt.
+        """
+        stats: dict[str, Any] = {}
+        blocks = list(self._stream(prompt, chat, {**options, "max_new_tokens": max_new_tokens},
+                                   stats))
+        tokens = [t for b in blocks for t in b.token_ids]
+        last = blocks[-1]
+        return GenerationResult(
+            text="".join(b.text for b in blocks), token_ids=tokens,
+            prompt_token_ids=stats["prompt"], denoise_steps=[b.rounds for b in blocks],
+            commit_rounds=[r for b in blocks for r in b.commit_rounds],
+            finish_reason=last.finish_reason, stop_reason=last.stop_reason,
+            request_tps=len(tokens) / max(stats["total_s"], 1e-9), timings=stats["timings"])
+
+    def _stream(self, prompt: Prompt, chat: bool, options: dict[str, Any],
+                stats: dict[str, Any]) -> Iterator[BlockOutput]:
+        params = self.resolve(DecodingOptions.from_kwargs(options))
+        ids = self.encode(prompt, chat)
+        need = self.decoder.max_positions(len(ids), params)
+        if len(ids) >= self.max_model_len:
+            raise PromptError(f"prompt of {len(ids)} tokens does not fit the context of "
+                              f"{self.max_model_len} tokens")
+        if need > self.max_model_len:
+            raise PromptError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) needs "
+                f"{need} positions, more than the context of {self.max_model_len}")
+        stats["prompt"] = ids
+        text = TextStream(self.tokenizer)
+        out: list[int] = []
+        rounds = 0
+        t0 = time.perf_counter()
+        first_block_s = None
+        for index, block in enumerate(self.decoder.decode(ids, params)):
+            rounds += block.rounds
+            new, finish, why = _trim(block.token_ids, params, params.max_new_tokens - len(out))
+            limit = None
+            if params.stop_strings:
+                hit = _find_stop_string(text, out + new, params.stop_strings, len(out))
+                if hit is not None:
+                    keep, why, limit = hit
+                    new, finish = new[: keep - len(out)], "stop"
+            out += new
+            delta = text.push(new, final=finish is not None, limit=limit)
+            first_block_s = first_block_s or time.perf_counter() - t0
+            if finish is not None:
+                total = time.perf_counter() - t0
+                stats.update(total_s=total, timings=dict(
+                    first_block_s=first_block_s, total_s=total,
+                    forwards=self.runner.forwards, rounds=rounds,
+                    tpf=len(out) / max(rounds, 1)))
+            yield BlockOutput(index, new, delta, block.rounds,
+                              block.commit_rounds[: len(new)], finish, why)
+            if finish is not None:
+                return
+
+
+def _trim(tokens: list[int], params: DecodingParams, room: int):
+    """Cut a block's tokens before the first stop id and at the `max_new_tokens` room left."""
+    for i, t in enumerate(tokens[:room]):
+        if t in params.stop_token_ids:
+            return tokens[:i], "stop", t
+    if len(tokens) >= room:
+        return tokens[:room], "length", None
+    return tokens, None, None
+
+
+def _find_stop_string(text: TextStream, ids: list[int], stops: tuple[str, ...], done: int):
+    """If the text of `ids` holds a stop string, return (tokens to keep: up to the one that
+    completes the earliest stop string, the stop string, its character offset)."""
+    full = text.decode(ids)
+    hits = [(full.find(s), s) for s in stops if s in full]
+    if not hits:
+        return None
+    pos, stop = min(hits)
+    keep = max(done, 1)
+    while stop not in text.decode(ids[:keep]):
+        keep += 1
+    return keep, stop, pos
+
+
+def _device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise OptionError(f"device {device!r} is not a valid device") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise OptionError(f"device {device!r} asked for, but CUDA is not available")
+    if dev.type not in ("cpu", "cuda"):
+        raise OptionError(f"device {device!r}: only cpu and cuda are supported")
+    return dev
+
+
+def _dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise OptionError(f"dtype {dtype!r} is not one of {['auto', *DTYPES]}")
+    return DTYPES[dtype]
+
+
+def _context(config: ModelConfig, max_model_len: int | None) -> int:
+    limit = config.max_position_embeddings
+    if max_model_len is None:
+        return limit
+    if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) \
+            or not 1 <= max_model_len <= limit:
+        raise OptionError(f"max_model_len={max_model_len!r} must be in [1, {limit}]")
+    return max_model_len

@@ -1,0 +1,1 @@
+"""The runtime: KV cache, decoders (the block loops) and the engine behind `LLM`."""

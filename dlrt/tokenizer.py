@@ -1,0 +1,95 @@
+"""Tokenizer loading (transformers' AutoTokenizer, no remote code) and prompt encoding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dlrt.errors import PromptError
+
+Prompt = str | list[dict[str, Any]] | list[int]
+
+
+def load_tokenizer(path: str | Path):
+    """AutoTokenizer from a local folder with `trust_remote_code=False`; None if it has none."""
+    root = Path(path)
+    if not any((root / n).is_file()
+               for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        return None
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    # NOTE: AutoTokenizer reads config.json and warns that it does not know `sdar`/`llada`;
+    # the tokenizer class comes from tokenizer_config.json, so the warning is noise.
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoTokenizer.from_pretrained(str(root), trust_remote_code=False)
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def encode_prompt(tokenizer, prompt: Prompt, vocab_size: int, chat: bool = False) -> list[int]:
+    """Token ids of a prompt: text (through the chat template when `chat`), chat messages
+    (always through the chat template), or token ids (checked against the vocabulary).
+
+    Raises:
+        PromptError: empty prompt, a bad type, malformed messages, ids out of the vocabulary,
+            or text given to a checkpoint without a tokenizer.
+    """
+    if isinstance(prompt, str):
+        if not prompt:
+            raise PromptError("prompt is empty")
+        if chat:
+            return encode_prompt(tokenizer, [{"role": "user", "content": prompt}], vocab_size)
+        _need_tokenizer(tokenizer)
+        return list(tokenizer.encode(prompt))
+    if not isinstance(prompt, (list, tuple)) or not prompt:
+        raise PromptError("prompt must be a non-empty string, list of messages or list of ids")
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        bad = [t for t in prompt if not 0 <= t < vocab_size]
+        if bad:
+            raise PromptError(f"token id(s) {bad[:5]} outside the vocabulary [0, {vocab_size})")
+        return list(prompt)
+    if all(isinstance(m, dict) for m in prompt):
+        for i, m in enumerate(prompt):
+            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise PromptError(f"message {i} needs string 'role' and 'content' fields")
+        _need_tokenizer(tokenizer)
+        if not getattr(tokenizer, "chat_template", None):
+            raise PromptError("the checkpoint's tokenizer has no chat template")
+        text = tokenizer.apply_chat_template(list(prompt), tokenize=False,
+                                             add_generation_prompt=True)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    raise PromptError("prompt list must hold only token ids or only chat messages (dicts)")
+
+
+def _need_tokenizer(tokenizer) -> None:
+    if tokenizer is None:
+        raise PromptError("this checkpoint has no tokenizer: pass token ids instead of text")
+
+
+class TextStream:
+    """Incremental detokenisation: `push(ids)` returns the text added since the last call,
+    holding back an incomplete UTF-8 character until it completes (or `final`). `limit` cuts
+    the text at a character offset (a stop string)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.emitted = 0
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def push(self, ids: list[int], final: bool = False, limit: int | None = None) -> str:
+        self.ids.extend(ids)
+        full = self.decode(self.ids)
+        end = len(full) if final else len(full.rstrip("\ufffd"))
+        if limit is not None:
+            end = min(end, limit)
+        delta = full[self.emitted:end]
+        self.emitted = max(self.emitted, end)
+        return delta
