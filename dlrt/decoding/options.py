@@ -72,7 +72,8 @@ class DecodingOptions:
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise OptionError(f"{name} must be a number, got {v!r}")
         if self.remasking_strategy is not None and not isinstance(self.remasking_strategy, str):
-            raise OptionError(f"remasking_strategy must be a string, got {self.remasking_strategy!r}")
+            raise OptionError(
+                f"remasking_strategy must be a string, got {self.remasking_strategy!r}")
         for s in self.stop:
             if isinstance(s, bool) or not isinstance(s, (int, str)) or s == "":
                 raise OptionError(f"stop entries must be token ids or non-empty strings, got {s!r}")

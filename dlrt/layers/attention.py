@@ -15,7 +15,8 @@ class Attention(nn.Module):
     def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int):
         super().__init__()
         if num_heads % num_kv_heads:
-            raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+            raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads "
+                             f"{num_kv_heads}")
         self.layer_id = layer_id
         self.scale = head_dim**-0.5
 

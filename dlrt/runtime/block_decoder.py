@@ -45,7 +45,7 @@ class BlockDecoder:
             positions = torch.arange(start, start + b, device=dev)
             free = masked.clone()
             tokens, commit_round, rounds = run_rounds(
-                spec, lambda t: run.forward(t, start, chunk_block=b), tokens, masked,
+                spec, lambda t, s=start: run.forward(t, s, chunk_block=b), tokens, masked,
                 positions, b)
             result = block_result(tokens, commit_round, rounds, free)
             generated += len(result.token_ids)

@@ -21,7 +21,8 @@ FAMILY_STOP_IDS = {"llada": (126081, 126348)}
 COMPATIBLE = {"sdar": {"block"}, "sdar_moe": {"block"}, "llada": {"canvas", "dllm_var"}}
 
 
-def decoder_for(family: str, name: str | None, trained_block: int | None) -> tuple[str, DecoderDefaults]:
+def decoder_for(family: str, name: str | None,
+                trained_block: int | None) -> tuple[str, DecoderDefaults]:
     """Resolve the decoder name and its defaults for a family.
 
     Raises:

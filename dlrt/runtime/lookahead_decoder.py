@@ -45,7 +45,7 @@ class LookaheadDecoder:
             masked = torch.ones(b, dtype=torch.bool, device=dev)
             positions = torch.arange(start, start + b, device=dev)
             tokens, commit_round, rounds = run_rounds(
-                spec, lambda t: run.forward(t, start, chunk_block=None), mask_block.clone(),
+                spec, lambda t, s=start: run.forward(t, s, chunk_block=None), mask_block.clone(),
                 masked, positions, b, first_logits=first)
             result = block_result(tokens, commit_round, rounds, torch.ones_like(masked))
             generated += b
