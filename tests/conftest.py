@@ -1,0 +1,50 @@
+"""Shared fixtures: tiny checkpoints written once per session with our own tool, an isolated
+cache for the embedded default model, and the `gpu` marker (skipped without CUDA)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+
+def pytest_configure(config):
+    # NOTE: set before any test imports dlrt, so the embedded default is made in a temp folder.
+    if "DLRT_CACHE_DIR" not in os.environ:
+        import tempfile
+
+        os.environ["DLRT_CACHE_DIR"] = tempfile.mkdtemp(prefix="dlrt-test-cache-")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def _make(tmp_path_factory, preset: str, **kw):
+    from dlrt.checkpoint.make import make_checkpoint
+
+    return make_checkpoint(preset, tmp_path_factory.mktemp(preset) / "ckpt", **kw)
+
+
+@pytest.fixture(scope="session")
+def tiny_sdar(tmp_path_factory):
+    """A tiny SDAR checkpoint (fp32 weights, seed 0) with the SDAR tokenizer."""
+    return _make(tmp_path_factory, "tiny-sdar", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_sdar_moe(tmp_path_factory):
+    """A tiny SDAR-MoE checkpoint (8 experts, top-2), fp32, seed 0."""
+    return _make(tmp_path_factory, "tiny-sdar-moe", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_llada(tmp_path_factory):
+    """A tiny LLaDA checkpoint (no tokenizer: use token ids), fp32, seed 0."""
+    return _make(tmp_path_factory, "tiny-llada", dtype="float32")
