@@ -178,6 +178,9 @@ class LLM:
                     keep, why, limit = hit
                     new, finish = new[: keep - len(out)], "stop"
             out += new
+            if finish is None and params.stop_strings:
+                # NOTE: hold back a tail that may be the start of a stop string ending later.
+                limit = _stop_holdback(text.decode(out), params.stop_strings)
             delta = text.push(new, final=finish is not None, limit=limit)
             first_block_s = first_block_s or time.perf_counter() - t0
             if finish is not None:
@@ -214,6 +217,18 @@ def _find_stop_string(text: TextStream, ids: list[int], stops: tuple[str, ...], 
     while stop not in text.decode(ids[:keep]):
         keep += 1
     return keep, stop, pos
+
+
+def _stop_holdback(full: str, stops: tuple[str, ...]) -> int:
+    """Character offset up to which `full` may be emitted: before the longest tail of `full`
+    that is a proper prefix of a stop string."""
+    hold = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(full)), hold, -1):
+            if full.endswith(stop[:n]):
+                hold = n
+                break
+    return len(full) - hold
 
 
 def _device(device: str) -> torch.device:

@@ -53,7 +53,8 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
         max_shard_bytes: shard size limit, as `save_pretrained(max_shard_size=...)`.
         device: where the random values are drawn ('cpu' is reproducible everywhere).
     Raises:
-        CheckpointError: bad source, existing destination, or unknown dtype.
+        CheckpointError: bad source, existing destination (also one that appears while
+            writing, unless `overwrite`), or unknown dtype.
         ConfigError: the config names an unsupported model.
     """
     from safetensors.torch import save_file
@@ -105,9 +106,12 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
         (tmp / "config.json").write_text(json.dumps(hf, indent=2))
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         _copy_tokenizer(src_dir, config.family, tmp)
-        if out.exists():
+        if out.exists() and overwrite:
             shutil.rmtree(out)
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)
+        except OSError as e:  # NOTE: `out` appeared while writing (another process made it)
+            raise CheckpointError(f"{out} was created by someone else meanwhile: {e}") from e
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

@@ -64,6 +64,11 @@ def default_model_path() -> Path:
     path = env.cache_dir() / "models" / f"{DEFAULT_PRESET}-{_DEFAULT_VERSION}"
     if not (path / "config.json").is_file():
         from dlrt.checkpoint.make import make_checkpoint
+        from dlrt.errors import CheckpointError
 
-        make_checkpoint(DEFAULT_PRESET, path, seed=DEFAULT_SEED)
+        try:
+            make_checkpoint(DEFAULT_PRESET, path, seed=DEFAULT_SEED)
+        except CheckpointError:
+            if not (path / "config.json").is_file():  # else another process made it first
+                raise
     return path

@@ -26,7 +26,9 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
 def _key(seed, stream: int, round_idx, positions: torch.Tensor) -> torch.Tensor:
     """[n] int64 key per position. seed/round_idx: int or 0-d int64 tensor."""
-    k = mix32(torch.as_tensor(seed, dtype=torch.int64, device=positions.device) & _M32)
+    s = torch.as_tensor(seed, dtype=torch.int64, device=positions.device)
+    # NOTE: seeds below 2^32 hash as before; the high bits are folded in (mix32(0) == 0).
+    k = mix32((s ^ mix32(s >> 32)) & _M32)
     k = mix32((k + stream * _GOLDEN) & _M32)
     k = mix32((k + round_idx) & _M32)
     return mix32((k + positions) & _M32)

@@ -1,0 +1,589 @@
+"""Checkpoint folders: writing them (`make_checkpoint`), their tensor names against the real
+SDAR/LLaDA layouts, loading them through `LLM`, and every way a folder or an option can be bad."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from dlrt import LLM, CheckpointError, ConfigError, OptionError
+from dlrt.checkpoint import make as make_mod
+from dlrt.checkpoint.folder import INDEX_NAME
+from dlrt.checkpoint.loader import random_tensor, weight_specs
+from dlrt.checkpoint.make import make_checkpoint
+from dlrt.checkpoint.presets import PRESETS, TOKENIZER_DIR, default_model_path
+from dlrt.config import ModelConfig
+from dlrt.entrypoints.cli import main as cli_main
+from dlrt.models import build_model
+from dlrt.tokenizer import load_tokenizer
+
+MODELS = Path(__file__).resolve().parents[3] / "shared" / "models"
+SDAR_4B = MODELS / "SDAR-4B-Chat"
+SDAR_30B = MODELS / "SDAR-30B-A3B-Chat"
+LLADA_8B = MODELS / "LLaDA-8B-Instruct"
+LLADA2 = MODELS / "LLaDA2.0-mini"
+SHARD_BYTES = 10**7  # tiny-sdar in bf16: embed and lm_head (19 MB each) alone, layers together
+TOKENIZER_FILES = ("tokenizer_config.json", "vocab.json", "merges.txt", "chat_template.jinja",
+                   "special_tokens_map.json", "added_tokens.json")
+
+needs_real = pytest.mark.skipif(not SDAR_4B.is_dir(), reason="../shared/models is not present")
+
+
+def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def meta_model(hf: dict) -> torch.nn.Module:
+    with torch.device("meta"):
+        return build_model(ModelConfig.from_hf(hf))
+
+
+def meta_specs(hf: dict) -> dict[str, tuple[int, ...]]:
+    return {s.key: s.shape for s in weight_specs(meta_model(hf))}
+
+
+def read_config(path: Path) -> dict:
+    return json.loads((path / "config.json").read_text())
+
+
+def clone(src: Path, dst: Path) -> Path:
+    """A copy of a checkpoint whose (read-only) safetensors files are symlinks to `src`."""
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.suffix == ".safetensors":
+            os.symlink(f, dst / f.name)
+        else:
+            shutil.copyfile(f, dst / f.name)
+    return dst
+
+
+def rewrite_weights(folder: Path, edit) -> None:
+    """Replace model.safetensors by `edit(tensors)` (unlinks first: never writes through a
+    symlink into the shared fixture)."""
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    edit(tensors)
+    path.unlink()
+    save_file(tensors, str(path))
+
+
+def edit_config(folder: Path, **changes) -> None:
+    """Set config.json fields; a value of None deletes the field."""
+    hf = read_config(folder)
+    for k, v in changes.items():
+        if v is None:
+            hf.pop(k, None)
+        else:
+            hf[k] = v
+    (folder / "config.json").write_text(json.dumps(hf))
+
+
+def params(llm: LLM) -> dict[str, torch.Tensor]:
+    return {n: p.detach() for n, p in llm.model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    return make_checkpoint("tiny-sdar", tmp_path_factory.mktemp("sharded") / "ckpt", seed=7,
+                           max_shard_bytes=SHARD_BYTES)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> Path:
+    return make_checkpoint("tiny-sdar", tmp_path_factory.mktemp("single") / "ckpt", seed=7)
+
+
+# --- make_checkpoint: layout, values, determinism -------------------------------------------
+
+
+def test_sharded_layout_and_index(sharded):
+    files = sorted(p.name for p in sharded.glob("*.safetensors"))
+    n = len(files)
+    assert n == 3, files
+    assert files == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    index = json.loads((sharded / INDEX_NAME).read_text())
+    specs = meta_specs(read_config(sharded))
+    assert set(index["weight_map"]) == set(specs)
+    total = 0
+    for name, fname in index["weight_map"].items():
+        with safe_open(sharded / fname, framework="pt") as f:
+            assert name in f.keys()
+            t = f.get_tensor(name)
+        assert tuple(t.shape) == specs[name] and t.dtype == torch.bfloat16
+        total += t.numel() * t.element_size()
+    assert index["metadata"]["total_size"] == total
+    assert total == 2 * sum(torch.Size(s).numel() for s in specs.values())
+    # every shard holds exactly the tensors the index gives it
+    for fname in files:
+        with safe_open(sharded / fname, framework="pt") as f:
+            assert set(f.keys()) == {k for k, v in index["weight_map"].items() if v == fname}
+
+
+def test_sharded_loads_equal_to_dummy_weights(sharded):
+    loaded = params(LLM(sharded, dtype="bfloat16"))
+    dummy = params(LLM(sharded, dtype="bfloat16", load_format="dummy", seed=7))
+    other = params(LLM(sharded, dtype="bfloat16", load_format="dummy", seed=8))
+    assert loaded.keys() == dummy.keys()
+    for name, t in loaded.items():
+        assert t.dtype == torch.bfloat16
+        assert torch.equal(t, dummy[name]), name
+        if t.dim() > 1:
+            assert not torch.equal(t, other[name]), name
+
+
+def test_sharding_does_not_change_values(sharded, single):
+    assert [p.name for p in single.glob("*.safetensors")] == ["model.safetensors"]
+    assert not (single / INDEX_NAME).exists()
+    a, b = read_tensors(sharded), read_tensors(single)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_same_seed_same_bytes_other_seed_other_values(single, tmp_path):
+    again = make_checkpoint("tiny-sdar", tmp_path / "again", seed=7)
+    assert (again / "model.safetensors").read_bytes() == (single / "model.safetensors").read_bytes()
+    other = read_tensors(make_checkpoint("tiny-sdar", tmp_path / "other", seed=8))
+    for k, t in read_tensors(single).items():
+        if t.dim() == 1:
+            assert torch.equal(t, other[k]), k  # norms are ones whatever the seed
+        else:
+            assert not torch.equal(t, other[k]), k
+
+
+def test_values_are_the_seeded_draws(single):
+    specs = weight_specs(meta_model(read_config(single)))
+    tensors = read_tensors(single)
+    for s in specs:
+        assert torch.equal(tensors[s.key], random_tensor(s, 7, 0.02, torch.bfloat16, "cpu")), s.key
+
+
+@pytest.mark.parametrize("family,std_key,std", [("tiny-sdar", "initializer_range", 0.05),
+                                                ("tiny-llada", "init_std", 0.1)])
+def test_norms_ones_and_std_from_config(tmp_path, family, std_key, std):
+    hf = dict(PRESETS[family], **{std_key: std, "vocab_size": 512})
+    if family == "tiny-llada":
+        hf["embedding_size"] = 512
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(hf))
+    out = make_checkpoint(src, tmp_path / "out", dtype="float32")
+    tensors = read_tensors(out)
+    assert set(tensors) == set(meta_specs(hf))
+    for k, t in tensors.items():
+        if t.dim() == 1:
+            assert torch.equal(t, torch.ones_like(t)), k
+        else:
+            assert abs(t.std().item() - std) < 0.1 * std, (k, t.std().item())
+            assert abs(t.mean().item()) < 0.1 * std, k
+
+
+def test_tiny_sdar_stds(tiny_sdar):
+    for k, t in read_tensors(tiny_sdar).items():
+        assert t.dtype == torch.float32
+        if t.dim() == 1:
+            assert torch.equal(t, torch.ones_like(t)), k
+        else:
+            assert abs(t.std().item() - 0.02) < 0.002, k
+
+
+# --- tensor names against the real checkpoints ------------------------------------------------
+
+
+def _top_and_layer0(names) -> set[str]:
+    return {n for n in names if ".layers." not in n or ".layers.0." in n}
+
+
+@needs_real
+def test_sdar_names_match_real_sdar_4b_index(tiny_sdar):
+    index = json.loads((SDAR_4B / INDEX_NAME).read_text())
+    real = set(index["weight_map"])
+    specs = meta_specs(read_config(SDAR_4B))
+    assert set(specs) == real
+    # bf16 bytes of the full model equal the real checkpoint's total_size
+    assert 2 * sum(torch.Size(s).numel() for s in specs.values()) == \
+        index["metadata"]["total_size"]
+    assert specs["model.embed_tokens.weight"] == (151936, 2560)
+    assert specs["model.layers.0.self_attn.q_proj.weight"] == (32 * 128, 2560)
+    assert specs["model.layers.0.self_attn.k_proj.weight"] == (8 * 128, 2560)
+    assert specs["model.layers.0.self_attn.q_norm.weight"] == (128,)
+    assert specs["model.layers.35.mlp.down_proj.weight"] == (2560, 9728)
+    made = set(read_tensors(tiny_sdar))
+    assert _top_and_layer0(made) == _top_and_layer0(real)
+    assert len(made) == 3 + 2 * 11
+
+
+def _moe_layer_names(layer: int, experts: int) -> set[str]:
+    p = f"model.layers.{layer}."
+    names = {p + n for n in ("input_layernorm.weight", "post_attention_layernorm.weight",
+                             "mlp.gate.weight")}
+    names |= {f"{p}self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj",
+                                                    "q_norm", "k_norm")}
+    names |= {f"{p}mlp.experts.{e}.{n}_proj.weight" for e in range(experts)
+              for n in ("gate", "up", "down")}
+    return names
+
+
+def test_moe_checkpoint_names_per_expert_tensors(tiny_sdar_moe):
+    tensors = read_tensors(tiny_sdar_moe)
+    want = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+    for layer in range(2):
+        want |= _moe_layer_names(layer, 8)
+    assert set(tensors) == want
+    assert tensors["model.layers.1.mlp.gate.weight"].shape == (8, 64)
+    assert tensors["model.layers.1.mlp.experts.7.gate_proj.weight"].shape == (32, 64)
+    assert tensors["model.layers.1.mlp.experts.7.up_proj.weight"].shape == (32, 64)
+    assert tensors["model.layers.1.mlp.experts.7.down_proj.weight"].shape == (64, 32)
+    # loading stacks expert e of the checkpoint into row e of the model's [E, ...] parameter
+    p = params(LLM(tiny_sdar_moe, dtype="float32"))
+    for e in range(8):
+        for n in ("gate", "up", "down"):
+            assert torch.equal(p[f"model.layers.1.mlp.experts.{n}_proj"][e],
+                               tensors[f"model.layers.1.mlp.experts.{e}.{n}_proj.weight"])
+
+
+@needs_real
+def test_moe_names_of_real_sdar_30b_config():
+    specs = meta_specs(read_config(SDAR_30B))
+    want = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+    for layer in range(48):
+        want |= _moe_layer_names(layer, 128)
+    assert set(specs) == want
+    assert specs["model.layers.47.mlp.experts.127.down_proj.weight"] == (2048, 768)
+    assert specs["model.layers.0.mlp.gate.weight"] == (128, 2048)
+
+
+LLADA_BLOCK = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out",
+               "attn_norm", "ff_norm")
+LLADA_TOP = {"model.transformer.wte.weight", "model.transformer.ln_f.weight",
+             "model.transformer.ff_out.weight"}
+
+
+@needs_real
+def test_llada_names_match_llada_8b(tiny_llada):
+    specs = meta_specs(read_config(LLADA_8B))
+    want = set(LLADA_TOP)
+    for b in range(32):
+        want |= {f"model.transformer.blocks.{b}.{n}.weight" for n in LLADA_BLOCK}
+    assert set(specs) == want
+    blk = "model.transformer.blocks.0."
+    assert specs["model.transformer.wte.weight"] == (126464, 4096)
+    assert specs["model.transformer.ff_out.weight"] == (126464, 4096)
+    assert specs[blk + "q_proj.weight"] == (4096, 4096)
+    assert specs[blk + "ff_proj.weight"] == (12288, 4096)
+    assert specs[blk + "up_proj.weight"] == (12288, 4096)
+    assert specs[blk + "ff_out.weight"] == (4096, 12288)
+    assert specs[blk + "attn_norm.weight"] == (4096,)
+    made = set(read_tensors(tiny_llada))
+    assert made == LLADA_TOP | {f"model.transformer.blocks.{b}.{n}.weight"
+                                for b in range(2) for n in LLADA_BLOCK}
+
+
+def test_tokenizer_files_only_for_sdar(tiny_sdar, tiny_sdar_moe, tiny_llada):
+    for folder in (tiny_sdar, tiny_sdar_moe):
+        for n in TOKENIZER_FILES:
+            assert (folder / n).read_bytes() == (TOKENIZER_DIR / n).read_bytes(), n
+    assert not any((tiny_llada / n).exists() for n in TOKENIZER_FILES + ("tokenizer.json",))
+    gen = json.loads((tiny_sdar / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == [151645, 151643]
+    assert load_tokenizer(tiny_sdar).mask_token_id == 151669
+
+
+def test_num_layers_flag_reduces_layers(tmp_path, capsys):
+    out = tmp_path / "one"
+    assert cli_main(["make-checkpoint", "tiny-sdar", str(out), "--num-layers", "1",
+                     "--seed", "4", "--dtype", "float32"]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    hf = read_config(out)
+    assert hf["num_hidden_layers"] == 1 and hf["torch_dtype"] == "float32"
+    names = set(read_tensors(out))
+    assert {n for n in names if ".layers." in n} == \
+        {n for n in meta_specs(PRESETS["tiny-sdar"]) if ".layers.0." in n}
+    llm = LLM(out, dtype="float32")
+    assert llm.config.num_layers == 1 and len(llm.model.model.layers) == 1
+    llada = make_checkpoint("tiny-llada", tmp_path / "llada1", num_layers=1)
+    assert read_config(llada)["n_layers"] == 1
+    assert not any("blocks.1." in n for n in read_tensors(llada))
+    with pytest.raises(CheckpointError, match="num_layers=0"):
+        make_checkpoint("tiny-sdar", tmp_path / "zero", num_layers=0)
+
+
+@needs_real
+@pytest.mark.slow
+def test_reduced_copy_of_real_sdar_4b(tmp_path, request):
+    """~1.5 GB in bf16 (the embeddings): only with `-m slow`."""
+    if "slow" not in (request.config.getoption("-m") or ""):
+        pytest.skip("writes 1.5 GB: run with -m slow")
+    out = make_checkpoint(SDAR_4B, tmp_path / "sdar4b-1", num_layers=1, seed=1)
+    hf = read_config(out)
+    assert hf["num_hidden_layers"] == 1 and hf["max_window_layers"] == 1
+    assert hf["hidden_size"] == 2560
+    assert json.loads((out / "generation_config.json").read_text()) == \
+        json.loads((SDAR_4B / "generation_config.json").read_text())
+    real = json.loads((SDAR_4B / INDEX_NAME).read_text())["weight_map"]
+    with safe_open(out / "model.safetensors", framework="pt") as f:
+        names = set(f.keys())
+        assert names == _top_and_layer0(real)
+        k = f.get_tensor("model.layers.0.self_attn.k_proj.weight")
+    spec = next(s for s in weight_specs(meta_model(hf))
+                if s.key == "model.layers.0.self_attn.k_proj.weight")
+    assert k.shape == (1024, 2560)
+    assert torch.equal(k, random_tensor(spec, 1, 0.02, torch.bfloat16, "cpu"))
+    llm = LLM(out, dtype="bfloat16")
+    r = llm.generate([1, 2, 3], 4, temperature=0)
+    assert len(r.token_ids) == 4
+
+
+# --- the embedded default model -------------------------------------------------------------
+
+
+def test_default_model_is_made_in_cache_dir():
+    from dlrt import env
+
+    path = default_model_path()
+    assert path.is_relative_to(env.cache_dir())
+    assert os.environ.get("DLRT_CACHE_DIR"), "conftest must isolate the cache"
+    hf = read_config(path)
+    assert hf == dict(PRESETS["tiny-sdar"], torch_dtype="bfloat16")
+
+
+def _other_process_finishes_first(monkeypatch, out: Path) -> None:
+    """While make_checkpoint writes, a complete `out` appears (as if made by another process)."""
+    real_copy = make_mod._copy_tokenizer
+
+    def copy_then_race(src_dir, family, dst):
+        real_copy(src_dir, family, dst)
+        if not out.exists():
+            shutil.copytree(dst, out)
+            (out / "other.marker").write_text("made by the other process")
+
+    monkeypatch.setattr(make_mod, "_copy_tokenizer", copy_then_race)
+
+
+def test_make_never_deletes_a_folder_that_appears_meanwhile(tmp_path, monkeypatch):
+    out = tmp_path / "ckpt"
+    _other_process_finishes_first(monkeypatch, out)
+    with pytest.raises(CheckpointError, match="created by someone else"):
+        make_checkpoint("tiny-llada", out, num_layers=1)
+    assert (out / "other.marker").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temporary folder left
+    make_checkpoint("tiny-llada", out, num_layers=1, overwrite=True)
+    assert not (out / "other.marker").exists()
+
+
+def test_concurrent_default_creation_keeps_the_first(tmp_path, monkeypatch):
+    """Two processes making the default model at once: the later one uses the earlier one's
+    folder (which may already be loading) instead of failing or deleting it."""
+    monkeypatch.setenv("DLRT_CACHE_DIR", str(tmp_path / "cache"))
+    real_make = make_mod.make_checkpoint
+
+    def racing_make(source, out, **kw):
+        _other_process_finishes_first(monkeypatch, Path(out))
+        return real_make(source, out, **kw)
+
+    monkeypatch.setattr(make_mod, "make_checkpoint", racing_make)
+    path = default_model_path()
+    assert path.parent == tmp_path / "cache" / "models"
+    assert (path / "other.marker").is_file()
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+# --- bad folders ----------------------------------------------------------------------------
+
+
+def test_folder_missing(tmp_path):
+    with pytest.raises(CheckpointError, match=r"does not exist") as e:
+        LLM(tmp_path / "nowhere")
+    assert "nowhere" in str(e.value)
+
+
+def test_no_config_json(tmp_path):
+    with pytest.raises(CheckpointError, match=r"has no config\.json"):
+        LLM(tmp_path)
+
+
+def test_config_not_json(tiny_sdar, tmp_path):
+    folder = clone(tiny_sdar, tmp_path / "c")
+    (folder / "config.json").write_text("{model_type: sdar,")
+    with pytest.raises(CheckpointError, match=r"cannot read .*config\.json"):
+        LLM(folder)
+    (folder / "config.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match=r"config\.json does not hold a JSON object"):
+        LLM(folder)
+
+
+def test_unknown_model_type(tiny_sdar, tmp_path):
+    folder = clone(tiny_sdar, tmp_path / "c")
+    edit_config(folder, model_type="mamba9", architectures=["Mamba9ForCausalLM"])
+    with pytest.raises(ConfigError, match=r"unknown model_type 'mamba9'"):
+        LLM(folder)
+    with pytest.raises(ConfigError, match="mamba9"):
+        make_checkpoint(folder, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@needs_real
+def test_llada2_moe_not_supported_yet(tiny_sdar, tmp_path):
+    folder = clone(tiny_sdar, tmp_path / "c")
+    shutil.copyfile(LLADA2 / "config.json", folder / "config.json")
+    with pytest.raises(ConfigError, match=r"llada2_moe.*not supported yet"):
+        LLM(folder)
+    with pytest.raises(ConfigError, match="not supported yet"):
+        make_checkpoint(LLADA2, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+class _Bait:
+    """Unpickling this creates `marker`: proof that a pickle was (not) loaded."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+def test_pytorch_bin_only_is_refused_unloaded(tiny_sdar, tmp_path):
+    folder = tmp_path / "c"
+    folder.mkdir()
+    shutil.copyfile(tiny_sdar / "config.json", folder / "config.json")
+    marker = tmp_path / "unpickled"
+    (folder / "pytorch_model.bin").write_bytes(
+        pickle.dumps({"model.embed_tokens.weight": _Bait(marker)}))
+    with pytest.raises(CheckpointError, match=r"safetensors") as e:
+        LLM(folder)
+    assert "pytorch_model.bin" in str(e.value)
+    assert not marker.exists()
+    with pytest.raises(CheckpointError, match="safetensors"):
+        LLM(folder, load_format="safetensors")
+    assert not marker.exists()
+    pickle.loads((folder / "pytorch_model.bin").read_bytes())  # the bait works
+    assert marker.is_dir()
+
+
+def test_index_names_missing_shard(sharded, tmp_path):
+    folder = clone(sharded, tmp_path / "c")
+    (folder / "model-00002-of-00003.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"names model-00002-of-00003\.safetensors"):
+        LLM(folder)
+
+
+@needs_real
+def test_real_index_without_weights(tmp_path):
+    with pytest.raises(CheckpointError, match=r"model-00001-of-00002\.safetensors"):
+        LLM(SDAR_4B)
+
+
+def test_not_a_safetensors_file(tiny_sdar, tmp_path):
+    folder = clone(tiny_sdar, tmp_path / "c")
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(CheckpointError, match="not a valid safetensors file"):
+        LLM(folder)
+
+
+def test_missing_tensor(tiny_sdar, tmp_path):
+    folder = clone(tiny_sdar, tmp_path / "c")
+    rewrite_weights(folder, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+    with pytest.raises(CheckpointError, match=r"lacks tensor.*model\.layers\.1\.mlp\.up_proj"):
+        LLM(folder)
+
+
+def test_missing_expert_tensor(tiny_sdar_moe, tmp_path):
+    folder = clone(tiny_sdar_moe, tmp_path / "c")
+    rewrite_weights(folder, lambda t: t.pop("model.layers.1.mlp.experts.5.down_proj.weight"))
+    with pytest.raises(CheckpointError, match=r"model\.layers\.1\.mlp\.experts\.5\.down_proj"):
+        LLM(folder)
+
+
+def test_misshaped_tensor(tiny_sdar, tmp_path):
+    folder = clone(tiny_sdar, tmp_path / "c")
+    key = "model.layers.0.self_attn.q_proj.weight"
+
+    def shrink(t):
+        t[key] = t[key][:, :32].contiguous()
+
+    rewrite_weights(folder, shrink)
+    with pytest.raises(CheckpointError) as e:
+        LLM(folder)
+    msg = str(e.value)
+    assert key in msg and "[64, 32]" in msg and "[64, 64]" in msg
+
+
+def test_mask_token_from_config_tokenizer_or_option(tiny_sdar, tmp_path):
+    folder = clone(tiny_sdar, tmp_path / "c")
+    edit_config(folder, mask_token_id=None)
+    assert LLM(folder, load_format="dummy").config.mask_token_id == 151669  # the tokenizer's
+    for n in TOKENIZER_FILES:
+        (folder / n).unlink()
+    with pytest.raises(ConfigError, match=r"no mask_token_id.*mask_token_id=") as e:
+        LLM(folder)
+    assert str(folder) in str(e.value)
+    llm = LLM(folder, mask_token_id=151660)
+    assert llm.config.mask_token_id == 151660
+    with pytest.raises(OptionError, match="mask_token_id=151936"):
+        LLM(folder, mask_token_id=151936)
+
+
+@pytest.mark.parametrize("kw,field", [
+    ({"dtype": "int8"}, "dtype 'int8'"),
+    ({"device": "tpu"}, "device 'tpu'"),
+    ({"load_format": "pickle"}, "load_format 'pickle'"),
+    ({"decoder": "nope"}, "decoder 'nope'"),
+    ({"decoder": "dllm_var"}, "decoder 'dllm_var' does not fit a sdar model"),
+    ({"max_model_len": 0}, "max_model_len=0"),
+])
+def test_bad_llm_options(tiny_sdar, kw, field):
+    with pytest.raises(OptionError) as e:
+        LLM(tiny_sdar, **kw)
+    assert field in str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+def test_auto_map_never_runs_code(tiny_sdar, tmp_path):
+    folder = clone(tiny_sdar, tmp_path / "c")
+    marker = tmp_path / "remote-code-ran"
+    code = f"import pathlib\npathlib.Path({str(marker)!r}).write_text(__name__)\n"
+    for mod in ("configuration_evil", "modeling_evil", "tokenization_evil"):
+        (folder / f"{mod}.py").write_text(code + "class Evil:\n    pass\n")
+    edit_config(folder, auto_map={
+        "AutoConfig": "configuration_evil.Evil", "AutoModel": "modeling_evil.Evil",
+        "AutoModelForCausalLM": "modeling_evil.Evil",
+        "AutoTokenizer": ["tokenization_evil.Evil", None]})
+    tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    tok_cfg["auto_map"] = {"AutoTokenizer": ["tokenization_evil.Evil", None]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    llm = LLM(folder, dtype="float32")
+    assert type(llm.tokenizer).__name__.startswith("Qwen2Tokenizer")
+    assert llm.encode("hello") == load_tokenizer(TOKENIZER_DIR).encode("hello")
+    assert len(llm.generate("hello", 2, temperature=0).token_ids) == 2
+    assert not marker.exists()
+    import importlib.util  # the bait works when imported
+
+    spec = importlib.util.spec_from_file_location("modeling_evil", folder / "modeling_evil.py")
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert marker.read_text() == "modeling_evil"
+
+
+def test_make_refuses_existing_out_and_bad_dtype(tmp_path):
+    out = tmp_path / "exists"
+    out.mkdir()
+    (out / "keep").write_text("x")
+    with pytest.raises(CheckpointError, match=r"exists.*overwrite"):
+        make_checkpoint("tiny-llada", out)
+    assert (out / "keep").is_file()
+    with pytest.raises(CheckpointError, match=r"dtype 'int4'"):
+        make_checkpoint("tiny-llada", tmp_path / "x", dtype="int4")
+    made = make_checkpoint("tiny-llada", out, overwrite=True, num_layers=1)
+    assert not (made / "keep").exists() and read_config(made)["n_layers"] == 1
