@@ -1,0 +1,160 @@
+"""`DecodingOptions.from_kwargs` and `resolve`: names, types, ranges, defaults, stop ids."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlrt.decoding.options import DecoderDefaults, DecodingOptions, resolve
+from dlrt.errors import OptionError
+
+DEFAULTS = DecoderDefaults(block_length=4, remasking_strategy="low_confidence_dynamic")
+EOS = (151645, 151643)
+SAMPLE_GEN = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
+
+
+def params(gen=None, defaults=DEFAULTS, eos=EOS, **kwargs):
+    return resolve(DecodingOptions.from_kwargs(kwargs), defaults, gen or {}, eos,
+                   default_max_new_tokens=128, random_seed=77)
+
+
+# --- names and types --------------------------------------------------------------------------
+
+def test_unknown_options_are_named():
+    with pytest.raises(OptionError) as e:
+        DecodingOptions.from_kwargs({"block_length": 4, "tempreature": 0.5, "bogus": 1})
+    assert "tempreature" in str(e.value) and "bogus" in str(e.value)
+    named = str(e.value).split("; known")[0]
+    assert "block_length" not in named and "tempreature" in named
+
+
+@pytest.mark.parametrize("name, value", [
+    ("max_new_tokens", "16"),
+    ("block_length", "4"),
+    ("block_length", True),
+    ("denoising_steps", 2.0),
+    ("top_k", False),
+    ("seed", 1.5),
+    ("temperature", "0.5"),
+    ("temperature", True),
+    ("threshold", [0.9]),
+    ("top_p", "1"),
+    ("eb_threshold", "x"),
+    ("remasking_strategy", 3),
+    ("ignore_eos", "yes"),
+])
+def test_bad_types_name_the_field(name, value):
+    with pytest.raises(OptionError, match=name):
+        DecodingOptions.from_kwargs({name: value})
+
+
+@pytest.mark.parametrize("stop", [[1.5], [True], [""], {1, 2}, 3.0, [None]])
+def test_bad_stop_entries(stop):
+    with pytest.raises(OptionError, match="stop"):
+        DecodingOptions.from_kwargs({"stop": stop})
+
+
+def test_none_means_default_and_numbers_accept_ints():
+    opts = DecodingOptions.from_kwargs({"max_new_tokens": None, "temperature": 1, "top_p": 1})
+    assert opts.max_new_tokens is None
+    p = params(max_new_tokens=None, temperature=1, top_p=1)
+    assert p.max_new_tokens == 128
+    assert p.sampling.temperature == 1.0 and isinstance(p.sampling.temperature, float)
+
+
+# --- ranges -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, value", [
+    ("block_length", 0),
+    ("block_length", -4),
+    ("denoising_steps", 0),
+    ("threshold", -0.1),
+    ("threshold", 1.1),
+    ("eb_threshold", 0),
+    ("eb_threshold", -1.0),
+    ("temperature", -1),
+    ("top_k", -1),
+    ("top_p", 0),
+    ("top_p", 1.5),
+    ("max_new_tokens", 0),
+    ("seed", -1),
+    ("seed", 2**63),
+    ("remasking_strategy", "fastest"),
+])
+def test_out_of_range_names_the_field(name, value):
+    with pytest.raises(OptionError) as e:
+        params(**{name: value})
+    assert str(e.value).startswith(name), str(e.value)
+    assert repr(value) in str(e.value) or repr(float(value)) in str(e.value)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("threshold", 0.0), ("threshold", 1.0), ("top_p", 1.0), ("top_k", 0), ("temperature", 0),
+    ("max_new_tokens", 1), ("block_length", 1), ("denoising_steps", 1), ("seed", 0),
+    ("seed", 2**63 - 1),
+])
+def test_range_boundaries_accepted(name, value):
+    params(**{name: value})
+
+
+# --- defaults ---------------------------------------------------------------------------------
+
+def test_defaults_without_generation_config_are_greedy():
+    p = params()
+    assert (p.max_new_tokens, p.block_length, p.denoising_steps) == (128, 4, 4)
+    assert p.strategy.name == "low_confidence_dynamic"
+    assert (p.strategy.threshold, p.strategy.eb_threshold) == (0.9, 0.35)
+    assert (p.sampling.temperature, p.sampling.top_k, p.sampling.top_p) == (0.0, 0, 1.0)
+    assert p.sampling.seed == 77
+    assert p.stop_token_ids == frozenset(EOS) and p.stop_strings == ()
+
+
+def test_sampling_defaults_from_generation_config_when_do_sample():
+    p = params(gen=SAMPLE_GEN)
+    assert (p.sampling.temperature, p.sampling.top_k, p.sampling.top_p) == (0.6, 20, 0.95)
+    # request values win over the checkpoint's
+    p = params(gen=SAMPLE_GEN, temperature=0, top_k=5, top_p=0.5)
+    assert (p.sampling.temperature, p.sampling.top_k, p.sampling.top_p) == (0.0, 5, 0.5)
+    # do_sample with missing fields: those fall back to off
+    p = params(gen={"do_sample": True, "temperature": 0.8})
+    assert (p.sampling.temperature, p.sampling.top_k, p.sampling.top_p) == (0.8, 0, 1.0)
+
+
+def test_generation_config_ignored_without_do_sample():
+    for gen in ({**SAMPLE_GEN, "do_sample": False},
+                {k: v for k, v in SAMPLE_GEN.items() if k != "do_sample"}):
+        p = params(gen=gen)
+        assert (p.sampling.temperature, p.sampling.top_k, p.sampling.top_p) == (0.0, 0, 1.0)
+
+
+def test_block_steps_and_strategy_defaults():
+    p = params(block_length=8)
+    assert (p.block_length, p.denoising_steps) == (8, 8)
+    p = params(block_length=8, denoising_steps=3, remasking_strategy="threshold",
+               threshold=0.5, eb_threshold=1.0, seed=3, max_new_tokens=10)
+    assert (p.block_length, p.denoising_steps, p.max_new_tokens) == (8, 3, 10)
+    assert (p.strategy.name, p.strategy.threshold, p.strategy.eb_threshold) == \
+        ("threshold", 0.5, 1.0)
+    assert p.sampling.seed == 3
+    # a decoder without a block length: one block over the whole generation
+    canvas = DecoderDefaults(block_length=None, remasking_strategy="low_confidence_static")
+    p = params(defaults=canvas, max_new_tokens=24)
+    assert (p.block_length, p.denoising_steps, p.strategy.name) == \
+        (24, 24, "low_confidence_static")
+
+
+# --- stop ids and strings ---------------------------------------------------------------------
+
+def test_eos_ids_are_stop_ids_unless_ignore_eos():
+    assert params(stop=[7]).stop_token_ids == frozenset({7, *EOS})
+    assert params(stop=[7], ignore_eos=True).stop_token_ids == frozenset({7})
+    assert params(ignore_eos=True).stop_token_ids == frozenset()
+
+
+def test_stop_ints_and_strings_are_split():
+    p = params(stop=[5, "\n\n", 9, "END", 5])
+    assert p.stop_token_ids == frozenset({5, 9, *EOS})
+    assert p.stop_strings == ("\n\n", "END")
+    assert params(stop="END").stop_strings == ("END",)
+    assert params(stop="END").stop_token_ids == frozenset(EOS)
+    assert params(stop=11).stop_token_ids == frozenset({11, *EOS})
+    assert params(stop=(11, "x")).stop_strings == ("x",)
