@@ -102,6 +102,13 @@ def _make_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_humaneval(args: argparse.Namespace) -> int:
+    from dlrt.bench import humaneval
+
+    kw = decoding_kwargs(args)
+    return humaneval.main(args, engine_kwargs(args), kw)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlrt", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -127,6 +134,18 @@ def build_parser() -> argparse.ArgumentParser:
     mk.add_argument("--device", default="cpu", help="where to draw the random values")
     mk.add_argument("--overwrite", action="store_true")
     mk.set_defaults(func=_make_checkpoint)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench",
+                                                                      required=True)
+    he = bench.add_parser("humaneval", help="generate on HumanEval prompts: round latency, "
+                                            "TPF, TPS")
+    add_engine_flags(he)
+    he.add_argument("--data", default=None, help="humaneval.jsonl (default: benchmarks/data)")
+    he.add_argument("--num-prompts", type=int, default=8)
+    he.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
+    he.add_argument("--out", default="benchmarks/results", help="folder for the JSON record")
+    add_decoding_flags(he)
+    he.set_defaults(func=_bench_humaneval)
     return parser
 
 

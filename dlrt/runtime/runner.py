@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
@@ -19,6 +21,9 @@ class ModelRunner:
         self.cache = cache
         self.device = device
         self.forwards = 0  # forwards run since the last `reset`
+        # When a list, every forward synchronises and appends (kind, seconds), kind "round"
+        # (no cache write) or "write" (prefill, finished block). For benchmarks only.
+        self.timings: list[tuple[str, float]] | None = None
 
     def reset(self) -> None:
         self.cache.reset()
@@ -33,6 +38,9 @@ class ModelRunner:
         Returns logits [N - logits_from, V] of the positions from `logits_from` on.
         """
         assert start <= self.cache.length, "a forward may only read K/V that the cache holds"
+        if self.timings is not None:
+            self._sync()
+            t0 = time.perf_counter()
         n = tokens.shape[0]
         positions = torch.arange(start, start + n, device=self.device)
         meta = ForwardMeta(ctx_len=start, chunk_block=chunk_block, write_len=write_len)
@@ -40,4 +48,12 @@ class ModelRunner:
         if write_len:
             self.cache.length = start + write_len
         self.forwards += 1
-        return self.model.logits(hidden[logits_from:])
+        logits = self.model.logits(hidden[logits_from:])
+        if self.timings is not None:
+            self._sync()
+            self.timings.append(("write" if write_len else "round", time.perf_counter() - t0))
+        return logits
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

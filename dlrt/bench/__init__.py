@@ -1,0 +1,1 @@
+"""Benchmarks behind `dlrt bench ...` and the scripts in benchmarks/."""

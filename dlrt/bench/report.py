@@ -1,0 +1,58 @@
+"""Benchmark reports: a printed table and a JSON record with commit, device and command."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def git_commit() -> str:
+    """HEAD of the checkout dlrt runs from, with '-dirty' when files differ from it."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-uno"],
+                               capture_output=True, text=True).stdout.strip()
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """Plain-text table of `columns` (floats with 3 significant decimals)."""
+    def fmt(v):
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def write_json(name: str, payload: dict[str, Any], device: torch.device,
+               out_dir: str | Path = "benchmarks/results") -> Path:
+    """Write `payload` plus commit, device, command and time to out_dir/name-<time>.json."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    record = {"commit": git_commit(), "device": device_name(device),
+              "command": " ".join(sys.argv), "time": stamp, "torch": torch.__version__,
+              **payload}
+    path = out / f"{name}-{stamp}.json"
+    path.write_text(json.dumps(record, indent=2))
+    return path
