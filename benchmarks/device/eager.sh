@@ -20,10 +20,10 @@ python3 -m dlrt generate --model $CK/sdar-4b --chat --prompt "$PROMPT" --max-new
     --temperature 0 --json > $OUT/generate-sdar4b.json
 python3 -c "import json; r=json.load(open('$OUT/generate-sdar4b.json')); print('sdar-4b generate:', len(r['prompt_token_ids']), 'prompt tokens ->', r['token_ids'][:8], r['finish_reason'], 'tps %.1f' % r['request_tps'])"
 common="--num-prompts 4 --max-new-tokens 64 --temperature 0 --out $OUT"
-python3 -m dlrt bench humaneval --model $CK/sdar-1.7b --chat $common --remasking-strategy sequential 2>&1 | tee $OUT/sdar-1.7b.txt
-python3 -m dlrt bench humaneval --model $M/SDAR-8B-Chat --load-format dummy --chat $common --remasking-strategy sequential 2>&1 | tee $OUT/sdar-8b.txt
+python3 -m dlrt bench humaneval --model $CK/sdar-1.7b --chat $common --remasking-strategy sequential
+python3 -m dlrt bench humaneval --model $M/SDAR-8B-Chat --load-format dummy --chat $common --remasking-strategy sequential
 python3 -m dlrt bench humaneval --model $M/LLaDA-8B-Instruct --load-format dummy --max-model-len 4096 \
-    --num-prompts 2 --max-new-tokens 128 --block-length 32 --denoising-steps 32 --temperature 0 --out $OUT 2>&1 | tee $OUT/llada-8b.txt
+    --num-prompts 2 --max-new-tokens 128 --block-length 32 --denoising-steps 32 --temperature 0 --out $OUT
 python3 -m dlrt bench humaneval --model $M/LLaDA-8B-Instruct --load-format dummy --decoder dllm_var --max-model-len 4096 \
-    --num-prompts 2 --max-new-tokens 128 --block-length 32 --temperature 0 --out $OUT 2>&1 | tee $OUT/dllm-var-8b.txt
+    --num-prompts 2 --max-new-tokens 128 --block-length 32 --temperature 0 --out $OUT
 echo "total $(( $(date +%s) - t0 )) s"

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# One device call: the while-graph / attention probe, then the eager benchmarks.
+set -uo pipefail
+source .devtools/device-env.sh
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+python3 benchmarks/device/probe_while.py 2>&1 | tee $OUT/probe.txt
+bash benchmarks/device/eager.sh 2>&1 | tee $OUT/eager.log | grep -v "^\s*$"
