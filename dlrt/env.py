@@ -18,3 +18,8 @@ def cache_dir() -> Path:
 def attention_backend() -> str | None:
     """DLRT_ATTENTION_BACKEND: force an attention backend ('sdpa'); None = choose per device."""
     return os.environ.get("DLRT_ATTENTION_BACKEND") or None
+
+
+def commit() -> str | None:
+    """DLRT_COMMIT: the commit to record in benchmark results when the tree has no .git."""
+    return os.environ.get("DLRT_COMMIT") or None

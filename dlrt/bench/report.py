@@ -14,7 +14,12 @@ import torch
 
 
 def git_commit() -> str:
-    """HEAD of the checkout dlrt runs from, with '-dirty' when files differ from it."""
+    """HEAD of the checkout dlrt runs from, with '-dirty' when files differ from it; a copy
+    without .git (a device machine) takes DLRT_COMMIT from the environment."""
+    from dlrt import env
+
+    if env.commit():
+        return env.commit()
     root = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=True,
