@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,9 @@ def load_tokenizer(path: str | Path):
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        return AutoTokenizer.from_pretrained(str(root), trust_remote_code=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # config fields it would rename
+            return AutoTokenizer.from_pretrained(str(root), trust_remote_code=False)
     finally:
         hf_logging.set_verbosity(level)
 
