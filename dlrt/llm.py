@@ -14,6 +14,7 @@ import torch
 
 from dlrt import env
 from dlrt.attention import get_backend
+from dlrt.attention.backend import capturable
 from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize
 from dlrt.config import ModelConfig
@@ -22,6 +23,7 @@ from dlrt.errors import ConfigError, OptionError, PromptError
 from dlrt.models import build_model
 from dlrt.outputs import BlockOutput, GenerationResult
 from dlrt.runtime.decoders import DECODERS, FAMILY_STOP_IDS, decoder_for
+from dlrt.runtime.executor import Executor
 from dlrt.runtime.kv_cache import PagedKVCache
 from dlrt.runtime.runner import ModelRunner
 from dlrt.tokenizer import Prompt, TextStream, encode_prompt, load_tokenizer
@@ -48,7 +50,11 @@ class LLM:
             (LLaDA weights, block decoding with KV cache and look-ahead); None = family default.
         mask_token_id: overrides the config's / tokenizer's mask token.
         max_model_len: context limit in tokens (default: the config's maximum).
-        attention_backend: "sdpa" (default; see `dlrt.attention`).
+        attention_backend: "triton" (paged kernel; default on CUDA) or "sdpa" (reference;
+            default on CPU, eager only).
+        execution_mode: "device_loop" (one CUDA graph per block whose WHILE node runs the
+            rounds; default on CUDA), "host_loop" (a graph per round, one sync per round) or
+            "eager" (the only mode on CPU). All three give the same tokens.
         seed: seed of dummy weights.
     Raises:
         CheckpointError, ConfigError, OptionError: the message names the problem.
@@ -57,34 +63,44 @@ class LLM:
     def __init__(self, model: str | Path | None = None, *, dtype: str = "auto",
                  device: str = "auto", load_format: str = "auto", decoder: str | None = None,
                  mask_token_id: int | None = None, max_model_len: int | None = None,
-                 attention_backend: str | None = None, seed: int = 0):
-        if model is None:
-            from dlrt.checkpoint.presets import default_model_path
-
-            model = default_model_path()
+                 attention_backend: str | None = None, execution_mode: str | None = None,
+                 seed: int = 0):
+        # Engine options first: a bad value fails before any weight is read.
         if load_format not in LOAD_FORMATS:
             raise OptionError(f"load_format {load_format!r} is not one of {LOAD_FORMATS}")
         self.device = _device(device)
         self.dtype = _dtype(dtype, self.device)
+        cuda = self.device.type == "cuda"
+        self.execution_mode = execution_mode or ("device_loop" if cuda else "eager")
+        self.executor = Executor(self.execution_mode, self.device)
+        self.attention_backend = (attention_backend or env.attention_backend()
+                                  or ("triton" if cuda else "sdpa"))
+        backend = get_backend(self.attention_backend)
+        if self.execution_mode != "eager" and not capturable(self.attention_backend):
+            raise OptionError(f"execution_mode {self.execution_mode!r} needs a graph-capturable "
+                              f"attention backend (triton), not {self.attention_backend!r}")
+        if model is None:
+            from dlrt.checkpoint.presets import default_model_path
+
+            model = default_model_path()
         self.folder = CheckpointFolder.open(model, require_weights=load_format != "dummy")
         config = ModelConfig.from_hf(self.folder.hf_config)
-        self.tokenizer = load_tokenizer(self.folder.path)
-        self.config = config.replace(mask_token_id=self._mask_token(config, mask_token_id))
         self.max_model_len = _context(config, max_model_len)
         self.decoder_name, self.decoder_defaults = decoder_for(
             config.family, decoder, config.block_size)
+        self.tokenizer = load_tokenizer(self.folder.path)
+        self.config = config.replace(mask_token_id=self._mask_token(config, mask_token_id))
         gen_eos = self.folder.generation_config.get("eos_token_id")
         eos = tuple(gen_eos if isinstance(gen_eos, list) else [gen_eos]) if gen_eos is not None \
             else config.eos_token_ids
         self.eos_token_ids = tuple(dict.fromkeys(eos + FAMILY_STOP_IDS.get(config.family, ())))
         self.model = self._load(load_format, seed)
-        backend = get_backend(attention_backend or env.attention_backend() or "sdpa")
         cache = PagedKVCache(config.num_layers, config.num_kv_heads, config.head_dim,
                              self.max_model_len, self.dtype, self.device)
         self.runner = ModelRunner(self.model, backend, cache, self.device)
         module, cls, _ = DECODERS[self.decoder_name]
         self.decoder = getattr(importlib.import_module(module), cls)(
-            self.runner, self.config.mask_token_id, self.decoder_defaults)
+            self.runner, self.config.mask_token_id, self.decoder_defaults, self.executor)
 
     def _mask_token(self, config: ModelConfig, option: int | None) -> int:
         if option is not None:
@@ -109,6 +125,12 @@ class LLM:
         else:
             load_safetensors(model, self.folder)
         return model.eval()
+
+    def set_execution_mode(self, mode: str) -> None:
+        """Switch between "device_loop", "host_loop" and "eager" (benchmarks compare them on
+        one loaded model). Captured graphs are kept per mode."""
+        self.executor.mode = Executor(mode, self.device).mode
+        self.execution_mode = mode
 
     def encode(self, prompt: Prompt, chat: bool = False) -> list[int]:
         """Token ids of a prompt (see `dlrt.tokenizer.encode_prompt`)."""
@@ -165,11 +187,12 @@ class LLM:
         stats["prompt"] = ids
         text = TextStream(self.tokenizer)
         out: list[int] = []
-        rounds = 0
+        rounds = forwards = 0
         t0 = time.perf_counter()
         first_block_s = None
         for index, block in enumerate(self.decoder.decode(ids, params)):
             rounds += block.rounds
+            forwards += block.rounds + block.extra_forwards
             new, finish, why = _trim(block.token_ids, params, params.max_new_tokens - len(out))
             limit = None
             if params.stop_strings:
@@ -187,7 +210,7 @@ class LLM:
                 total = time.perf_counter() - t0
                 stats.update(total_s=total, timings=dict(
                     first_block_s=first_block_s, total_s=total,
-                    forwards=self.runner.forwards, rounds=rounds,
+                    forwards=forwards, rounds=rounds,
                     tpf=len(out) / max(rounds, 1)))
             yield BlockOutput(index, new, delta, block.rounds,
                               block.commit_rounds[: len(new)], finish, why)

@@ -10,6 +10,9 @@ import torch
 
 
 def pytest_configure(config):
+    if not torch.cuda.is_available():
+        # NOTE: before any Triton kernel is defined: kernels run in Triton's CPU interpreter.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     # NOTE: set before any test imports dlrt, so the embedded default is made in a temp folder.
     if "DLRT_CACHE_DIR" not in os.environ:
         import tempfile

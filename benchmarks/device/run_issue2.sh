@@ -3,5 +3,4 @@
 set -uo pipefail
 source .devtools/device-env.sh
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-python3 benchmarks/device/probe_while.py 2>&1 | tee $OUT/probe.txt
 bash benchmarks/device/eager.sh 2>&1 | tee $OUT/eager.log | grep -v "^\s*$"

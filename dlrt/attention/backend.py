@@ -1,10 +1,12 @@
 """The attention backend interface and the per-forward context that layers receive.
 
-A forward processes a chunk of N consecutive tokens starting at absolute position `ctx_len`,
-right after the `ctx_len` tokens held in the KV cache. Every query sees the whole cached
-prefix. Inside the chunk, attention is full (`chunk_block=None`) or block-causal with blocks of
-`chunk_block` tokens counted from the chunk start (a query sees its own block and earlier ones).
-After attention the first `write_len` chunk tokens' K/V are written to the cache at `ctx_len`.
+A forward processes a chunk of N tokens at positions start..start+N-1. Every chunk token's K/V
+is written into the paged cache at its position first (positions past the committed length are
+scratch: the decoder decides what is committed); then each query attends to cache keys
+0..kv_len-1: the whole prefix before `start`, and inside the chunk either every key (full,
+`chunk_block=None`) or its own block and earlier ones (block-causal, blocks of `chunk_block`
+tokens counted from the chunk start). `start` and `kv_len` live in a device tensor (`lens`), so
+a captured CUDA graph serves every context length.
 """
 
 from __future__ import annotations
@@ -21,21 +23,26 @@ from dlrt.runtime.kv_cache import PagedKVCache
 
 @dataclass(frozen=True)
 class ForwardMeta:
-    """Layout of one forward. Lengths in tokens."""
+    """Layout of one forward.
 
-    ctx_len: int
+    positions: [N] int64 absolute positions of the chunk (start + arange(N)).
+    lens: [2] int32 on the model's device: (start, kv_len).
+    chunk_block: block-causal block length inside the chunk, or None for full attention.
+    """
+
+    positions: torch.Tensor
+    lens: torch.Tensor
     chunk_block: int | None
-    write_len: int
 
 
 class AttentionBackend(Protocol):
     """Computes attention for one layer of one forward."""
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                scale: float, meta: ForwardMeta, cache: PagedKVCache | None) -> torch.Tensor:
+                scale: float, meta: ForwardMeta, cache: PagedKVCache) -> torch.Tensor:
         """q: [N, Hq, D], k/v: [N, Hkv, D] (RoPE applied) -> [N, Hq, D] in q.dtype.
 
-        Writes the first `meta.write_len` chunk K/V into `cache` at `meta.ctx_len`.
+        Writes k/v into `cache` at `meta.positions` before attending.
         """
         ...
 
@@ -46,23 +53,40 @@ class ForwardContext:
 
     backend: AttentionBackend
     meta: ForwardMeta
-    cache: PagedKVCache | None
+    cache: PagedKVCache
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                scale: float) -> torch.Tensor:
         return self.backend.forward(layer, q, k, v, scale, self.meta, self.cache)
 
 
-_BACKENDS = {"sdpa": ("dlrt.attention.sdpa", "SDPABackend")}
+# name -> (module, class, graph capturable, needs CUDA)
+_BACKENDS = {
+    "sdpa": ("dlrt.attention.sdpa", "SDPABackend", False, False),
+    "triton": ("dlrt.attention.triton", "TritonBackend", True, False),
+}
+
+
+def backend_names() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def capturable(name: str) -> bool:
+    """Whether the backend reads lengths from device memory (usable inside a CUDA graph)."""
+    return _BACKENDS[name][2]
 
 
 def get_backend(name: str) -> AttentionBackend:
-    """Instantiate the attention backend `name` (currently: 'sdpa').
+    """Instantiate the attention backend `name` ('sdpa' reference, 'triton' paged kernel).
 
     Raises:
-        OptionError: unknown backend name.
+        OptionError: unknown backend name, or its requirements are not met (with the fix).
     """
     if name not in _BACKENDS:
-        raise OptionError(f"unknown attention backend {name!r}; available: {sorted(_BACKENDS)}")
-    module, cls = _BACKENDS[name]
-    return getattr(importlib.import_module(module), cls)()
+        raise OptionError(f"unknown attention backend {name!r}; available: {backend_names()}")
+    module, cls, _, _ = _BACKENDS[name]
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise OptionError(f"attention backend {name!r} needs {e.name}: pip install {e.name}") from e
+    return getattr(mod, cls)()

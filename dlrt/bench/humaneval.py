@@ -8,11 +8,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from dlrt.bench.report import table, write_json
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "humaneval.jsonl"
-COLUMNS = ["task", "prompt_tokens", "new_tokens", "blocks", "rounds", "round_ms", "tpf",
+COLUMNS = ["task", "prompt_tokens", "new_tokens", "blocks", "rounds", "ms_per_round", "tpf",
            "tps", "finish"]
+MODE_COLUMNS = ["mode", "mean_tps", "tps_vs_eager", "mean_ms_per_round", "mean_tpf",
+                "rounds_per_block", "same_tokens_as_first"]
 
 
 def load_prompts(path: str | Path | None, count: int) -> list[dict[str, str]]:
@@ -28,7 +32,7 @@ def run(llm, problems: list[dict[str, str]], options: dict[str, Any], chat: bool
         warmup: int = 1) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Generate for every problem; return per-request rows and a summary.
 
-    round_ms: median wall time of one denoising forward (eager; synchronised per forward).
+    ms_per_round: request wall time / denoising rounds (prefill and cache writes included).
     tps: new tokens / request wall time. tpf: new tokens / rounds.
     """
     def prompt_of(p):
@@ -38,23 +42,22 @@ def run(llm, problems: list[dict[str, str]], options: dict[str, Any], chat: bool
         llm.generate(prompt_of(p), **options)
     rows = []
     for p in problems:
-        llm.runner.timings = []
+        if llm.device.type == "cuda":
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         r = llm.generate(prompt_of(p), **options)
         wall = time.perf_counter() - t0
-        rounds_s = [s for kind, s in llm.runner.timings if kind == "round"]
-        llm.runner.timings = None
+        rounds = sum(r.denoise_steps)
         rows.append(dict(
             task=p["task_id"], prompt_tokens=len(r.prompt_token_ids),
-            new_tokens=len(r.token_ids), blocks=len(r.denoise_steps),
-            rounds=sum(r.denoise_steps),
-            round_ms=1e3 * statistics.median(rounds_s) if rounds_s else 0.0,
-            tpf=r.timings["tpf"], tps=len(r.token_ids) / wall, finish=r.finish_reason))
+            new_tokens=len(r.token_ids), blocks=len(r.denoise_steps), rounds=rounds,
+            ms_per_round=1e3 * wall / max(rounds, 1), tpf=r.timings["tpf"],
+            tps=len(r.token_ids) / wall, finish=r.finish_reason, token_ids=r.token_ids))
     tokens = sum(r["new_tokens"] for r in rows)
     summary = dict(
         requests=len(rows), new_tokens=tokens,
         mean_tps=statistics.mean(r["tps"] for r in rows),
-        median_round_ms=statistics.median(r["round_ms"] for r in rows),
+        mean_ms_per_round=statistics.mean(r["ms_per_round"] for r in rows),
         mean_tpf=statistics.mean(r["tpf"] for r in rows),
         rounds_per_block=sum(r["rounds"] for r in rows) / max(sum(r["blocks"] for r in rows), 1),
     )
@@ -70,12 +73,31 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     if llm.tokenizer is None:  # LLaDA-shaped checkpoints without a tokenizer: fixed token ids
         problems = [dict(p, prompt=list(range(1000, 1000 + 16 + 8 * i)))
                     for i, p in enumerate(problems)]
-    rows, summary = run(llm, problems, options, chat)
-    print(table(rows, COLUMNS))
-    print(table([summary], list(summary)))
+    modes = args.modes.split(",") if args.modes else [llm.execution_mode]
+    results = {}
+    for mode in modes:
+        llm.set_execution_mode(mode)
+        rows, summary = run(llm, problems, options, chat)
+        print(f"[{mode}]")
+        print(table(rows, COLUMNS))
+        results[mode] = dict(rows=rows, summary=summary)
+    first = results[modes[0]]["rows"]
+    eager_tps = results["eager"]["summary"]["mean_tps"] if "eager" in results else None
+    compare = []
+    for mode in modes:
+        s = results[mode]["summary"]
+        compare.append(dict(
+            mode=mode, mean_tps=s["mean_tps"],
+            tps_vs_eager=s["mean_tps"] / eager_tps if eager_tps else float("nan"),
+            mean_ms_per_round=s["mean_ms_per_round"], mean_tpf=s["mean_tpf"],
+            rounds_per_block=s["rounds_per_block"],
+            same_tokens_as_first=all(a["token_ids"] == b["token_ids"]
+                                     for a, b in zip(first, results[mode]["rows"], strict=True))))
+    print(table(compare, MODE_COLUMNS))
     name = f"humaneval-{Path(str(args.model or 'default')).name}"
     path = write_json(name, dict(model=str(args.model), decoder=llm.decoder_name,
-                                 dtype=str(llm.dtype), options=options, rows=rows,
-                                 summary=summary), llm.device, args.out)
+                                 dtype=str(llm.dtype), attention=llm.attention_backend,
+                                 options=options, modes=results, compare=compare),
+                      llm.device, args.out)
     print(f"wrote {path}")
     return 0

@@ -25,8 +25,8 @@ class RoundSpec:
 
 
 def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
-                  masked: torch.Tensor, positions: torch.Tensor, round_idx,
-                  quota) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  masked: torch.Tensor, positions: torch.Tensor, round_idx, quota,
+                  steps=None, seed=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Commit some masked positions of a block.
 
     Args:
@@ -36,16 +36,20 @@ def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
         positions: [n] int64 absolute positions (keys of the sampling noise).
         round_idx: int or 0-d int64 tensor, round within the block (0-based).
         quota: int or 0-d int64 tensor, this round's quota k.
+        steps, seed: override `spec.steps` / `spec.sampling.seed` (ints or device tensors, so
+            one captured graph serves every request).
     Returns:
         (tokens [n] int64, masked [n] bool, commit [n] bool) after the round.
     """
     probs = probabilities(logits, spec.sampling)  # [n, V] fp32
-    cand, conf = candidates(probs, spec.sampling, round_idx, positions)
+    seed = spec.sampling.seed if seed is None else seed
+    steps = spec.steps if steps is None else steps
+    cand, conf = candidates(probs, spec.sampling, round_idx, positions, seed)
     ent = entropy(probs) if spec.strategy.name in NEEDS_ENTROPY else None
     rand = None
     if spec.strategy.name in NEEDS_RANDOM:
-        rand = rng.uniform(spec.sampling.seed, rng.REMASK_STREAM, round_idx, positions, 1)[:, 0]
+        rand = rng.uniform(seed, rng.REMASK_STREAM, round_idx, positions, 1)[:, 0]
     commit = select(spec.strategy, conf, masked, quota, ent, rand)
-    last = torch.as_tensor(round_idx, device=masked.device) >= spec.steps - 1
+    last = torch.as_tensor(round_idx, device=masked.device) >= steps - 1
     commit = commit | (masked & last)
     return torch.where(commit, cand, tokens), masked & ~commit, commit

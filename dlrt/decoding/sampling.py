@@ -50,13 +50,17 @@ def probabilities(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
     return torch.softmax(x, dim=-1)
 
 
-def candidates(probs: torch.Tensor, spec: SamplingSpec, round_idx,
-               positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (candidate ids [n] int64, confidences [n] fp32) from probs [n, V]."""
+def candidates(probs: torch.Tensor, spec: SamplingSpec, round_idx, positions: torch.Tensor,
+               seed=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (candidate ids [n] int64, confidences [n] fp32) from probs [n, V].
+
+    `seed` (int or 0-d int64 tensor) overrides `spec.seed` (captured graphs read it from
+    device memory)."""
     if spec.temperature == 0:
         conf, ids = probs.max(dim=-1)
         return ids, conf
-    u = rng.uniform(spec.seed, rng.SAMPLE_STREAM, round_idx, positions, probs.shape[-1])
+    seed = spec.seed if seed is None else seed
+    u = rng.uniform(seed, rng.SAMPLE_STREAM, round_idx, positions, probs.shape[-1])
     ids = torch.argmax(probs / -torch.log(u), dim=-1)  # exponential race == Gumbel-max
     return ids, probs.gather(-1, ids[:, None])[:, 0]
 

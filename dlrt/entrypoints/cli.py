@@ -61,12 +61,14 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decoder", default=None, help="block, canvas or dllm_var")
     parser.add_argument("--mask-token-id", type=int, default=None)
     parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--attention-backend", default=None, help="triton or sdpa")
+    parser.add_argument("--execution-mode", default=None,
+                        help="device_loop (CUDA default), host_loop or eager")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     names = ("dtype", "device", "load_format", "decoder", "mask_token_id", "max_model_len",
-             "attention_backend")
+             "attention_backend", "execution_mode")
     return {n: getattr(args, n) for n in names}
 
 
@@ -109,6 +111,14 @@ def _bench_humaneval(args: argparse.Namespace) -> int:
     return humaneval.main(args, engine_kwargs(args), kw)
 
 
+def _bench_step(args: argparse.Namespace) -> int:
+    from dlrt.bench import step
+
+    kw = engine_kwargs(args)
+    kw.pop("execution_mode", None)
+    return step.main(args, kw, decoding_kwargs(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlrt", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -145,7 +155,19 @@ def build_parser() -> argparse.ArgumentParser:
     he.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
     he.add_argument("--out", default="benchmarks/results", help="folder for the JSON record")
     add_decoding_flags(he)
+    he.add_argument("--modes", default=None,
+                    help="compare execution modes in one run, e.g. device_loop,host_loop,eager")
     he.set_defaults(func=_bench_humaneval)
+
+    st = bench.add_parser("step", help="round latency per context: device loop, replay, host "
+                                       "loop, eager, HBM floor")
+    add_engine_flags(st)
+    st.add_argument("--context", default="0,1024,4096,16384",
+                    help="comma-separated context lengths")
+    st.add_argument("--rounds", type=int, default=100, help="rounds per timing")
+    st.add_argument("--out", default="benchmarks/results", help="folder for the JSON record")
+    add_decoding_flags(st)
+    st.set_defaults(func=_bench_step)
     return parser
 
 

@@ -32,9 +32,13 @@ class SparseMoE(nn.Module):
     """Qwen3-MoE block: router softmax in fp32 over all experts, top-k, renormalised when
     `norm_topk_prob`, no shared expert. x: [N, H] -> [N, H].
 
-    Few (token, expert) pairs gather their experts' weights (fixed shapes, no host sync);
-    many pairs (prefill) loop over the experts that were chosen.
+    Up to `GATHER_PAIRS_PER_EXPERT * E` (token, expert) pairs gather their experts' weights
+    (fixed shapes, no host sync: the path of every denoising round, captured or not); more
+    pairs (long prefills) loop over the experts that were chosen. The choice depends on shapes
+    only, so eager and captured rounds compute the same way.
     """
+
+    GATHER_PAIRS_PER_EXPERT = 4
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int,
                  norm_topk_prob: bool):
@@ -56,7 +60,7 @@ class SparseMoE(nn.Module):
         weights, ids = self.route(x)
         n, k = ids.shape
         e = self.experts
-        if n * k <= e.gate_proj.shape[0]:
+        if n * k <= self.GATHER_PAIRS_PER_EXPERT * e.gate_proj.shape[0]:
             flat = ids.reshape(-1)  # [N*k]
             xs = x.repeat_interleave(k, dim=0)[:, :, None]  # [N*k, H, 1]
             g = torch.bmm(e.gate_proj[flat], xs)  # [N*k, I, 1]

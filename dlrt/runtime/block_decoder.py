@@ -2,8 +2,8 @@
 
 Prefill the whole blocks of the prompt once (block-causal), put the `P mod B` remaining prompt
 tokens at the front of block 0 as fixed tokens, denoise each block against the cached prefix,
-and when it is decided, forward it once more to write its final K/V (the reference's extra
-forward) before the next block.
+and when it is decided, forward it once more so its final K/V enter the cache (the reference's
+extra forward) before the next block. Program per block: begin -> rounds -> end (K/V write).
 """
 
 from __future__ import annotations
@@ -13,46 +13,83 @@ from collections.abc import Iterator
 import torch
 
 from dlrt.decoding.options import DecoderDefaults, DecodingParams
-from dlrt.runtime.decoder import BlockResult, block_result, round_spec, run_rounds
+from dlrt.decoding.round import RoundSpec
+from dlrt.runtime.block_state import BlockState
+from dlrt.runtime.decoder import BlockResult, block_result, commit_round, round_spec
+from dlrt.runtime.executor import Executor
 from dlrt.runtime.runner import ModelRunner
 
 
+class BlockProgram:
+    """One SDAR block of B positions at `state.lens = (start, start + B)`."""
+
+    def __init__(self, runner: ModelRunner, spec: RoundSpec, b: int):
+        self.runner, self.spec, self.b = runner, spec, b
+        self.state = BlockState(b, runner.device)
+        self.key = ("block", b, spec)
+
+    def begin(self) -> None:
+        self.state.round.zero_()
+        self.state.commit_round.fill_(-1)
+        self.state.update_flag()
+
+    def round(self) -> None:
+        s = self.state
+        logits = self.runner.forward(s.tokens, s.lens, self.b, rows=slice(None))  # [B, V]
+        positions = s.lens[0].long() + self.runner.arange(self.b)
+        commit_round(self.spec, s, logits, positions)
+
+    def buffers(self) -> list:
+        return self.state.tensors()
+
+    def end(self) -> None:
+        s = self.state
+        self.runner.forward(s.tokens, s.lens, self.b, rows=None)  # final K/V into the cache
+        s.lens.add_(self.b)
+
+
 class BlockDecoder:
-    def __init__(self, runner: ModelRunner, mask_token_id: int, defaults: DecoderDefaults):
+    def __init__(self, runner: ModelRunner, mask_token_id: int, defaults: DecoderDefaults,
+                 executor: Executor):
         self.runner = runner
         self.mask_token_id = mask_token_id
         self.defaults = defaults
+        self.executor = executor
+        self._programs: dict[tuple, BlockProgram] = {}
+
+    def program(self, params: DecodingParams) -> BlockProgram:
+        spec, b = round_spec(params), params.block_length
+        if (b, spec) not in self._programs:
+            self._programs[(b, spec)] = BlockProgram(self.runner, spec, b)
+        return self._programs[(b, spec)]
 
     def max_positions(self, prompt_len: int, params: DecodingParams) -> int:
         b = params.block_length
         return -(-(prompt_len + params.max_new_tokens) // b) * b
 
+    @torch.inference_mode()
     def decode(self, prompt: list[int], params: DecodingParams) -> Iterator[BlockResult]:
-        run, dev = self.runner, self.runner.device
         b = params.block_length
-        spec = round_spec(params)
-        run.reset()
-        prompt_t = torch.tensor(prompt, dtype=torch.int64, device=dev)
+        prog = self.program(params)
+        state = prog.state
+        self.runner.reset()
         start = (len(prompt) // b) * b
         if start:
-            run.forward(prompt_t[:start], 0, chunk_block=b, write_len=start, logits_from=start)
-        fixed = prompt_t[start:]
+            ids = state.tokens.new_tensor(prompt[:start])
+            self.runner.forward_at(ids, 0, chunk_block=b, rows=None)
+        fixed = prompt[start:]
+        state.set_request(b, params.denoising_steps, params.sampling.seed)
+        state.set_lens(start, start + b)
         generated = 0
         while True:
-            tokens = torch.full((b,), self.mask_token_id, dtype=torch.int64, device=dev)
-            tokens[: fixed.shape[0]] = fixed
-            masked = torch.arange(b, device=dev) >= fixed.shape[0]
-            positions = torch.arange(start, start + b, device=dev)
-            free = masked.clone()
-            tokens, commit_round, rounds = run_rounds(
-                spec, lambda t, s=start: run.forward(t, s, chunk_block=b), tokens, masked,
-                positions, b)
-            result = block_result(tokens, commit_round, rounds, free)
+            state.load_block(fixed + [self.mask_token_id] * (b - len(fixed)),
+                             [False] * len(fixed) + [True] * (b - len(fixed)))
+            self.executor.run_block(prog)
+            tokens, commits, rounds = state.readback()
+            result = block_result(tokens, commits, rounds, skip=len(fixed),
+                                  extra_forwards=1 + (1 if start and not generated else 0))
             generated += len(result.token_ids)
             yield result
             if generated >= params.max_new_tokens:
                 return
-            # The consumer asked for another block: write this one's final K/V first.
-            run.forward(tokens, start, chunk_block=b, write_len=b, logits_from=b)
-            start += b
-            fixed = fixed[:0]
+            fixed = []

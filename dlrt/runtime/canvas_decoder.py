@@ -1,9 +1,11 @@
 """LLaDA pure diffusion and semi-autoregressive sub-blocks (ML-GSAI/LLaDA `generate.py`).
 
 The canvas is the prompt followed by `max_new_tokens` mask tokens. Every round re-runs the whole
-canvas with full bidirectional attention (no KV cache). The generation region is split into
-sub-blocks of `block_length` counted from the end of the prompt (one block covering the whole
-generation is pure diffusion); rounds commit only inside the current sub-block.
+canvas with full bidirectional attention (its K/V are scratch: nothing is cached between
+rounds). The generation region is split into sub-blocks of `block_length` counted from the end
+of the prompt (one block covering the whole generation is pure diffusion); rounds commit only
+inside the current sub-block, and the LM head runs only on its rows. The canvas buffer is padded
+to a multiple of 64 so one captured graph serves nearby lengths; padding is never attended to.
 """
 
 from __future__ import annotations
@@ -13,36 +15,89 @@ from collections.abc import Iterator
 import torch
 
 from dlrt.decoding.options import DecoderDefaults, DecodingParams
-from dlrt.runtime.decoder import BlockResult, block_result, round_spec, run_rounds
+from dlrt.decoding.round import RoundSpec
+from dlrt.runtime.block_state import BlockState
+from dlrt.runtime.decoder import BlockResult, block_result, commit_round, round_spec
+from dlrt.runtime.executor import Executor
 from dlrt.runtime.runner import ModelRunner
+
+PAD_TO = 64
+
+
+class CanvasProgram:
+    """Sub-block window [lo, lo + B) of a canvas of `size` slots; lens = (0, canvas length)."""
+
+    def __init__(self, runner: ModelRunner, spec: RoundSpec, b: int, size: int):
+        self.runner, self.spec, self.b, self.size = runner, spec, b, size
+        dev = runner.device
+        self.state = BlockState(b, dev)
+        self.key = ("canvas", b, size, spec)
+        self.canvas = torch.zeros(size, dtype=torch.int64, device=dev)
+        self.canvas_masked = torch.zeros(size, dtype=torch.bool, device=dev)
+        self.lo = torch.zeros((), dtype=torch.int64, device=dev)
+        self.window = runner.arange(b)
+
+    def rows(self) -> torch.Tensor:
+        return self.lo + self.window
+
+    def begin(self) -> None:
+        s = self.state
+        s.masked.copy_(self.canvas_masked.index_select(0, self.rows()))
+        s.round.zero_()
+        s.commit_round.fill_(-1)
+        s.update_flag()
+
+    def round(self) -> None:
+        rows = self.rows()
+        logits = self.runner.forward(self.canvas, self.state.lens, None, rows=rows)
+        commit_round(self.spec, self.state, logits, rows, rows,
+                     canvas=(self.canvas, self.canvas_masked))
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [*self.state.tensors(), self.canvas, self.canvas_masked, self.lo]
+
+    def end(self) -> None:
+        self.state.tokens.copy_(self.canvas.index_select(0, self.rows()))
+        self.lo.add_(self.b)
 
 
 class CanvasDecoder:
-    def __init__(self, runner: ModelRunner, mask_token_id: int, defaults: DecoderDefaults):
+    def __init__(self, runner: ModelRunner, mask_token_id: int, defaults: DecoderDefaults,
+                 executor: Executor):
         self.runner = runner
         self.mask_token_id = mask_token_id
         self.defaults = defaults
+        self.executor = executor
+        self._programs: dict[tuple, CanvasProgram] = {}
+
+    def _size(self, prompt_len: int, params: DecodingParams) -> int:
+        b = params.block_length
+        span = prompt_len + -(-params.max_new_tokens // b) * b
+        return -(-span // PAD_TO) * PAD_TO
 
     def max_positions(self, prompt_len: int, params: DecodingParams) -> int:
-        return prompt_len + params.max_new_tokens
+        return self._size(prompt_len, params)
 
+    @torch.inference_mode()
     def decode(self, prompt: list[int], params: DecodingParams) -> Iterator[BlockResult]:
-        run, dev = self.runner, self.runner.device
-        p, total = len(prompt), len(prompt) + params.max_new_tokens
-        spec = round_spec(params)
-        run.reset()
-        canvas = torch.full((total,), self.mask_token_id, dtype=torch.int64, device=dev)
-        canvas[:p] = torch.tensor(prompt, dtype=torch.int64, device=dev)
-        for lo in range(p, total, params.block_length):
-            hi = min(lo + params.block_length, total)
-
-            def logits_of(block: torch.Tensor, lo: int = lo, hi: int = hi) -> torch.Tensor:
-                canvas[lo:hi] = block
-                return run.forward(canvas, 0, chunk_block=None, logits_from=lo)[: hi - lo]
-
-            masked = torch.ones(hi - lo, dtype=torch.bool, device=dev)
-            positions = torch.arange(lo, hi, device=dev)
-            tokens, commit_round, rounds = run_rounds(
-                spec, logits_of, canvas[lo:hi].clone(), masked, positions, hi - lo)
-            canvas[lo:hi] = tokens
-            yield block_result(tokens, commit_round, rounds, torch.ones_like(masked))
+        b, p = params.block_length, len(prompt)
+        total = p + params.max_new_tokens
+        size = self._size(p, params)
+        key = (b, size, round_spec(params))
+        if key not in self._programs:
+            self._programs[key] = CanvasProgram(self.runner, key[2], b, size)
+        prog = self._programs[key]
+        self.runner.reset()
+        state = prog.state
+        pad = size - total
+        prog.canvas.copy_(torch.tensor(prompt + [self.mask_token_id] * (total - p + pad)))
+        prog.canvas_masked.copy_(torch.tensor([False] * p + [True] * (total - p) + [False] * pad))
+        prog.lo.fill_(p)
+        state.set_lens(0, total)
+        for lo in range(p, total, b):
+            length = min(b, total - lo)
+            if lo == p or length != b:
+                state.set_request(length, params.denoising_steps, params.sampling.seed)
+            self.executor.run_block(prog)
+            tokens, commits, rounds = state.readback()
+            yield block_result(tokens, commits, rounds, keep=length)

@@ -1,38 +1,56 @@
-"""What every decoder shares: the block result, the eager round loop, the decoder registry.
+"""What every decoder shares: the block result, the program interface, the decoder protocol.
 
-A decoder turns a prompt into a stream of decided blocks. Blocks are yielded as soon as they
-are decided; the caller stops pulling at a stop token or `max_new_tokens`, and work that only a
-later block needs (such as writing the finished block's K/V) is deferred until it is pulled.
+A decoder turns a prompt into a stream of decided blocks. The work of one block is a *program*:
+`begin` (prepare the block), `round` (one forward + commit), `end` (after the last round),
+pure tensor code on the program's static `BlockState`, run by an `Executor` eagerly, as graphs
+replayed from the host, or as one CUDA graph whose WHILE node repeats `round` on the device.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
 
 from dlrt.decoding.options import DecoderDefaults, DecodingParams
 from dlrt.decoding.round import RoundSpec, denoise_round
-from dlrt.decoding.schedule import round_quotas
+from dlrt.runtime.block_state import BlockState
 
 
 @dataclass
 class BlockResult:
     """One decided block: its generated tokens (fixed prompt tokens excluded), the rounds it
-    took, and for each generated token the round (0-based, within the block) that committed it."""
+    took, for each generated token the round (0-based, within the block) that committed it, and
+    the forwards it ran besides its rounds (prefill, final K/V write, look-ahead)."""
 
     token_ids: list[int]
     rounds: int
     commit_rounds: list[int]
+    extra_forwards: int = 0
+
+
+class Program(Protocol):
+    state: BlockState
+    key: tuple  # identifies the captured graphs of this program
+
+    def begin(self) -> None: ...
+
+    def round(self) -> None: ...
+
+    def end(self) -> None: ...
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Every device buffer the program mutates (saved around the warm-up before capture)."""
+        ...
 
 
 class Decoder(Protocol):
     defaults: DecoderDefaults
 
     def max_positions(self, prompt_len: int, params: DecodingParams) -> int:
-        """Positions the request occupies at most (checked against the context)."""
+        """Cache positions the request may touch (checked against the context)."""
         ...
 
     def decode(self, prompt: list[int], params: DecodingParams) -> Iterator[BlockResult]:
@@ -40,31 +58,39 @@ class Decoder(Protocol):
 
 
 def round_spec(params: DecodingParams) -> RoundSpec:
-    return RoundSpec(params.strategy, params.sampling, params.denoising_steps)
+    """The graph-cache key part of a request's round: seed and budget live in device memory."""
+    return RoundSpec(params.strategy, replace(params.sampling, seed=0), 0)
 
 
-def run_rounds(spec: RoundSpec, logits_of: Callable[[torch.Tensor], torch.Tensor],
-               tokens: torch.Tensor, masked: torch.Tensor, positions: torch.Tensor,
-               block_length: int, first_logits: torch.Tensor | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Run rounds on one block until no mask is left or the budget T is spent (eager: one host
-    sync per round). `first_logits` are the logits of round 0 when an earlier forward already
-    produced them (look-ahead). Returns (tokens [n], commit round per position [n], rounds)."""
-    quotas = round_quotas(block_length, spec.steps)
-    commit_round = torch.full_like(tokens, -1)
-    rounds = 0
-    for r in range(spec.steps):
-        if not bool(masked.any()):
-            break
-        logits = first_logits if (r == 0 and first_logits is not None) else logits_of(tokens)
-        tokens, masked, commit = denoise_round(spec, logits, tokens, masked, positions, r,
-                                               quotas[r])
-        commit_round[commit] = r
-        rounds += 1
-    return tokens, commit_round, rounds
+def commit_round(spec: RoundSpec, state: BlockState, logits: torch.Tensor,
+                 positions: torch.Tensor, rows: torch.Tensor | None = None,
+                 canvas: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """Apply one round's commit to the state from `logits` [n, V] (device only).
+
+    With `canvas=(ids, masked)` the block is the window `rows` of a larger canvas, whose ids
+    and mask are updated in place; otherwise the state's own tokens/masked are.
+    """
+    if canvas is None:
+        tokens, masked = state.tokens, state.masked
+    else:
+        tokens, masked = canvas[0].index_select(0, rows), canvas[1].index_select(0, rows)
+    new_tokens, new_masked, commit = denoise_round(
+        spec, logits, tokens, masked, positions, state.round, state.quota(),
+        steps=state.steps, seed=state.seed)
+    if canvas is None:
+        state.tokens.copy_(new_tokens)
+        state.masked.copy_(new_masked)
+    else:
+        canvas[0].index_copy_(0, rows, new_tokens)
+        canvas[1].index_copy_(0, rows, new_masked)
+        state.masked.copy_(new_masked)
+    state.commit_round.copy_(torch.where(commit, state.round, state.commit_round))
+    state.round.add_(1)
+    state.update_flag()
 
 
-def block_result(tokens: torch.Tensor, commit_round: torch.Tensor, rounds: int,
-                 generated: torch.Tensor) -> BlockResult:
-    """Collect the generated positions (`generated` [n] bool) of a decided block (one sync)."""
-    return BlockResult(tokens[generated].tolist(), rounds, commit_round[generated].tolist())
+def block_result(tokens: list[int], commit_rounds: list[int], rounds: int, skip: int = 0,
+                 keep: int | None = None, extra_forwards: int = 0) -> BlockResult:
+    """The generated positions skip..keep of a read-back block."""
+    end = len(tokens) if keep is None else keep
+    return BlockResult(tokens[skip:end], rounds, commit_rounds[skip:end], extra_forwards)

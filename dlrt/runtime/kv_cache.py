@@ -3,7 +3,8 @@
 Layout (FlashInfer's NHD paged layout): k, v: [L, num_pages, page_size, Hkv, D]. Token t of the
 request lives in page `page_table[t // page_size]`, slot `t % page_size`. One request owns the
 cache, so the page table is the identity; it is still honoured on every read and write so
-kernels that take a page table see the same layout.
+kernels that take a page table see the same layout. Which positions hold committed K/V is the
+decoder's bookkeeping: a forward writes its whole chunk, committed or not.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 
 
 class PagedKVCache:
-    """Holds the K/V of committed tokens (prompt blocks and decided blocks).
+    """K/V of one request.
 
     Args:
         num_layers, num_kv_heads, head_dim: model shape.
@@ -26,30 +27,25 @@ class PagedKVCache:
         self.num_pages = -(-max_tokens // page_size)
         self.capacity = self.num_pages * page_size
         shape = (num_layers, self.num_pages, page_size, num_kv_heads, head_dim)
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.page_table = torch.arange(self.num_pages, dtype=torch.int32, device=device)
-        self.length = 0  # tokens whose K/V are final
 
-    def _slots(self, start: int, count: int) -> torch.Tensor:
-        pos = torch.arange(start, start + count, device=self.page_table.device)
-        return self.page_table[pos // self.page_size].long() * self.page_size + pos % self.page_size
+    def slots(self, positions: torch.Tensor) -> torch.Tensor:
+        """Flat slot index [n] int64 of each position [n]."""
+        return (self.page_table[positions // self.page_size].long() * self.page_size
+                + positions % self.page_size)
 
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write k, v: [n, Hkv, D] for tokens start..start+n-1 of layer `layer`."""
-        n = k.shape[0]
-        if start + n > self.capacity:
-            raise RuntimeError(f"KV cache overflow: {start + n} > {self.capacity} tokens")
-        slots = self._slots(start, n)
-        self.k[layer].view(-1, *k.shape[1:])[slots] = k
-        self.v[layer].view(-1, *v.shape[1:])[slots] = v
+    def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> None:
+        """Write k, v: [n, Hkv, D] of the tokens at `positions` [n] (no host sync)."""
+        slots = self.slots(positions)
+        self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, slots, k)
+        self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, slots, v)
 
     def read(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return the first `length` tokens' k, v of layer `layer`: [length, Hkv, D] each."""
-        slots = self._slots(0, length)
+        """The first `length` tokens' k, v of layer `layer`: [length, Hkv, D] each."""
+        slots = self.slots(torch.arange(length, device=self.page_table.device))
         k = self.k[layer].view(-1, *self.k.shape[-2:])
         v = self.v[layer].view(-1, *self.v.shape[-2:])
         return k[slots], v[slots]
-
-    def reset(self) -> None:
-        self.length = 0

@@ -5,7 +5,8 @@ Fully bidirectional attention. The prompt is forwarded together with the first m
 prompt's K/V enter the cache and the block's logits serve as its round 0. Each later block
 starts with one forward of [finished block + new mask block]: the finished block's K/V (which
 see the new block, as in the reference) enter the cache, and the new block gets its round 0.
-Blocks are counted from the end of the prompt.
+Blocks are counted from the end of the prompt. Program: begin (look-ahead forward + round 0)
+-> rounds; block 0 begins on the host (the prefill forward has a prompt-dependent length).
 """
 
 from __future__ import annotations
@@ -15,41 +16,96 @@ from collections.abc import Iterator
 import torch
 
 from dlrt.decoding.options import DecoderDefaults, DecodingParams
-from dlrt.runtime.decoder import BlockResult, block_result, round_spec, run_rounds
+from dlrt.decoding.round import RoundSpec
+from dlrt.runtime.block_state import BlockState
+from dlrt.runtime.decoder import BlockResult, block_result, commit_round, round_spec
+from dlrt.runtime.executor import Executor
 from dlrt.runtime.runner import ModelRunner
 
 
+class LookaheadProgram:
+    """The current block at `state.lens = (start, start + B)`; begin moves to the next."""
+
+    def __init__(self, runner: ModelRunner, spec: RoundSpec, b: int, mask_token_id: int):
+        self.runner, self.spec, self.b = runner, spec, b
+        self.state = BlockState(b, runner.device)
+        self.key = ("dllm_var", b, spec)
+        dev = runner.device
+        self.mask_block = torch.full((b,), mask_token_id, dtype=torch.int64, device=dev)
+        self.step = torch.tensor([0, b], dtype=torch.int32, device=dev)
+        self.positions = runner.arange(b)
+
+    def _reset_block(self) -> None:
+        s = self.state
+        s.tokens.copy_(self.mask_block)
+        s.masked.fill_(True)
+        s.commit_round.fill_(-1)
+        s.round.zero_()
+
+    def begin(self) -> None:
+        """[finished block + new mask block] at the finished block's start: its K/V enter the
+        cache, the new block gets round 0."""
+        s = self.state
+        chunk = torch.cat([s.tokens, self.mask_block])  # [2B]
+        logits = self.runner.forward(chunk, s.lens + self.step, None,
+                                     rows=slice(self.b, 2 * self.b))
+        s.lens.add_(self.b)
+        self._reset_block()
+        commit_round(self.spec, s, logits, s.lens[0].long() + self.positions)
+
+    def begin_first(self, prompt: list[int]) -> None:
+        """Block 0 (host): forward [prompt + mask block]; the prompt's K/V enter the cache."""
+        s, p = self.state, len(prompt)
+        chunk = torch.cat([s.tokens.new_tensor(prompt), self.mask_block])
+        logits = self.runner.forward_at(chunk, 0, None, rows=slice(p, p + self.b))
+        s.set_lens(p, p + self.b)
+        self._reset_block()
+        commit_round(self.spec, s, logits, s.lens[0].long() + self.positions)
+
+    def flag_only(self) -> None:
+        self.state.update_flag()
+
+    def round(self) -> None:
+        s = self.state
+        logits = self.runner.forward(s.tokens, s.lens, None, rows=slice(None))
+        commit_round(self.spec, s, logits, s.lens[0].long() + self.positions)
+
+    def buffers(self) -> list:
+        return self.state.tensors()
+
+    def end(self) -> None:
+        """Nothing: the next block's look-ahead writes this block's K/V."""
+
+
 class LookaheadDecoder:
-    def __init__(self, runner: ModelRunner, mask_token_id: int, defaults: DecoderDefaults):
+    def __init__(self, runner: ModelRunner, mask_token_id: int, defaults: DecoderDefaults,
+                 executor: Executor):
         self.runner = runner
         self.mask_token_id = mask_token_id
         self.defaults = defaults
+        self.executor = executor
+        self._programs: dict[tuple, LookaheadProgram] = {}
 
     def max_positions(self, prompt_len: int, params: DecodingParams) -> int:
         b = params.block_length
         return prompt_len + -(-params.max_new_tokens // b) * b
 
+    @torch.inference_mode()
     def decode(self, prompt: list[int], params: DecodingParams) -> Iterator[BlockResult]:
-        run, dev = self.runner, self.runner.device
         b = params.block_length
-        spec = round_spec(params)
-        run.reset()
-        mask_block = torch.full((b,), self.mask_token_id, dtype=torch.int64, device=dev)
-        done = torch.tensor(prompt, dtype=torch.int64, device=dev)  # tokens not yet cached
-        start, generated = 0, 0
+        key = (b, round_spec(params))
+        if key not in self._programs:
+            self._programs[key] = LookaheadProgram(self.runner, key[1], b, self.mask_token_id)
+        prog = self._programs[key]
+        self.runner.reset()
+        prog.state.set_request(b, params.denoising_steps, params.sampling.seed)
+        prog.begin_first(prompt)
+        self.executor.run_block(prog, begin=prog.flag_only)
+        generated = 0
         while True:
-            chunk = torch.cat([done, mask_block])
-            head = done.shape[0]
-            first = run.forward(chunk, start, chunk_block=None, write_len=head, logits_from=head)
-            start += head
-            masked = torch.ones(b, dtype=torch.bool, device=dev)
-            positions = torch.arange(start, start + b, device=dev)
-            tokens, commit_round, rounds = run_rounds(
-                spec, lambda t, s=start: run.forward(t, s, chunk_block=None), mask_block.clone(),
-                masked, positions, b, first_logits=first)
-            result = block_result(tokens, commit_round, rounds, torch.ones_like(masked))
+            tokens, commits, rounds = prog.state.readback()
             generated += b
-            yield result
+            yield block_result(tokens, commits, rounds, extra_forwards=0)
             if generated >= params.max_new_tokens:
                 return
-            done = tokens
+            self.executor.run_block(prog)

@@ -1,4 +1,4 @@
-"""The model runner: one forward of a chunk of tokens against the KV cache."""
+"""The model runner: one forward of a chunk of tokens against the paged KV cache."""
 
 from __future__ import annotations
 
@@ -20,39 +20,53 @@ class ModelRunner:
         self.backend = backend
         self.cache = cache
         self.device = device
-        self.forwards = 0  # forwards run since the last `reset`
-        # When a list, every forward synchronises and appends (kind, seconds), kind "round"
-        # (no cache write) or "write" (prefill, finished block). For benchmarks only.
-        self.timings: list[tuple[str, float]] | None = None
+        self.forwards = 0  # forwards launched since the last `reset` (eager count)
+        # When a list, every eager forward synchronises and appends its seconds (benchmarks).
+        self.timings: list[float] | None = None
+        self._aranges: dict[int, torch.Tensor] = {}
 
     def reset(self) -> None:
-        self.cache.reset()
         self.forwards = 0
 
-    @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, start: int, chunk_block: int | None,
-                write_len: int = 0, logits_from: int = 0) -> torch.Tensor:
-        """Forward tokens [N] at positions start..start+N-1 over the first `start` cached tokens.
+    def arange(self, n: int) -> torch.Tensor:
+        """A static [n] int64 0..n-1 on the device (made before any capture uses it)."""
+        if n not in self._aranges:
+            self._aranges[n] = torch.arange(n, device=self.device)
+        return self._aranges[n]
 
-        Writes the first `write_len` tokens' K/V into the cache (and advances its length).
-        Returns logits [N - logits_from, V] of the positions from `logits_from` on.
+    def lens(self, start: int, kv_len: int) -> torch.Tensor:
+        """A fresh (start, kv_len) int32 tensor on the device (eager callers)."""
+        return torch.tensor([start, kv_len], dtype=torch.int32, device=self.device)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, lens: torch.Tensor, chunk_block: int | None,
+                rows: slice | torch.Tensor | None = None) -> torch.Tensor | None:
+        """Forward tokens [N] at positions lens[0]..lens[0]+N-1 over cache keys < lens[1].
+
+        Writes the chunk's K/V into the cache. Returns logits [n, V] of `rows` (a slice or
+        an index tensor of chunk rows), or None when `rows` is None (no LM head).
+        Pure tensor code: no host sync unless the backend needs one (SDPA) or `timings` is set.
         """
-        assert start <= self.cache.length, "a forward may only read K/V that the cache holds"
         if self.timings is not None:
             self._sync()
             t0 = time.perf_counter()
-        n = tokens.shape[0]
-        positions = torch.arange(start, start + n, device=self.device)
-        meta = ForwardMeta(ctx_len=start, chunk_block=chunk_block, write_len=write_len)
+        positions = lens[0].long() + self.arange(tokens.shape[0])
+        meta = ForwardMeta(positions, lens, chunk_block)
         hidden = self.model(tokens, positions, ForwardContext(self.backend, meta, self.cache))
-        if write_len:
-            self.cache.length = start + write_len
         self.forwards += 1
-        logits = self.model.logits(hidden[logits_from:])
+        logits = None
+        if rows is not None:
+            h = hidden[rows] if isinstance(rows, slice) else hidden.index_select(0, rows)
+            logits = self.model.logits(h)
         if self.timings is not None:
             self._sync()
-            self.timings.append(("write" if write_len else "round", time.perf_counter() - t0))
+            self.timings.append(time.perf_counter() - t0)
         return logits
+
+    def forward_at(self, tokens: torch.Tensor, start: int, chunk_block: int | None,
+                   rows: slice | None = slice(None)) -> torch.Tensor | None:
+        """Eager convenience: the chunk at `start`, attending to every key up to its end."""
+        return self.forward(tokens, self.lens(start, start + tokens.shape[0]), chunk_block, rows)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -31,6 +31,7 @@ import torch
 
 from dlrt.attention import ForwardContext, ForwardMeta, get_backend
 from dlrt.llm import LLM
+from dlrt.runtime.kv_cache import PagedKVCache
 
 SHARPEN = 50.0
 SDAR_MASK, SDAR_STOP = 151669, frozenset({151645, 151643})  # DESIGN §1, §3.4
@@ -164,11 +165,14 @@ def done(blocks: list[Block], max_new: int, stop: frozenset[int]) -> bool:
 
 def sdar_logits(llm: LLM, seq: list[int], b: int, lo: int) -> torch.Tensor:
     """Logits of seq[lo:] from one forward of the whole `seq` from position 0, block-causal
-    with blocks of b, no KV cache."""
-    ids = torch.tensor(seq, dtype=torch.int64)
-    ctx = ForwardContext(get_backend("sdpa"), ForwardMeta(0, b, 0), None)
+    with blocks of b, through a fresh scratch cache (nothing reused between forwards)."""
+    n, c = len(seq), llm.config
+    ids, positions = torch.tensor(seq, dtype=torch.int64), torch.arange(n)
+    cache = PagedKVCache(c.num_layers, c.num_kv_heads, c.head_dim, n, llm.dtype, "cpu")
+    meta = ForwardMeta(positions, torch.tensor([0, n], dtype=torch.int32), b)
+    ctx = ForwardContext(get_backend("sdpa"), meta, cache)
     with torch.inference_mode():
-        hidden = llm.model(ids, torch.arange(len(seq)), ctx)
+        hidden = llm.model(ids, positions, ctx)
         return llm.model.logits(hidden[lo:])
 
 

@@ -139,14 +139,16 @@ def llada_pair(tmp_path_factory, tiny_llada):
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("family,b,n", [("sdar", 4, N), ("sdar", 8, N), ("sdar_moe", 4, N),
-                                        ("sdar_moe", 4, 3), ("sdar_moe", 8, N)])
+                                        ("sdar_moe", 4, 3), ("sdar_moe", 8, N),
+                                        ("sdar_moe", 4, 21)])
 def test_sdar_matches_qwen3(sdar_pair, family, b, n, attn):
     """Block-causal logits equal transformers' Qwen3 / Qwen3-MoE under the same mask. (MoE with
-    n=3: 6 (token, expert) pairs take our gathered-expert path, n=13 the per-expert loop.)"""
+    n=3 and 13: 6 and 26 (token, expert) pairs take our gathered-expert path (<= 4 * 8 pairs),
+    n=21 (42 pairs) the per-expert loop.)"""
     ours_llm, hf_path = sdar_pair[family]
     ref_model = _hf(QWEN[family][1], hf_path, attn)
     ids = _ids(n)
-    ours = ours_llm.runner.forward(ids, 0, chunk_block=b)
+    ours = ours_llm.runner.forward_at(ids, 0, chunk_block=b)
     ref = _hf_logits(ref_model, ids, block_causal(n, b))
     assert ours.shape == ref.shape == (n, ours_llm.config.vocab_size)
     assert _rel(ours, ref) < TOL
@@ -173,7 +175,7 @@ def test_reference_honours_block_causal_mask(sdar_pair, attn):
     assert _rel(unchanged[:4], base[:4]) < 1e-6
     assert _rel(unchanged[4:], base[4:]) > 1e-3
     for edited, ref in ((same_block, changed), (next_block, unchanged)):
-        assert _rel(ours_llm.runner.forward(edited, 0, chunk_block=b), ref) < TOL
+        assert _rel(ours_llm.runner.forward_at(edited, 0, chunk_block=b), ref) < TOL
 
 
 def test_llada_matches_llama(llada_pair):
@@ -181,7 +183,7 @@ def test_llada_matches_llama(llada_pair):
     differ from Llama's causal default, so the mask was used)."""
     ours_llm, ref_model = llada_pair
     ids = _ids(N, seed=1)
-    ours = ours_llm.runner.forward(ids, 0, chunk_block=None)
+    ours = ours_llm.runner.forward_at(ids, 0, chunk_block=None)
     ref = _hf_logits(ref_model, ids, torch.ones(N, N, dtype=torch.bool))
     assert ours.shape == ref.shape == (N, ours_llm.config.vocab_size)
     assert _rel(ours, ref) < TOL
@@ -196,18 +198,16 @@ def test_cached_block_matches_full_forward(sdar_pair, family, b, first, second):
     one block-causal forward of the whole sequence (relative error < TOL)."""
     run = sdar_pair[family][0].runner
     ids = _ids(first + second + b, seed=2)
-    full = run.forward(ids, 0, chunk_block=b)
-    run.reset()
-    run.forward(ids[:first], 0, chunk_block=b, write_len=first)
-    mid = run.forward(ids[first:first + second], first, chunk_block=b, write_len=second)
-    assert run.cache.length == first + second
-    last = run.forward(ids[first + second:], first + second, chunk_block=b)
+    full = run.forward_at(ids, 0, chunk_block=b)
+    run.forward_at(torch.roll(ids, 3), 0, chunk_block=b)  # stale K/V everywhere first
+    run.forward_at(ids[:first], 0, chunk_block=b)
+    mid = run.forward_at(ids[first:first + second], first, chunk_block=b)
+    last = run.forward_at(ids[first + second:], first + second, chunk_block=b)
     assert _rel(mid, full[first:first + second]) < TOL
     assert _rel(last, full[first + second:]) < TOL
     # The cache holds what it was given: a wrong prefix would change the block's logits.
-    run.reset()
-    run.forward(torch.roll(ids[:first + second], 1), 0, chunk_block=b, write_len=first + second)
-    wrong = run.forward(ids[first + second:], first + second, chunk_block=b)
+    run.forward_at(torch.roll(ids[:first + second], 1), 0, chunk_block=b)
+    wrong = run.forward_at(ids[first + second:], first + second, chunk_block=b)
     assert _rel(wrong, full[first + second:]) > 1e-3
 
 
@@ -219,9 +219,8 @@ def test_llada_cached_block_matches_llama(llada_pair):
     run = ours_llm.runner
     p, b = 7, 4
     ids = _ids(p + b, seed=3)
-    run.reset()
-    head = run.forward(ids[:p], 0, chunk_block=None, write_len=p)
-    block = run.forward(ids[p:], p, chunk_block=None)
+    head = run.forward_at(ids[:p], 0, chunk_block=None)
+    block = run.forward_at(ids[p:], p, chunk_block=None)
     allow = torch.ones(p + b, p + b, dtype=torch.bool)
     allow[:p, p:] = False
     ref = _hf_logits(ref_model, ids, allow)

@@ -41,9 +41,10 @@ def test_prompt_alignment_and_fixed_prompt_tokens(llm, monkeypatch, p):
     forwards: list[tuple[list[int], int, int]] = []
     real_forward = llm.runner.forward
 
-    def spy(tokens, start, chunk_block, write_len=0, logits_from=0):
-        forwards.append((tokens.tolist(), start, write_len))
-        return real_forward(tokens, start, chunk_block, write_len, logits_from)
+    def spy(tokens, lens, chunk_block, rows=None):
+        # (ids, chunk start, whether it only writes K/V: prefill and the final block write)
+        forwards.append((tokens.tolist(), int(lens[0]), rows is None))
+        return real_forward(tokens, lens, chunk_block, rows)
 
     monkeypatch.setattr(llm.runner, "forward", spy)
     blocks = list(llm.stream(prompt, max_new_tokens=max_new))
@@ -58,9 +59,9 @@ def test_prompt_alignment_and_fixed_prompt_tokens(llm, monkeypatch, p):
     start0 = (p // B) * B
     fixed = prompt[start0:]
     if start0:  # the whole blocks of the prompt are prefilled once
-        assert forwards[0] == (prompt[:start0], 0, start0)
+        assert forwards[0] == (prompt[:start0], 0, True)
         assert sum(1 for _, s, _ in forwards if s == 0) == 1
-    block0 = [toks for toks, s, _ in forwards if s == start0]
+    block0 = [toks for toks, s, w in forwards if s == start0 and not w]
     assert block0, forwards
     mask = llm.config.mask_token_id
     for toks in block0:
@@ -73,7 +74,7 @@ def test_prompt_alignment_and_fixed_prompt_tokens(llm, monkeypatch, p):
             assert x == mask or x == y
         assert after.count(mask) < before.count(mask)
     # the final K/V write of block 0 holds the fixed prompt tokens and the block's output
-    writes = [toks for toks, s, w in forwards if s == start0 and w == B]
+    writes = [toks for toks, s, w in forwards if s == start0 and w]
     assert writes == [fixed + blocks[0].token_ids]
 
 

@@ -1,0 +1,36 @@
+"""Triton attention backend: `dlrt.kernels.paged_attention` over the paged cache.
+
+Lengths are read from device memory, so the backend works inside captured CUDA graphs; on the
+CPU it runs under TRITON_INTERPRET=1 (tests).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dlrt.attention.backend import ForwardMeta
+from dlrt.kernels.paged_attention import paged_chunk_attention, split_scratch
+from dlrt.runtime.kv_cache import PagedKVCache
+
+SPLIT = 512  # keys per split of the context
+
+
+class TritonBackend:
+    def __init__(self):
+        self._scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def scratch(self, n: int, h_q: int, d: int, capacity: int, device):
+        """Split buffers for chunks of n tokens; allocated on first use (before capture)."""
+        key = (n, h_q, d, capacity, str(device))
+        if key not in self._scratch:
+            self._scratch[key] = split_scratch(n, h_q, d, capacity, SPLIT, device)
+        return self._scratch[key]
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                scale: float, meta: ForwardMeta, cache: PagedKVCache) -> torch.Tensor:
+        cache.write(layer, meta.positions, k, v)
+        n, h_q, d = q.shape
+        return paged_chunk_attention(
+            q.contiguous(), cache.k[layer], cache.v[layer], cache.page_table, meta.lens, scale,
+            meta.chunk_block, max_kv=cache.capacity, split=SPLIT,
+            scratch=self.scratch(n, h_q, d, cache.capacity, q.device))

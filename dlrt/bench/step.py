@@ -1,0 +1,206 @@
+"""`dlrt bench step`: the latency of one denoising round per context length.
+
+For each context the decoder's real round (forward of the block against the cache, LM head,
+sampling, strategy, commit) is timed over many rounds with CUDA events in four ways:
+  device_loop  one graph launch whose WHILE node repeats the round R times on the GPU
+  replay       the same round captured as a plain graph and replayed R times back to back
+  host_loop    that graph replayed from the host with a flag read (sync) after every round
+  eager        the round's tensor code called from Python
+`device_loop - replay` is the WHILE node's overhead per round; `host_loop - replay` is the host
+bubble of the classic design. Each timed round also re-masks the block so every round does the
+same work. The HBM floor is the bytes one round must read (weights it touches, the KV cache of
+the context) over the device-to-device copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from dlrt.bench.report import table, write_json
+
+COLUMNS = ["context", "device_loop_us", "replay_us", "while_overhead_us", "host_loop_us",
+           "host_bubble_us", "eager_us", "floor_us", "ratio_to_floor", "GBps"]
+
+
+def copy_bandwidth(device, nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(10):
+        e0.record()
+        dst.copy_(src)
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1) / 1e3)
+    return 2 * nbytes / statistics.median(times)
+
+
+def round_bytes(llm, context: int, b: int) -> int:
+    """Bytes one round reads: every weight except the embedding table (B rows of it), the
+    routed experts a block touches (expected distinct count under uniform routing), and the K/V
+    of `context` cached tokens plus the block."""
+    c = llm.config
+    item = torch.empty((), dtype=llm.dtype).element_size()
+    total = 0
+    for name, p in llm.model.named_parameters():
+        n = p.numel()
+        if "embed_tokens" in name or "wte" in name:
+            n = b * c.hidden_size
+        elif ".experts." in name:
+            e, k = c.num_experts, c.num_experts_per_tok
+            n = int(n * (1 - (1 - k / e) ** b))
+        total += n * item
+    kv = 2 * c.num_layers * (context + b) * c.num_kv_heads * c.head_dim * item
+    return total + kv
+
+
+class _Bench:
+    """The decoder's program set at a given context, plus a counter for R-round loops."""
+
+    def __init__(self, llm, program, rounds: int):
+        self.llm, self.p, self.rounds = llm, program, rounds
+        dev = llm.device
+        self.counter = torch.zeros((), dtype=torch.int64, device=dev)
+        self.flag = program.state.flag
+        self.init_tokens = program.state.tokens.clone()
+
+    def set_context(self, context: int) -> None:
+        s, b = self.p.state, self.p.b
+        if hasattr(self.p, "canvas"):  # LLaDA: the canvas is the context
+            self.p.canvas.fill_(self.llm.config.mask_token_id)
+            self.p.canvas_masked.fill_(True)
+            self.p.lo.fill_(0)
+            s.set_lens(0, context)
+        else:
+            s.set_lens(context, context + b)
+        s.set_request(b, 10**9, 0)
+        s.tokens.fill_(self.llm.config.mask_token_id)
+        self.init_tokens.copy_(s.tokens)
+
+    def begin(self) -> None:
+        self.counter.zero_()
+        self.flag.fill_(1)
+
+    def body(self) -> None:
+        self.p.round()
+        s = self.p.state
+        s.tokens.copy_(self.init_tokens)  # same work every round
+        s.masked.fill_(True)
+        if hasattr(self.p, "canvas"):
+            self.p.canvas_masked.fill_(True)
+        s.round.zero_()
+        self.counter.add_(1)
+        self.flag.copy_((self.counter < self.rounds).int().reshape(1))
+
+    def end(self) -> None:
+        pass
+
+
+def _time(fn, reps: int = 5) -> float:
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        e0.record()
+        fn()
+        e1.record()
+        torch.cuda.synchronize()
+        out.append(e0.elapsed_time(e1) * 1e3)
+    return statistics.median(out)
+
+
+def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict[str, Any]]:
+    from dlrt.runtime.graphs import WhileGraph, capture_parts
+
+    program = _program(llm, params, max(contexts))
+    bench = _Bench(llm, program, rounds)
+    bw = copy_bandwidth(llm.device)
+    rows = []
+    pool = torch.cuda.graph_pool_handle()
+    stream = torch.cuda.Stream()
+    with torch.inference_mode(), torch.cuda.stream(stream):
+        bench.set_context(contexts[0])
+        bench.begin()
+        bench.body()  # warm-up: compile, pick kernels
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        (g_round,) = capture_parts([bench.body], pool)
+        wg = WhileGraph(bench.begin, bench.body, bench.end, bench.flag, pool)
+        capture_s = time.perf_counter() - t0
+        for ctx in contexts:
+            bench.set_context(ctx)
+            torch.cuda.synchronize()
+
+            def replay():
+                for _ in range(rounds):
+                    g_round.replay()
+
+            def host():
+                for _ in range(rounds):
+                    g_round.replay()
+                    bench.flag.item()
+
+            def eager():
+                for _ in range(rounds):
+                    bench.body()
+
+            dev_us = _time(wg.launch) / rounds
+            rep_us = _time(replay) / rounds
+            host_us = _time(host) / rounds
+            eager_us = _time(eager, reps=2) / rounds
+            nbytes = round_bytes(llm, ctx, program.b)
+            floor_us = nbytes / bw * 1e6
+            rows.append(dict(context=ctx, device_loop_us=dev_us, replay_us=rep_us,
+                             while_overhead_us=dev_us - rep_us, host_loop_us=host_us,
+                             host_bubble_us=host_us - rep_us, eager_us=eager_us,
+                             floor_us=floor_us, ratio_to_floor=dev_us / floor_us,
+                             GBps=nbytes / dev_us / 1e3, round_bytes=nbytes))
+    torch.cuda.current_stream().wait_stream(stream)
+    return rows, dict(copy_bandwidth_TBps=bw / 1e12, capture_s=capture_s, rounds=rounds,
+                      block_length=program.b)
+
+
+def _program(llm, params, max_context: int):
+    dec = llm.decoder
+    from dlrt.runtime.block_decoder import BlockDecoder
+    from dlrt.runtime.canvas_decoder import CanvasProgram
+    from dlrt.runtime.decoder import round_spec
+    from dlrt.runtime.lookahead_decoder import LookaheadProgram
+
+    spec, b = round_spec(params), params.block_length
+    if isinstance(dec, BlockDecoder):
+        return dec.program(params)
+    if llm.decoder_name == "dllm_var":
+        return LookaheadProgram(llm.runner, spec, b, llm.config.mask_token_id)
+    return CanvasProgram(llm.runner, spec, b, -(-max_context // 64) * 64)
+
+
+def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
+    from dlrt import LLM
+    from dlrt.decoding.options import DecodingOptions
+
+    contexts = [int(c) for c in args.context.split(",")]
+    if not torch.cuda.is_available():
+        raise SystemExit("dlrt bench step needs a CUDA GPU")
+    b = options.get("block_length") or 4
+    need = max(contexts) + 2 * b + 64
+    llm = LLM(args.model, max_model_len=llm_kwargs.pop("max_model_len", None) or need,
+              **llm_kwargs)
+    options = {**options, "block_length": b}
+    params = llm.resolve(DecodingOptions.from_kwargs(options))
+    rows, summary = run(llm, params, contexts, args.rounds)
+    print(table(rows, COLUMNS))
+    print(table([summary], list(summary)))
+    name = f"step-{str(args.model).rstrip('/').split('/')[-1]}"
+    path = write_json(name, dict(model=str(args.model), decoder=llm.decoder_name,
+                                 dtype=str(llm.dtype), options=options, rows=rows,
+                                 summary=summary), llm.device, args.out)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,1 @@
+"""Triton kernels (tested against PyTorch references, on the CPU under TRITON_INTERPRET=1)."""

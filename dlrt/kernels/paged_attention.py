@@ -1,0 +1,154 @@
+"""Chunk attention over a paged KV cache, split over the context (flash-decoding style).
+
+Queries: a chunk of N tokens at positions start..start+N-1 whose K/V are already in the cache.
+Keys: cache positions 0..kv_len-1, where `start` and `kv_len` are read from device memory, so
+one launch configuration (and one captured CUDA graph) serves every context length up to the
+cache capacity. Key j is visible to query i when j < kv_len and either j < start (the cached
+prefix) or, inside the chunk, block(j) <= block(i) with blocks of CHUNK_BLOCK tokens counted from
+the chunk start (CHUNK_BLOCK = 0: the whole chunk is visible, full bidirectional attention).
+
+GQA: one program serves all query heads of one KV head, so each K/V tile is read once per
+group. The context is cut into splits that run in parallel (so a block of 4 queries still fills
+the GPU); a second kernel merges the splits' partial softmax states. Algorithm: FlashAttention's
+online softmax (Dao et al., 2022) with split-K merging as in Flash-Decoding (Dao et al., 2023).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _attn_split_kernel(
+    q_ptr, k_ptr, v_ptr, page_table_ptr, lens_ptr,
+    part_o_ptr, part_ml_ptr,
+    scale, N,
+    H_Q: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+    CHUNK_BLOCK: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    G: tl.constexpr = H_Q // H_KV
+    pid_m = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    start = tl.load(lens_ptr)
+    kv_len = tl.load(lens_ptr + 1)
+    lo = split * SPLIT
+    hi = tl.minimum(lo + SPLIT, kv_len)
+    if lo >= kv_len:  # a split past the context: the merge ignores it
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # flattened (query i, head-in-group g)
+    i = rows // G
+    head = kvh * G + rows % G
+    row_ok = i < N
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + (i[:, None] * H_Q + head[:, None]) * D + d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    s_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    # NOTE: static trip count (SPLIT / BLOCK_N), keys past `hi` are masked.
+    for t in range(0, SPLIT // BLOCK_N):
+        j = lo + t * BLOCK_N + tl.arange(0, BLOCK_N)
+        j_ok = j < hi
+        page = tl.load(page_table_ptr + j // PAGE, mask=j_ok, other=0)
+        slot = page.to(tl.int64) * PAGE + j % PAGE
+        kv_off = (slot[:, None] * H_KV + kvh) * D + d[None, :]
+        k = tl.load(k_ptr + kv_off, mask=j_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + kv_off, mask=j_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # [BLOCK_M, BLOCK_N]
+        visible = j_ok[None, :] & row_ok[:, None]
+        if CHUNK_BLOCK > 0:
+            inner = (j[None, :] - start) // CHUNK_BLOCK <= i[:, None] // CHUNK_BLOCK
+            visible = visible & ((j[None, :] < start) | inner)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m - m_safe)
+        s_sum = s_sum * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        m = m_new
+    out_row = (split * N * H_Q + i * H_Q + head)
+    tl.store(part_o_ptr + out_row[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+    tl.store(part_ml_ptr + out_row * 2, m, mask=row_ok)
+    tl.store(part_ml_ptr + out_row * 2 + 1, s_sum, mask=row_ok)
+
+
+@triton.jit
+def _attn_merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, out_ptr, NH,
+                       D: tl.constexpr, SPLIT: tl.constexpr, SPLITS_P2: tl.constexpr):
+    row = tl.program_id(0)  # flattened (query, head)
+    kv_len = tl.load(lens_ptr + 1)
+    s = tl.arange(0, SPLITS_P2)
+    used = s * SPLIT < kv_len
+    d = tl.arange(0, D)
+    base = s * NH + row
+    m = tl.load(part_ml_ptr + base * 2, mask=used, other=float("-inf"))
+    w_sum = tl.load(part_ml_ptr + base * 2 + 1, mask=used, other=0.0)
+    m_all = tl.max(m, axis=0)
+    w = tl.where(used, tl.exp(m - m_all), 0.0)
+    acc = tl.load(part_o_ptr + base[:, None] * D + d[None, :], mask=used[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(w * w_sum, axis=0)
+    tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+def _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, split,
+            out, scratch):
+    n, h_q, d = q.shape
+    _, page, h_kv, _ = k_cache.shape
+    assert q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert h_q % h_kv == 0 and d in (16, 32, 64, 128, 256), (h_q, h_kv, d)
+    assert split % 64 == 0 or split in (16, 32), split
+    g = h_q // h_kv
+    num_splits = triton.cdiv(max_kv, split)
+    block_m = 16 if n * g <= 16 else 64
+    block_n = min(64, split)
+    part_o, part_ml = scratch
+    assert part_o.numel() >= num_splits * n * h_q * d
+    assert part_ml.numel() >= num_splits * n * h_q * 2
+    grid = (triton.cdiv(n * g, block_m), h_kv, num_splits)
+    _attn_split_kernel[grid](q, k_cache, v_cache, page_table, lens, part_o, part_ml, scale, n,
+                             H_Q=h_q, H_KV=h_kv, D=d, PAGE=page, CHUNK_BLOCK=chunk_block or 0,
+                             SPLIT=split, BLOCK_M=block_m, BLOCK_N=block_n)
+    _attn_merge_kernel[(n * h_q,)](part_o, part_ml, lens, out, n * h_q, D=d, SPLIT=split,
+                                   SPLITS_P2=triton.next_power_of_2(num_splits))
+    return out
+
+
+def split_scratch(n: int, h_q: int, d: int, max_kv: int, split: int,
+                  device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scratch for partial results: ([splits, n, Hq, D] fp32, [splits, n, Hq, 2] fp32)."""
+    s = triton.cdiv(max_kv, split)
+    return (torch.empty(s * n * h_q * d, dtype=torch.float32, device=device),
+            torch.empty(s * n * h_q * 2, dtype=torch.float32, device=device))
+
+
+def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          page_table: torch.Tensor, lens: torch.Tensor, scale: float,
+                          chunk_block: int | None, max_kv: int, split: int = 256,
+                          out: torch.Tensor | None = None,
+                          scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
+                          ) -> torch.Tensor:
+    """Attention of a chunk of queries over a paged KV cache (see module docstring).
+
+    Args:
+        q: [N, Hq, D] (bf16/fp16/fp32), RoPE applied; Hq a multiple of Hkv; D in 16..256.
+        k_cache, v_cache: [num_pages, page_size, Hkv, D], one layer, same dtype as q.
+        page_table: [num_pages] int32, page of each logical page index.
+        lens: [2] int32 on the device: (start, kv_len) — chunk start and visible key count.
+        scale: softmax scale. chunk_block: block-causal block length inside the chunk, or None.
+        max_kv: upper bound of kv_len (fixes the grid). split: keys per split (multiple of 16).
+        out: optional [N, Hq, D] output; scratch: optional `split_scratch(...)` buffers.
+    Returns:
+        [N, Hq, D] in q.dtype. Rows of queries that see no key are undefined.
+    """
+    n, h_q, d = q.shape
+    if out is None:
+        out = torch.empty_like(q)
+    if scratch is None:
+        scratch = split_scratch(n, h_q, d, max_kv, split, q.device)
+    return _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, split,
+                   out, scratch)

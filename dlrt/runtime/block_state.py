@@ -1,0 +1,64 @@
+"""Static device state of the block being decided: fixed shapes, allocated once per program,
+so captured graphs read and write the same addresses for every block and request."""
+
+from __future__ import annotations
+
+import torch
+
+from dlrt.decoding.schedule import round_quotas
+
+
+class BlockState:
+    """Buffers of a block of n positions.
+
+    tokens [n] int64, masked [n] bool (undecided), commit_round [n] int64 (-1: not committed
+    by a round), round 0-d int64 (rounds run), flag [1] int32 (1 = run another round),
+    steps 0-d int64 (budget T), seed 0-d int64, quotas [n + 1] int64 (quota of round r at
+    min(r, n)), lens [2] int32 (start, kv_len) of the block's forward.
+    """
+
+    def __init__(self, n: int, device: torch.device):
+        self.n = n
+        self.device = device
+        self.tokens = torch.zeros(n, dtype=torch.int64, device=device)
+        self.masked = torch.zeros(n, dtype=torch.bool, device=device)
+        self.commit_round = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.round = torch.zeros((), dtype=torch.int64, device=device)
+        self.flag = torch.zeros(1, dtype=torch.int32, device=device)
+        self.steps = torch.zeros((), dtype=torch.int64, device=device)
+        self.seed = torch.zeros((), dtype=torch.int64, device=device)
+        self.quotas = torch.zeros(n + 1, dtype=torch.int64, device=device)
+        self.lens = torch.zeros(2, dtype=torch.int32, device=device)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.tokens, self.masked, self.commit_round, self.round, self.flag, self.steps,
+                self.seed, self.quotas, self.lens]
+
+    def set_request(self, length: int, steps: int, seed: int) -> None:
+        """Round budget, seed and the quotas of a block of `length` free positions."""
+        quotas = round_quotas(length, steps)[: self.n] + [0]
+        quotas += [0] * (self.n + 1 - len(quotas))
+        self.quotas.copy_(torch.tensor(quotas, dtype=torch.int64))
+        self.steps.fill_(steps)
+        self.seed.fill_(seed)
+
+    def set_lens(self, start: int, kv_len: int) -> None:
+        self.lens.copy_(torch.tensor([start, kv_len], dtype=torch.int32))
+
+    def load_block(self, tokens: list[int], masked: list[bool]) -> None:
+        """The block's initial ids and undecided positions (host -> device, stream ordered)."""
+        self.tokens.copy_(torch.tensor(tokens, dtype=torch.int64))
+        self.masked.copy_(torch.tensor(masked, dtype=torch.bool))
+
+    def quota(self) -> torch.Tensor:
+        return self.quotas[torch.clamp(self.round, max=self.n)]
+
+    def update_flag(self) -> None:
+        """flag = masks remain and rounds < T (device only)."""
+        self.flag.copy_((self.masked.any() & (self.round < self.steps)).reshape(1))
+
+    def readback(self) -> tuple[list[int], list[int], int]:
+        """(tokens, commit rounds, rounds run) with one device-to-host copy."""
+        flat = torch.cat([self.tokens, self.commit_round, self.round.reshape(1)]).tolist()
+        n = self.n
+        return flat[:n], flat[n: 2 * n], flat[-1]

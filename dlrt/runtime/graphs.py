@@ -1,0 +1,158 @@
+"""All CUDA graph capture: the host-loop parts and the block graph with a WHILE node.
+
+torch has no API for conditional graph nodes (CUDA >= 12.4), so the block graph is assembled
+here with `cuda.bindings`:
+
+    begin (child graph) -> WHILE(handle) { round (child graph) } -> commit (child graph)
+
+Each part is captured by torch (`torch.cuda.graph(keep_graph=True)`, so torch's memory pool and
+allocator stay in charge) and nested as a child graph. The loop condition is set on the GPU by
+`csrc/graph_cond.cu`, a one-thread kernel that copies a device flag into the node's conditional
+handle; it is compiled with nvcc on first use into the dlrt cache and launched through the driver
+API, so it is captured like any other kernel. All capture mechanics live in this module.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from dlrt import env
+from dlrt.errors import DlrtError
+
+_SRC = Path(__file__).resolve().parents[2] / "csrc" / "graph_cond.cu"
+_KERNEL = b"dlrt_set_condition"
+_cond_kernel = None
+
+
+def _check(result):
+    err = result[0] if isinstance(result, tuple) else result
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA call failed: {err!r}")
+    if isinstance(result, tuple):
+        return result[1] if len(result) == 2 else result[1:]
+    return None
+
+
+def _nvcc() -> str:
+    cands = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
+    for home in cands:
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return str(Path(home) / "bin" / "nvcc")
+    found = shutil.which("nvcc")
+    if found is None:
+        raise DlrtError("the device loop needs nvcc (CUDA >= 12.4) to build csrc/graph_cond.cu; "
+                        "set CUDA_HOME or use execution_mode='host_loop'")
+    return found
+
+
+def build_cubin(arch: str) -> Path:
+    """Compile csrc/graph_cond.cu for `arch` (e.g. 'sm_90') once; cached by source hash."""
+    src = _SRC.read_bytes()
+    tag = hashlib.sha256(src + arch.encode()).hexdigest()[:16]
+    out = env.cache_dir() / "kernels" / f"graph_cond-{arch}-{tag}.cubin"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        cmd = [_nvcc(), "-cubin", f"-arch={arch}", "-O3", "-o", str(tmp), str(_SRC)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise DlrtError(f"building {_SRC.name} failed: {proc.stderr.strip()}")
+        os.replace(tmp, out)
+    return out
+
+
+class _CondKernel:
+    """The loaded `dlrt_set_condition(handle, flag)` kernel."""
+
+    def __init__(self):
+        from cuda.bindings import driver
+
+        major, minor = torch.cuda.get_device_capability()
+        data = build_cubin(f"sm_{major}{minor}").read_bytes()
+        torch.cuda.init()
+        self._driver = driver
+        self._module = _check(driver.cuModuleLoadData(data))
+        self._func = _check(driver.cuModuleGetFunction(self._module, _KERNEL))
+
+    def launch(self, handle, flag: torch.Tensor) -> None:
+        """Enqueue on torch's current stream (captured when a capture is running)."""
+        assert flag.dtype == torch.int32 and flag.is_cuda
+        stream = self._driver.CUstream(torch.cuda.current_stream().cuda_stream)
+        args = ((int(handle), flag.data_ptr()), (ctypes.c_uint64, ctypes.c_void_p))
+        _check(self._driver.cuLaunchKernel(self._func, 1, 1, 1, 1, 1, 1, 0, stream, args, 0))
+
+
+def cond_kernel() -> _CondKernel:
+    global _cond_kernel
+    if _cond_kernel is None:
+        _cond_kernel = _CondKernel()
+    return _cond_kernel
+
+
+def capture_parts(fns: list[Callable[[], None]], pool) -> list[torch.cuda.CUDAGraph]:
+    """Capture each function as its own replayable torch CUDA graph (host-loop mode)."""
+    graphs = []
+    for fn in fns:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            fn()
+        graphs.append(g)
+    return graphs
+
+
+class WhileGraph:
+    """begin -> WHILE(flag) { body } -> end, instantiated once, launched per block.
+
+    `begin`, `body` and `end` are Python functions of pure tensor code on static buffers.
+    `flag` is a device int32 [1] that `begin` and `body` set: nonzero = run (another) round.
+    """
+
+    def __init__(self, begin: Callable[[], None], body: Callable[[], None],
+                 end: Callable[[], None], flag: torch.Tensor, pool=None):
+        from cuda.bindings import runtime as cudart
+
+        self._rt = cudart
+        kernel = cond_kernel()
+        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+        self.graph = _check(cudart.cudaGraphCreate(0))
+        self.handle = _check(cudart.cudaGraphConditionalHandleCreate(self.graph, 0, 0))
+
+        def with_flag(fn):
+            def run():
+                fn()
+                kernel.launch(self.handle, flag)
+            return run
+
+        self._parts = [self._capture(with_flag(begin)), self._capture(with_flag(body)),
+                       self._capture(end)]
+        begin_g, body_g, end_g = (p.raw_cuda_graph() for p in self._parts)
+        n_begin = _check(cudart.cudaGraphAddChildGraphNode(self.graph, None, 0, begin_g))
+        params = cudart.cudaGraphNodeParams()
+        params.type = cudart.cudaGraphNodeType.cudaGraphNodeTypeConditional
+        params.conditional.handle = self.handle
+        params.conditional.type = cudart.cudaGraphConditionalNodeType.cudaGraphCondTypeWhile
+        params.conditional.size = 1
+        n_while = _check(cudart.cudaGraphAddNode(self.graph, [n_begin], None, 1, params))
+        loop_body = params.conditional.phGraph_out[0]
+        _check(cudart.cudaGraphAddChildGraphNode(loop_body, None, 0, body_g))
+        _check(cudart.cudaGraphAddChildGraphNode(self.graph, [n_while], 1, end_g))
+        self.exec = _check(cudart.cudaGraphInstantiate(self.graph, 0))
+
+    def _capture(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        g = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(g, pool=self.pool):
+            fn()
+        return g
+
+    def launch(self) -> None:
+        """Run begin, the rounds, and end on torch's current stream (asynchronous)."""
+        stream = torch.cuda.current_stream().cuda_stream
+        _check(self._rt.cudaGraphLaunch(self.exec, stream))
