@@ -16,7 +16,7 @@ step --model $M/LLaDA-8B-Instruct --load-format dummy --decoder dllm_var --block
 step --model $M/LLaDA-8B-Instruct --load-format dummy --block-length 32 --context 256,1024 --temperature 0 --remasking-strategy low_confidence_static
 echo "steps done at $(( $(date +%s) - t0 )) s"
 he() { python3 -m dlrt bench humaneval --out $OUT --modes device_loop,host_loop,eager "$@" 2>&1 | sed -n '/mode  mean_tps/,/^wrote/p'; }
-he --model $M/SDAR-1.7B-Chat --load-format dummy --num-prompts 4 --max-new-tokens 128 --temperature 0 --remasking-strategy low_confidence_static --block-length 4 --denoising-steps 4 --ignore-eos
+he --model $M/SDAR-1.7B-Chat --load-format dummy --num-prompts 4 --max-new-tokens 128 --temperature 0 --remasking-strategy low_confidence_static --block-length 4 --denoising-steps 4 --ignore-eos --chat
 python3 -m dlrt make-checkpoint tiny-sdar /tmp/tiny --dtype bfloat16 >/dev/null
-he --model /tmp/tiny --num-prompts 4 --max-new-tokens 128 --temperature 0 --remasking-strategy low_confidence_static --block-length 4 --denoising-steps 4 --ignore-eos
+he --model /tmp/tiny --num-prompts 4 --max-new-tokens 128 --temperature 0 --remasking-strategy low_confidence_static --block-length 4 --denoising-steps 4 --ignore-eos --chat
 echo "total $(( $(date +%s) - t0 )) s"

@@ -27,7 +27,7 @@ def _attn_split_kernel(
     scale, N,
     H_Q: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     CHUNK_BLOCK: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     G: tl.constexpr = H_Q // H_KV
     pid_m = tl.program_id(0)
@@ -58,7 +58,7 @@ def _attn_split_kernel(
         kv_off = (slot[:, None] * H_KV + kvh) * D + d[None, :]
         k = tl.load(k_ptr + kv_off, mask=j_ok[:, None], other=0.0)
         v = tl.load(v_ptr + kv_off, mask=j_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # [BLOCK_M, BLOCK_N]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
         visible = j_ok[None, :] & row_ok[:, None]
         if CHUNK_BLOCK > 0:
             inner = (j[None, :] - start) // CHUNK_BLOCK <= i[:, None] // CHUNK_BLOCK
@@ -69,7 +69,8 @@ def _attn_split_kernel(
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m - m_safe)
         s_sum = s_sum * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v,
+                                            input_precision=PRECISION).to(tl.float32)
         m = m_new
     out_row = (split * N * H_Q + i * H_Q + head)
     tl.store(part_o_ptr + out_row[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
@@ -112,7 +113,8 @@ def _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, s
     grid = (triton.cdiv(n * g, block_m), h_kv, num_splits)
     _attn_split_kernel[grid](q, k_cache, v_cache, page_table, lens, part_o, part_ml, scale, n,
                              H_Q=h_q, H_KV=h_kv, D=d, PAGE=page, CHUNK_BLOCK=chunk_block or 0,
-                             SPLIT=split, BLOCK_M=block_m, BLOCK_N=block_n)
+                             SPLIT=split, BLOCK_M=block_m, BLOCK_N=block_n,
+                             PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     _attn_merge_kernel[(n * h_q,)](part_o, part_ml, lens, out, n * h_q, D=d, SPLIT=split,
                                    SPLITS_P2=triton.next_power_of_2(num_splits))
     return out
@@ -135,7 +137,8 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     """Attention of a chunk of queries over a paged KV cache (see module docstring).
 
     Args:
-        q: [N, Hq, D] (bf16/fp16/fp32), RoPE applied; Hq a multiple of Hkv; D in 16..256.
+        q: [N, Hq, D] (bf16/fp16/fp32; fp32 products in full fp32, not TF32), RoPE applied;
+            Hq a multiple of Hkv; D in 16..256.
         k_cache, v_cache: [num_pages, page_size, Hkv, D], one layer, same dtype as q.
         page_table: [num_pages] int32, page of each logical page index.
         lens: [2] int32 on the device: (start, kv_len) — chunk start and visible key count.
