@@ -51,7 +51,8 @@ class BlockState:
         self.masked.copy_(torch.tensor(masked, dtype=torch.bool))
 
     def quota(self) -> torch.Tensor:
-        return self.quotas[torch.clamp(self.round, max=self.n)]
+        """This round's quota, 0-d int64 (a gather: indexing by a 0-d tensor would sync)."""
+        return self.quotas.gather(0, torch.clamp(self.round, max=self.n).reshape(1))[0]
 
     def update_flag(self) -> None:
         """flag = masks remain and rounds < T (device only)."""

@@ -118,3 +118,18 @@ def test_graphs_are_reused_across_contexts(sdar):
         sdar.generate(list(range(n)), **opts)
     assert len(sdar.executor._graphs) == captured
     assert torch.cuda.is_available()
+
+
+def test_round_has_no_host_sync(sdar):
+    """begin/round/end never synchronise with the host (what makes them capturable)."""
+    sdar.set_execution_mode("eager")
+    sdar.generate(list(range(9)), max_new_tokens=8, temperature=0)
+    for prog in sdar.decoder._programs.values():
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            prog.begin()
+            prog.round()
+            prog.end()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
