@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 import logging
 import random
 import time
@@ -19,7 +20,7 @@ from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize
 from dlrt.config import ModelConfig
 from dlrt.decoding.options import DecodingOptions, DecodingParams, resolve
-from dlrt.errors import ConfigError, OptionError, PromptError
+from dlrt.errors import ConfigError, DlrtError, OptionError, PromptError
 from dlrt.models import build_model
 from dlrt.outputs import BlockOutput, GenerationResult
 from dlrt.runtime.decoders import DECODERS, FAMILY_STOP_IDS, decoder_for
@@ -95,6 +96,7 @@ class LLM:
             else config.eos_token_ids
         self.eos_token_ids = tuple(dict.fromkeys(eos + FAMILY_STOP_IDS.get(config.family, ())))
         self.model = self._load(load_format, seed)
+        self._request = 0  # id of the request allowed to run
         cache = PagedKVCache(config.num_layers, config.num_kv_heads, config.head_dim,
                              self.max_model_len, self.dtype, self.device)
         self.runner = ModelRunner(self.model, backend, cache, self.device)
@@ -185,12 +187,22 @@ class LLM:
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) needs "
                 f"{need} positions, more than the context of {self.max_model_len}")
         stats["prompt"] = ids
+        # NOTE: one request runs at a time: starting one supersedes any stream still open.
+        self._request += 1
+        me = self._request
         text = TextStream(self.tokenizer)
         out: list[int] = []
         rounds = forwards = 0
         t0 = time.perf_counter()
         first_block_s = None
-        for index, block in enumerate(self.decoder.decode(ids, params)):
+        blocks = self.decoder.decode(ids, params)
+        for index in itertools.count():
+            if self._request != me:
+                raise DlrtError("this stream was superseded by a newer request on the same LLM "
+                                "(one request runs at a time); finish or close a stream first")
+            block = next(blocks, None)
+            if block is None:
+                return
             rounds += block.rounds
             forwards += block.rounds + block.extra_forwards
             new, finish, why = _trim(block.token_ids, params, params.max_new_tokens - len(out))

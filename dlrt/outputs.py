@@ -30,8 +30,9 @@ class BlockOutput:
 class GenerationResult:
     """A finished request.
 
-    text / token_ids: the generated output, trimmed before the first stop token or stop string
-    and at `max_new_tokens` (the stop token itself is not included).
+    text / token_ids: the generated output, cut at `max_new_tokens` and before the first stop
+    token (not included). With a stop string, `text` ends just before it and `token_ids` run
+    up to the token that completes it (as vLLM's token ids).
     denoise_steps: rounds per block. commit_rounds: per output token, its round in its block.
     finish_reason: "stop" (a stop id or string) or "length". stop_reason: which stop.
     request_tps: output tokens / wall seconds from the first forward to the last block.

@@ -271,3 +271,18 @@ def test_prompt_plus_max_new_tokens_beyond_context(short_llm):
     # the same prompt fits with fewer new tokens (28 + 4 = 32 positions)
     r = short_llm.generate([7] * 28, max_new_tokens=4)
     assert len(r.token_ids) == 4 and torch.tensor(r.token_ids).lt(151936).all()
+
+
+def test_new_request_supersedes_an_open_stream(llm):
+    """One request at a time: a stream left open is not silently corrupted by another request;
+    pulling from it afterwards raises a clear error."""
+    from dlrt import DlrtError
+
+    alone = llm.generate(PROMPT, max_new_tokens=12)
+    stream = llm.stream(PROMPT, max_new_tokens=12)
+    first = next(stream)
+    other = llm.generate([5, 6, 7], max_new_tokens=8)
+    assert len(other.token_ids) == 8
+    with pytest.raises(DlrtError, match="superseded"):
+        next(stream)
+    assert first.token_ids == alone.token_ids[: len(first.token_ids)]
