@@ -174,8 +174,13 @@ class LLM:
             finish_reason=last.finish_reason, stop_reason=last.stop_reason,
             request_tps=len(tokens) / max(stats["total_s"], 1e-9), timings=stats["timings"])
 
-    def _stream(self, prompt: Prompt, chat: bool, options: dict[str, Any],
-                stats: dict[str, Any]) -> Iterator[BlockOutput]:
+    def check(self, prompt: Prompt, *, chat: bool = False, **options: Any
+              ) -> tuple[list[int], DecodingParams]:
+        """Validate a request without running it: (prompt token ids, resolved params).
+
+        Raises:
+            OptionError, PromptError: as `generate` would, before any device work.
+        """
         params = self.resolve(DecodingOptions.from_kwargs(options))
         ids = self.encode(prompt, chat)
         need = self.decoder.max_positions(len(ids), params)
@@ -186,6 +191,11 @@ class LLM:
             raise PromptError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) needs "
                 f"{need} positions, more than the context of {self.max_model_len}")
+        return ids, params
+
+    def _stream(self, prompt: Prompt, chat: bool, options: dict[str, Any],
+                stats: dict[str, Any]) -> Iterator[BlockOutput]:
+        ids, params = self.check(prompt, chat=chat, **options)
         stats["prompt"] = ids
         # NOTE: one request runs at a time: starting one supersedes any stream still open.
         self._request += 1

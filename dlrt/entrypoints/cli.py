@@ -119,6 +119,14 @@ def _bench_step(args: argparse.Namespace) -> int:
     return step.main(args, kw, decoding_kwargs(args))
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from dlrt.server.serve import serve
+
+    logging.getLogger("dlrt").setLevel(logging.INFO)
+    return serve(args.model, engine_kwargs(args), decoding_kwargs(args), args.host, args.port,
+                 args.max_queue, args.request_timeout, args.max_body_bytes)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlrt", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -144,6 +152,20 @@ def build_parser() -> argparse.ArgumentParser:
     mk.add_argument("--device", default="cpu", help="where to draw the random values")
     mk.add_argument("--overwrite", action="store_true")
     mk.set_defaults(func=_make_checkpoint)
+
+    sv = sub.add_parser("serve", help="HTTP server: NDJSON /generate and OpenAI-compatible "
+                                      "endpoints (torchrun for several ranks)")
+    add_engine_flags(sv)
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=18080)
+    sv.add_argument("--max-queue", type=int, default=16,
+                    help="requests that may wait; more get 503 with Retry-After")
+    sv.add_argument("--request-timeout", type=float, default=600.0,
+                    help="seconds before a request ends with finish_reason 'timeout'")
+    sv.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                    help="larger request bodies get 413")
+    add_decoding_flags(sv)
+    sv.set_defaults(func=_serve)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench",
                                                                       required=True)

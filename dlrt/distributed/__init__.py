@@ -1,0 +1,1 @@
+"""Multi-process plumbing (torchrun): rank discovery and the control channel between ranks."""

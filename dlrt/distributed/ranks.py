@@ -1,0 +1,59 @@
+"""The control channel of a torchrun-launched server.
+
+Rank 0 serves HTTP; before each request it sends the request to every rank, and after every
+block it sends whether to go on, so all ranks run the same generation block for block (what
+tensor parallelism needs) and stop together on cancel or timeout. Control messages travel over a
+gloo group (host memory), never over NCCL. One process: every call is a no-op.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+import torch
+
+
+class Ranks:
+    def __init__(self):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self._group = None
+        if self.world > 1:
+            import torch.distributed as dist
+
+            # NOTE: NVLink multicast stays off (it can take the host's GPUs down).
+            os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+            forever = datetime.timedelta(days=365)
+            if not dist.is_initialized():
+                dist.init_process_group("gloo", timeout=forever)
+            self._group = dist.new_group(backend="gloo", timeout=forever)
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def device(self) -> str:
+        """This rank's device: its local GPU when there is one."""
+        if torch.cuda.is_available():
+            return f"cuda:{self.local_rank % torch.cuda.device_count()}"
+        return "cpu"
+
+    def _broadcast(self, obj: Any) -> Any:
+        if self.world == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self._group)
+        return box[0]
+
+    def share_request(self, request: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Rank 0 sends the request (None: shut down); the others receive it."""
+        return self._broadcast(request)
+
+    def share_continue(self, go_on: bool) -> bool:
+        """After each block rank 0 sends whether the generation goes on."""
+        return bool(self._broadcast(go_on))

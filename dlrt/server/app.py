@@ -1,0 +1,209 @@
+"""The FastAPI application: NDJSON `/generate`, OpenAI-compatible `/v1/chat/completions`,
+`/v1/completions`, `/v1/models`, and `/health`.
+
+Bad input never reaches the model and never gets a 5xx: the body is read with a size limit,
+decoded as UTF-8 JSON, validated strictly, and checked by `LLM.check` (options, prompt, context)
+before the request joins the queue; each failure is a 4xx JSON error naming the field.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+
+from dlrt.errors import DlrtError, OptionError, PromptError
+from dlrt.server import protocol
+from dlrt.server.worker import Job, QueueFull, Worker
+
+_ids = itertools.count(1)
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.headers = status, message, param, headers
+
+
+def _error(status: int, message: str, param: str | None = None, headers=None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _field_of(message: str) -> str | None:
+    head = message.split("=", 1)[0].split(" ", 1)[0]
+    return head if head.isidentifier() else None
+
+
+async def _body(request: Request, model, limit: int):
+    """Read, decode and validate a JSON body; HTTPError (4xx) on any problem."""
+    size = request.headers.get("content-length")
+    if size is not None and (not size.isdigit() or int(size) > limit):
+        raise HTTPError(413, f"request body larger than {limit} bytes")
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise HTTPError(413, f"request body larger than {limit} bytes")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise HTTPError(400, f"request body is not valid UTF-8: {e}") from e
+    except json.JSONDecodeError as e:
+        raise HTTPError(400, f"request body is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise HTTPError(400, "request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise HTTPError(400, f"{loc}: {err['msg']}", param=loc) from e
+
+
+def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | None = None,
+               max_body_bytes: int = 1 << 20) -> FastAPI:
+    """The server app around a loaded `LLM`. `defaults` are decoding options applied to every
+    request unless it sets them (the `dlrt serve` flags)."""
+    app = FastAPI(title="dlrt", version="0.1.0")
+    defaults = dict(defaults or {})
+    created = int(time.time())
+
+    @app.exception_handler(HTTPError)
+    async def _http_error(_request, e: HTTPError):
+        return _error(e.status, e.message, e.param, e.headers)
+
+    def prepare(call, body, endpoint: str) -> Job:
+        try:
+            prompt, chat, options = call(body)
+            options = {**defaults, **options}
+            options.setdefault("seed", random.randrange(2**31))  # same seed on every rank
+            ids, _ = llm.check(prompt, chat=chat, **options)
+        except OptionError as e:
+            raise HTTPError(400, str(e), _field_of(str(e))) from e
+        except PromptError as e:
+            raise HTTPError(400, str(e), "prompt") from e
+        except DlrtError as e:
+            raise HTTPError(400, str(e)) from e
+        return Job(f"{endpoint[:4]}-{next(_ids)}", ids, options, endpoint)
+
+    async def start(job: Job):
+        """Enter the queue; the first event is awaited here so 503s stay HTTP errors."""
+        events = worker.run(job)
+        try:
+            first = await events.__anext__()
+        except QueueFull:
+            raise HTTPError(503, f"server busy: {worker.max_queue} requests waiting",
+                            headers={"Retry-After": "1"}) from None
+        return first, events
+
+    async def chained(first, events):
+        yield first
+        async for ev in events:
+            yield ev
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "running": worker.running, "waiting": worker.waiting}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [
+            {"id": model_name, "object": "model", "created": created, "owned_by": "dlrt"}]}
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        body = await _body(request, protocol.GenerateRequest, max_body_bytes)
+        job = prepare(protocol.generate_call, body, "generate")
+        first, events = await start(job)
+
+        async def lines():
+            async for kind, payload in chained(first, events):
+                if kind == "block":
+                    row = {"type": "block", "index": payload.index,
+                           "token_ids": payload.token_ids, "text": payload.text,
+                           "rounds": payload.rounds}
+                elif kind == "final":
+                    row = {"type": "final", **payload}
+                else:
+                    row = {"type": "error", "message": payload}
+                yield json.dumps(row, ensure_ascii=False) + "\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    async def openai(request: Request, model, call, endpoint: str):
+        body = await _body(request, model, max_body_bytes)
+        job = prepare(call, body, endpoint)
+        first, events = await start(job)
+        chat = endpoint == "chat"
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        obj = "chat.completion" if chat else "text_completion"
+        if not body.stream:
+            text, final = [], None
+            async for kind, payload in chained(first, events):
+                if kind == "block":
+                    text.append(payload.text)
+                elif kind == "final":
+                    final = payload
+                else:
+                    return _error(500, f"generation failed: {payload}")
+            content = "".join(text)
+            choice = ({"index": 0, "message": {"role": "assistant", "content": content}}
+                      if chat else {"index": 0, "text": content, "logprobs": None})
+            choice["finish_reason"] = final["finish_reason"]
+            return {"id": rid, "object": obj, "created": int(time.time()),
+                    "model": model_name, "choices": [choice], "usage": _usage(final)}
+
+        def chunk(delta: str | None, finish=None, role=False, usage=None) -> str:
+            if chat:
+                d = {"role": "assistant", "content": ""} if role else (
+                    {} if delta is None else {"content": delta})
+                choice = {"index": 0, "delta": d, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": delta or "", "finish_reason": finish,
+                          "logprobs": None}
+            row = {"id": rid, "object": obj + (".chunk" if chat else ""),
+                   "created": int(time.time()), "model": model_name, "choices": [choice]}
+            if usage is not None:
+                row["usage"] = usage
+            return f"data: {json.dumps(row, ensure_ascii=False)}\n\n"
+
+        async def sse():
+            if chat:
+                yield chunk(None, role=True)
+            async for kind, payload in chained(first, events):
+                if kind == "block":
+                    if payload.text:
+                        yield chunk(payload.text)
+                elif kind == "final":
+                    yield chunk(None, finish=payload["finish_reason"], usage=_usage(payload))
+                else:
+                    yield f"data: {json.dumps({'error': {'message': payload}})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(sse(), media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await openai(request, protocol.ChatRequest, protocol.chat_call, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await openai(request, protocol.CompletionRequest, protocol.completion_call,
+                            "completion")
+
+    return app
+
+
+def _usage(final: dict[str, Any]) -> dict[str, int]:
+    p, c = final["prompt_tokens"], final["completion_tokens"]
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}

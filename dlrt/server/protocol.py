@@ -1,0 +1,134 @@
+"""Request bodies of the HTTP endpoints, validated strictly (pydantic), and their translation to
+`LLM` calls. Decoding fields are derived from `DecodingOptions`, so each is declared once."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    create_model,
+)
+
+from dlrt.decoding.options import DecodingOptions
+from dlrt.errors import PromptError
+
+_STRICT = {int: StrictInt, float: StrictFloat | StrictInt, str: StrictStr, bool: StrictBool}
+StopField = StrictInt | StrictStr | list[StrictInt | StrictStr]
+
+
+def _decoding_fields(skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    hints = typing.get_type_hints(DecodingOptions)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(DecodingOptions):
+        if f.name in skip:
+            continue
+        if f.name == "stop":
+            out[f.name] = (StopField | None, None)
+            continue
+        base = next(t for t in (typing.get_args(hints[f.name]) or (hints[f.name],))
+                    if t is not type(None))
+        out[f.name] = (_STRICT[base] | None, None)
+    return out
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: StrictStr
+    content: StrictStr | list[dict[str, Any]]
+    name: StrictStr | None = None
+
+    def text(self) -> dict[str, str]:
+        """As {"role", "content"} with OpenAI content parts joined (text parts only)."""
+        if isinstance(self.content, str):
+            return {"role": self.role, "content": self.content}
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise PromptError("messages: only text content parts are supported")
+            parts.append(part["text"])
+        return {"role": self.role, "content": "".join(parts)}
+
+
+_Strict = ConfigDict(extra="forbid", strict=True)
+
+GenerateRequest = create_model(
+    "GenerateRequest", __config__=_Strict,
+    prompt=(StrictStr | None, None), messages=(list[Message] | None, None),
+    input_ids=(list[StrictInt] | None, None), chat=(StrictBool, False),
+    **_decoding_fields())
+
+_OPENAI_EXTRAS = _decoding_fields(skip=("max_new_tokens", "temperature", "top_p", "seed", "stop"))
+
+
+class _OpenAIBase(BaseModel):
+    model_config = _Strict
+    model: StrictStr | None = None
+    max_tokens: StrictInt | None = None
+    temperature: StrictFloat | StrictInt | None = None
+    top_p: StrictFloat | StrictInt | None = None
+    seed: StrictInt | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    stream: StrictBool = False
+    stream_options: dict[str, Any] | None = None
+    n: Literal[1] = 1
+    user: StrictStr | None = None
+    presence_penalty: Literal[0, 0.0] | None = None
+    frequency_penalty: Literal[0, 0.0] | None = None
+    logprobs: Literal[False] | None = None
+
+
+ChatRequest = create_model(
+    "ChatRequest", __base__=_OpenAIBase, messages=(list[Message], Field(min_length=1)),
+    max_completion_tokens=(StrictInt | None, None), **_OPENAI_EXTRAS)
+CompletionRequest = create_model(
+    "CompletionRequest", __base__=_OpenAIBase,
+    prompt=(StrictStr | list[StrictInt] | list[StrictStr], ...), echo=(Literal[False], False),
+    **_OPENAI_EXTRAS)
+
+
+def _options(body: BaseModel, names: dict[str, str]) -> dict[str, Any]:
+    """Decoding options set in the body (renamed per `names`), None fields left out."""
+    out = {}
+    decoding = {f.name for f in dataclasses.fields(DecodingOptions)}
+    for field, value in body:
+        key = names.get(field, field)
+        if key in decoding and value is not None:
+            out[key] = value
+    return out
+
+
+def generate_call(body) -> tuple[Any, bool, dict[str, Any]]:
+    """(prompt, chat, options) of a /generate body. Exactly one of prompt/messages/input_ids."""
+    given = [k for k in ("prompt", "messages", "input_ids") if getattr(body, k) is not None]
+    if len(given) != 1:
+        raise PromptError("give exactly one of 'prompt', 'messages', 'input_ids'"
+                          + (f" (got {given})" if given else ""))
+    prompt = getattr(body, given[0])
+    if given[0] == "messages":
+        prompt = [m.text() for m in prompt]
+    return prompt, body.chat, _options(body, {})
+
+
+def chat_call(body) -> tuple[Any, bool, dict[str, Any]]:
+    opts = _options(body, {"max_tokens": "max_new_tokens"})
+    if body.max_completion_tokens is not None:
+        opts["max_new_tokens"] = body.max_completion_tokens
+    return [m.text() for m in body.messages], False, opts
+
+
+def completion_call(body) -> tuple[Any, bool, dict[str, Any]]:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise PromptError("prompt: one prompt per request (a list of one string)")
+        prompt = prompt[0]
+    return prompt, False, _options(body, {"max_tokens": "max_new_tokens"})

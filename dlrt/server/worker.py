@@ -1,0 +1,141 @@
+"""One request at a time: a bounded FIFO queue in front of a single generation thread.
+
+`Worker.run(job)` waits for its turn (past `max_queue` waiting requests it is refused with
+`QueueFull`), then streams events from the generation thread: ("block", BlockOutput) per
+decided block, then ("final", summary) or ("error", message). Closing the event stream (the
+client went away) cancels the generation at the next block boundary; the slot is released only
+when the thread has stopped, so the next request finds the device free. A request that runs
+longer than `timeout_s` ends with finish_reason "timeout".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlrt.distributed.ranks import Ranks
+
+log = logging.getLogger("dlrt.server")
+
+
+class QueueFull(Exception):
+    """More requests are waiting than the queue holds."""
+
+
+@dataclass
+class Job:
+    """A validated request: prompt token ids and keyword options for `LLM.stream`."""
+
+    rid: str
+    prompt_ids: list[int]
+    options: dict[str, Any]
+    endpoint: str = "generate"
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+class Worker:
+    def __init__(self, llm, ranks: Ranks, max_queue: int = 16, timeout_s: float = 600.0):
+        self.llm = llm
+        self.ranks = ranks
+        self.max_queue = max_queue
+        self.timeout_s = timeout_s
+        self.waiting = 0
+        self.running = 0
+        self._lock: asyncio.Lock | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlrt-gen")
+
+    async def run(self, job: Job) -> AsyncIterator[tuple[str, Any]]:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        if self.waiting >= self.max_queue:
+            raise QueueFull
+        self.waiting += 1
+        try:
+            await self._lock.acquire()  # FIFO: asyncio.Lock wakes waiters in order
+        finally:
+            self.waiting -= 1
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        try:
+            self.running += 1
+            fut = loop.run_in_executor(self._pool, self._generate, job, events, loop)
+        except BaseException:
+            self.running -= 1
+            self._lock.release()
+            raise
+        fut.add_done_callback(lambda _: self._release())
+        try:
+            while True:
+                kind, payload = await events.get()
+                yield kind, payload
+                if kind in ("final", "error"):
+                    return
+        finally:
+            job.cancel.set()
+
+    def _release(self) -> None:
+        self.running -= 1
+        self._lock.release()
+
+    def _generate(self, job: Job, events: asyncio.Queue, loop) -> None:
+        """Generation thread: stream blocks, share go/stop with the other ranks."""
+        def emit(kind, payload):
+            loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
+
+        t0 = time.perf_counter()
+        new = rounds = blocks = 0
+        first_block_s = None
+        finish, stop_reason, status = None, None, "ok"
+        try:
+            if job.cancel.is_set():
+                return
+            self.ranks.share_request(dict(prompt_ids=job.prompt_ids, options=job.options))
+            stream = self.llm.stream(job.prompt_ids, **job.options)
+            for block in stream:
+                first_block_s = first_block_s or time.perf_counter() - t0
+                new += len(block.token_ids)
+                rounds += block.rounds
+                blocks += 1
+                finish, stop_reason = block.finish_reason, block.stop_reason
+                if finish is None and time.perf_counter() - t0 > self.timeout_s:
+                    finish = "timeout"
+                if finish is None and job.cancel.is_set():
+                    finish, status = "cancelled", "cancelled"
+                self.ranks.share_continue(finish is None)
+                emit("block", block)
+                if finish is not None:
+                    stream.close()
+                    break
+            total = time.perf_counter() - t0
+            emit("final", dict(finish_reason=finish, stop_reason=stop_reason,
+                               prompt_tokens=len(job.prompt_ids), completion_tokens=new,
+                               rounds=rounds, blocks=blocks, request_tps=new / max(total, 1e-9),
+                               first_block_s=first_block_s, total_s=total))
+        except Exception as e:  # reported to this client; the server keeps serving
+            status = f"error: {type(e).__name__}"
+            log.exception("request %s failed", job.rid)
+            emit("error", f"{type(e).__name__}: {e}")
+        finally:
+            total = time.perf_counter() - t0
+            log.info("request %s endpoint=%s prompt_tokens=%d new_tokens=%d rounds=%d "
+                     "tps=%.1f finish=%s status=%s", job.rid, job.endpoint, len(job.prompt_ids),
+                     new, rounds, new / max(total, 1e-9), finish, status)
+
+
+def follow(llm, ranks: Ranks) -> None:
+    """Ranks other than 0: run every request rank 0 shares, block for block, until shutdown."""
+    while True:
+        request = ranks.share_request(None)
+        if request is None:
+            return
+        stream = llm.stream(request["prompt_ids"], **request["options"])
+        for _block in stream:
+            if not ranks.share_continue(False):
+                stream.close()
+                break
