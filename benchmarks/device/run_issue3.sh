@@ -2,11 +2,7 @@
 # One device call for the device loop: GPU tests (mode identity, kernels), `bench step` per
 # config, and the HumanEval request benchmark in the three modes. Full log: $OUT/run.log.
 set -uo pipefail
-source .devtools/device-env.sh
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} DLRT_CACHE_DIR=/tmp/dlrt-cache
-M=.devtools/models
-LOG=$OUT/run.log
-t0=$(date +%s)
+source benchmarks/device/common.sh
 python3 -m pytest -q -x tests/kernels tests/unit/test_triton_backend.py \
     tests/e2e/test_execution_modes.py >> $LOG 2>&1
 tail -4 $LOG

@@ -2,11 +2,7 @@
 # Second device call for the device loop: the no-sync test, the request benchmark in three
 # modes (SDAR-1.7B config and the tiny config), and bench step on the LLaDA-8B config.
 set -uo pipefail
-source .devtools/device-env.sh
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} DLRT_CACHE_DIR=/tmp/dlrt-cache
-M=.devtools/models
-LOG=$OUT/run.log
-t0=$(date +%s)
+source benchmarks/device/common.sh
 python3 -m pytest -q tests/e2e/test_execution_modes.py -k "no_host_sync or reused" >> $LOG 2>&1
 tail -2 $LOG
 he() { python3 -m dlrt bench humaneval --out $OUT --modes device_loop,host_loop,eager "$@" >> $LOG 2>&1; tail -5 $LOG | grep -v "^wrote"; }

@@ -12,15 +12,21 @@ from collections.abc import Iterator
 
 import torch
 
-from dlrt.decoding.options import DecoderDefaults, DecodingParams
+from dlrt.decoding.options import DecodingParams
 from dlrt.decoding.round import RoundSpec
 from dlrt.runtime.block_state import BlockState
-from dlrt.runtime.decoder import BlockResult, block_result, commit_round, round_spec
-from dlrt.runtime.executor import Executor
+from dlrt.runtime.decoder import (
+    BlockResult,
+    DecoderBase,
+    ProgramBase,
+    block_result,
+    commit_round,
+    round_spec,
+)
 from dlrt.runtime.runner import ModelRunner
 
 
-class BlockProgram:
+class BlockProgram(ProgramBase):
     """One SDAR block of B positions at `state.lens = (start, start + B)`."""
 
     def __init__(self, runner: ModelRunner, spec: RoundSpec, b: int):
@@ -39,29 +45,17 @@ class BlockProgram:
         positions = s.lens[0].long() + self.runner.arange(self.b)
         commit_round(self.spec, s, logits, positions)
 
-    def buffers(self) -> list:
-        return self.state.tensors()
-
     def end(self) -> None:
         s = self.state
         self.runner.forward(s.tokens, s.lens, self.b, rows=None)  # final K/V into the cache
         s.lens.add_(self.b)
 
 
-class BlockDecoder:
-    def __init__(self, runner: ModelRunner, mask_token_id: int, defaults: DecoderDefaults,
-                 executor: Executor):
-        self.runner = runner
-        self.mask_token_id = mask_token_id
-        self.defaults = defaults
-        self.executor = executor
-        self._programs: dict[tuple, BlockProgram] = {}
+class BlockDecoder(DecoderBase):
 
     def program(self, params: DecodingParams) -> BlockProgram:
         spec, b = round_spec(params), params.block_length
-        if (b, spec) not in self._programs:
-            self._programs[(b, spec)] = BlockProgram(self.runner, spec, b)
-        return self._programs[(b, spec)]
+        return self.cached_program((b, spec), lambda: BlockProgram(self.runner, spec, b))
 
     def max_positions(self, prompt_len: int, params: DecodingParams) -> int:
         b = params.block_length

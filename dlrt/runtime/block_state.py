@@ -36,7 +36,9 @@ class BlockState:
 
     def set_request(self, length: int, steps: int, seed: int) -> None:
         """Round budget, seed and the quotas of a block of `length` free positions."""
-        quotas = round_quotas(length, steps)[: self.n] + [0]
+        # NOTE: with steps >= length the first `length` rounds commit 1 each and the rest 0,
+        # as with steps == length: the quotas cost O(length) whatever the budget.
+        quotas = round_quotas(length, min(steps, max(length, 1)))[: self.n] + [0]
         quotas += [0] * (self.n + 1 - len(quotas))
         self.quotas.copy_(torch.tensor(quotas, dtype=torch.int64))
         self.steps.fill_(steps)

@@ -14,17 +14,23 @@ from collections.abc import Iterator
 
 import torch
 
-from dlrt.decoding.options import DecoderDefaults, DecodingParams
+from dlrt.decoding.options import DecodingParams
 from dlrt.decoding.round import RoundSpec
 from dlrt.runtime.block_state import BlockState
-from dlrt.runtime.decoder import BlockResult, block_result, commit_round, round_spec
-from dlrt.runtime.executor import Executor
+from dlrt.runtime.decoder import (
+    BlockResult,
+    DecoderBase,
+    ProgramBase,
+    block_result,
+    commit_round,
+    round_spec,
+)
 from dlrt.runtime.runner import ModelRunner
 
 PAD_TO = 64
 
 
-class CanvasProgram:
+class CanvasProgram(ProgramBase):
     """Sub-block window [lo, lo + B) of a canvas of `size` slots; lens = (0, canvas length)."""
 
     def __init__(self, runner: ModelRunner, spec: RoundSpec, b: int, size: int):
@@ -61,14 +67,7 @@ class CanvasProgram:
         self.lo.add_(self.b)
 
 
-class CanvasDecoder:
-    def __init__(self, runner: ModelRunner, mask_token_id: int, defaults: DecoderDefaults,
-                 executor: Executor):
-        self.runner = runner
-        self.mask_token_id = mask_token_id
-        self.defaults = defaults
-        self.executor = executor
-        self._programs: dict[tuple, CanvasProgram] = {}
+class CanvasDecoder(DecoderBase):
 
     def _size(self, prompt_len: int, params: DecodingParams) -> int:
         b = params.block_length
@@ -83,10 +82,9 @@ class CanvasDecoder:
         b, p = params.block_length, len(prompt)
         total = p + params.max_new_tokens
         size = self._size(p, params)
-        key = (b, size, round_spec(params))
-        if key not in self._programs:
-            self._programs[key] = CanvasProgram(self.runner, key[2], b, size)
-        prog = self._programs[key]
+        spec = round_spec(params)
+        prog = self.cached_program((b, size, spec),
+                                   lambda: CanvasProgram(self.runner, spec, b, size))
         self.runner.reset()
         state = prog.state
         pad = size - total

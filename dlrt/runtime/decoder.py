@@ -57,6 +57,32 @@ class Decoder(Protocol):
         ...
 
 
+class ProgramBase:
+    """Default `buffers`: the block state (programs with more device state extend it)."""
+
+    state: BlockState
+
+    def buffers(self) -> list[torch.Tensor]:
+        return self.state.tensors()
+
+
+class DecoderBase:
+    """What decoders hold: the runner, the executor, and their programs by key (a program
+    owns static buffers that its captured graphs point at, so it lives as long as the LLM)."""
+
+    def __init__(self, runner, mask_token_id: int, defaults: DecoderDefaults, executor):
+        self.runner = runner
+        self.mask_token_id = mask_token_id
+        self.defaults = defaults
+        self.executor = executor
+        self._programs: dict[tuple, Program] = {}
+
+    def cached_program(self, key: tuple, make) -> Program:
+        if key not in self._programs:
+            self._programs[key] = make()
+        return self._programs[key]
+
+
 def round_spec(params: DecodingParams) -> RoundSpec:
     """The graph-cache key part of a request's round: seed and budget live in device memory."""
     return RoundSpec(params.strategy, replace(params.sampling, seed=0), 0)

@@ -15,15 +15,21 @@ from collections.abc import Iterator
 
 import torch
 
-from dlrt.decoding.options import DecoderDefaults, DecodingParams
+from dlrt.decoding.options import DecodingParams
 from dlrt.decoding.round import RoundSpec
 from dlrt.runtime.block_state import BlockState
-from dlrt.runtime.decoder import BlockResult, block_result, commit_round, round_spec
-from dlrt.runtime.executor import Executor
+from dlrt.runtime.decoder import (
+    BlockResult,
+    DecoderBase,
+    ProgramBase,
+    block_result,
+    commit_round,
+    round_spec,
+)
 from dlrt.runtime.runner import ModelRunner
 
 
-class LookaheadProgram:
+class LookaheadProgram(ProgramBase):
     """The current block at `state.lens = (start, start + B)`; begin moves to the next."""
 
     def __init__(self, runner: ModelRunner, spec: RoundSpec, b: int, mask_token_id: int):
@@ -70,21 +76,11 @@ class LookaheadProgram:
         logits = self.runner.forward(s.tokens, s.lens, None, rows=slice(None))
         commit_round(self.spec, s, logits, s.lens[0].long() + self.positions)
 
-    def buffers(self) -> list:
-        return self.state.tensors()
-
     def end(self) -> None:
         """Nothing: the next block's look-ahead writes this block's K/V."""
 
 
-class LookaheadDecoder:
-    def __init__(self, runner: ModelRunner, mask_token_id: int, defaults: DecoderDefaults,
-                 executor: Executor):
-        self.runner = runner
-        self.mask_token_id = mask_token_id
-        self.defaults = defaults
-        self.executor = executor
-        self._programs: dict[tuple, LookaheadProgram] = {}
+class LookaheadDecoder(DecoderBase):
 
     def max_positions(self, prompt_len: int, params: DecodingParams) -> int:
         b = params.block_length
@@ -93,10 +89,9 @@ class LookaheadDecoder:
     @torch.inference_mode()
     def decode(self, prompt: list[int], params: DecodingParams) -> Iterator[BlockResult]:
         b = params.block_length
-        key = (b, round_spec(params))
-        if key not in self._programs:
-            self._programs[key] = LookaheadProgram(self.runner, key[1], b, self.mask_token_id)
-        prog = self._programs[key]
+        spec = round_spec(params)
+        prog = self.cached_program((b, spec), lambda: LookaheadProgram(
+            self.runner, spec, b, self.mask_token_id))
         self.runner.reset()
         prog.state.set_request(b, params.denoising_steps, params.sampling.seed)
         prog.begin_first(prompt)
