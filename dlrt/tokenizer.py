@@ -6,13 +6,18 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from dlrt.errors import PromptError
+from dlrt.errors import CheckpointError, PromptError
 
 Prompt = str | list[dict[str, Any]] | list[int]
+ROLES = ("system", "user", "assistant", "tool")
 
 
 def load_tokenizer(path: str | Path):
-    """AutoTokenizer from a local folder with `trust_remote_code=False`; None if it has none."""
+    """AutoTokenizer from a local folder with `trust_remote_code=False`; None if it has none.
+
+    Raises:
+        CheckpointError: the tokenizer files are unreadable or corrupt.
+    """
     root = Path(path)
     if not any((root / n).is_file()
                for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
@@ -28,6 +33,8 @@ def load_tokenizer(path: str | Path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # config fields it would rename
             return AutoTokenizer.from_pretrained(str(root), trust_remote_code=False)
+    except Exception as e:  # NOTE: transformers and tokenizers raise many unrelated types
+        raise CheckpointError(f"cannot load the tokenizer of {root}: {e}") from e
     finally:
         hf_logging.set_verbosity(level)
 
@@ -37,12 +44,14 @@ def encode_prompt(tokenizer, prompt: Prompt, vocab_size: int, chat: bool = False
     (always through the chat template), or token ids (checked against the vocabulary).
 
     Raises:
-        PromptError: empty prompt, a bad type, malformed messages, ids out of the vocabulary,
+        PromptError: empty prompt, a bad type, text that is not valid Unicode (lone
+            surrogates), malformed messages or an unknown role, ids out of the vocabulary,
             or text given to a checkpoint without a tokenizer.
     """
     if isinstance(prompt, str):
         if not prompt:
             raise PromptError("prompt is empty")
+        _check_text(prompt, "prompt")
         if chat:
             return encode_prompt(tokenizer, [{"role": "user", "content": prompt}], vocab_size)
         _need_tokenizer(tokenizer)
@@ -58,6 +67,9 @@ def encode_prompt(tokenizer, prompt: Prompt, vocab_size: int, chat: bool = False
         for i, m in enumerate(prompt):
             if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise PromptError(f"message {i} needs string 'role' and 'content' fields")
+            if m["role"] not in ROLES:
+                raise PromptError(f"message {i} has role {m['role']!r}; roles: {ROLES}")
+            _check_text(m["content"], f"message {i}")
         _need_tokenizer(tokenizer)
         if not getattr(tokenizer, "chat_template", None):
             raise PromptError("the checkpoint's tokenizer has no chat template")
@@ -65,6 +77,13 @@ def encode_prompt(tokenizer, prompt: Prompt, vocab_size: int, chat: bool = False
                                              add_generation_prompt=True)
         return list(tokenizer.encode(text, add_special_tokens=False))
     raise PromptError("prompt list must hold only token ids or only chat messages (dicts)")
+
+
+def _check_text(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PromptError(f"{what} is not valid Unicode text: {e}") from e
 
 
 def _need_tokenizer(tokenizer) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import torch
 
 from dlrt.bench.report import table, write_json
+from dlrt.errors import OptionError
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "humaneval.jsonl"
 COLUMNS = ["task", "prompt_tokens", "new_tokens", "blocks", "rounds", "ms_per_round", "tpf",
@@ -20,12 +22,47 @@ MODE_COLUMNS = ["mode", "mean_tps", "tps_vs_eager", "mean_ms_per_round", "mean_t
 
 
 def load_prompts(path: str | Path | None, count: int) -> list[dict[str, str]]:
-    """The first `count` HumanEval problems ({task_id, prompt})."""
+    """The first `count` HumanEval problems ({task_id, prompt}).
+
+    Raises:
+        OptionError: the file is missing or unreadable, or a line is not a problem.
+    """
     path = Path(path) if path else DEFAULT_DATA
-    if not path.is_file():
-        raise FileNotFoundError(f"HumanEval data not found at {path}; pass --data")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return rows[:count]
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise OptionError(f"cannot read the HumanEval data {path} (pass --data): {e}") from e
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if len(rows) == count:
+            break
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict) or not isinstance(row.get("task_id"), str) \
+                or not isinstance(row.get("prompt"), str):
+            raise OptionError(f"{path} line {number} is not a HumanEval problem (a JSON object "
+                              "with string task_id and prompt)")
+        rows.append(row)
+    if not rows:
+        raise OptionError(f"{path} holds no HumanEval problems")
+    return rows
+
+
+def _check_writable(folder: str | Path) -> None:
+    """Make `folder` and check a file can be written in it (before a long run).
+
+    Raises:
+        OptionError: it cannot.
+    """
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise OptionError(f"cannot write results into {folder} (--out): {e}") from e
 
 
 def run(llm, problems: list[dict[str, str]], options: dict[str, Any], chat: bool,
@@ -67,12 +104,15 @@ def run(llm, problems: list[dict[str, str]], options: dict[str, Any], chat: bool
 def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     from dlrt import LLM
 
-    llm = LLM(args.model, **llm_kwargs)
     problems = load_prompts(args.data, args.num_prompts)
+    _check_writable(args.out)
+    llm = LLM(args.model, **llm_kwargs)
     chat = args.chat and llm.tokenizer is not None
     if llm.tokenizer is None:  # LLaDA-shaped checkpoints without a tokenizer: fixed token ids
-        problems = [dict(p, prompt=list(range(1000, 1000 + 16 + 8 * i)))
-                    for i, p in enumerate(problems)]
+        print("note: the checkpoint has no tokenizer: each request is fixed token ids "
+              "(rows ids-N), not a HumanEval prompt")
+        problems = [dict(task_id=f"ids-{i}", prompt=list(range(1000, 1000 + 16 + 8 * i)))
+                    for i in range(len(problems))]
     modes = args.modes.split(",") if args.modes else [llm.execution_mode]
     results = {}
     for mode in modes:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlrt.errors import CheckpointError
+from dlrt.errors import CheckpointError, OptionError
 
 INDEX_NAME = "model.safetensors.index.json"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -38,10 +39,16 @@ class CheckpointFolder:
         """Read a checkpoint folder.
 
         Raises:
+            OptionError: `path` is not a path (a str or os.PathLike) or is empty.
             CheckpointError: not a folder, no `config.json`, weights only in a pickle format
-                (.bin/.pt: never loaded), an index naming a missing file, or no weights at all
-                when `require_weights`.
+                (.bin/.pt: never loaded), an index naming a missing file or one outside the
+                folder, or no weights at all when `require_weights`.
         """
+        if not isinstance(path, (str, os.PathLike)):
+            raise OptionError(f"model must be a checkpoint folder path, got {path!r} "
+                              f"({type(path).__name__})")
+        if not str(path).strip():
+            raise OptionError("model is an empty path; give a checkpoint folder")
         root = Path(path).expanduser()
         if not root.is_dir():
             raise CheckpointError(f"checkpoint folder {root} does not exist or is not a folder")
@@ -66,6 +73,10 @@ def _tensor_files(root: Path) -> dict[str, Path]:
         weight_map = _read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{index} has no weight_map")
+        for fname in weight_map.values():
+            if not isinstance(fname, str) or Path(fname).is_absolute() \
+                    or ".." in Path(fname).parts:
+                raise CheckpointError(f"{index} names {fname!r}, which is not a file inside {root}")
         files = {name: root / fname for name, fname in weight_map.items()}
         for f in sorted(set(files.values())):
             if not f.is_file():

@@ -66,9 +66,10 @@ def load_safetensors(model: nn.Module, folder: CheckpointFolder) -> None:
     """Copy checkpoint tensors into the (materialised) parameters of `model`.
 
     Raises:
-        CheckpointError: a tensor is missing or its shape differs from the model's.
+        CheckpointError: a tensor is missing, its shape differs from the model's, or a
+            safetensors file is unreadable (truncated, corrupt).
     """
-    from safetensors import safe_open
+    from safetensors import SafetensorError
 
     params = dict(model.named_parameters())
     specs = weight_specs(model)
@@ -80,19 +81,27 @@ def load_safetensors(model: nn.Module, folder: CheckpointFolder) -> None:
     for s in specs:
         by_file[folder.tensor_files[s.key]].append(s)
     for path, file_specs in by_file.items():
-        with safe_open(path, framework="pt", device="cpu") as f:
-            for s in file_specs:
-                shape = tuple(f.get_slice(s.key).get_shape())
-                if shape != s.shape:
-                    raise CheckpointError(
-                        f"tensor {s.key} in {path.name} has shape {list(shape)}, "
-                        f"the model expects {list(s.shape)}")
-                dst = params[s.param].data
-                (dst if s.index is None else dst[s.index]).copy_(f.get_tensor(s.key))
+        try:
+            _load_file(params, path, file_specs)
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"cannot read {path} (truncated or corrupt?): {e}") from e
     unused = set(folder.tensor_files) - {s.key for s in specs}
     if unused:
         log.warning("ignored %d checkpoint tensor(s) the model does not use, e.g. %s",
                     len(unused), sorted(unused)[:3])
+
+
+def _load_file(params: dict[str, nn.Parameter], path: Path, specs: list[WeightSpec]) -> None:
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt", device="cpu") as f:
+        for s in specs:
+            shape = tuple(f.get_slice(s.key).get_shape())
+            if shape != s.shape:
+                raise CheckpointError(f"tensor {s.key} in {path.name} has shape {list(shape)}, "
+                                      f"the model expects {list(s.shape)}")
+            dst = params[s.param].data
+            (dst if s.index is None else dst[s.index]).copy_(f.get_tensor(s.key))
 
 
 def tensor_seed(seed: int, key: str) -> int:

@@ -27,6 +27,9 @@ from dlrt.models import build_model
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layers")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                    "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
+_CHECKPOINT_FILES = ("config.json", "generation_config.json", INDEX_NAME, *_TOKENIZER_FILES)
 
 
 def _source(source: str | Path) -> tuple[dict, dict, Path | None]:
@@ -48,31 +51,42 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
 
     Args:
         source: a preset name (`dlrt.checkpoint.presets.PRESETS`) or a folder with config.json.
-        out: destination folder (must not exist unless `overwrite`).
+        out: destination folder (must not exist unless `overwrite`; even then only an empty
+            folder or a checkpoint folder is replaced).
         num_layers: keep only this many layers (a reduced copy of a large config).
         max_shard_bytes: shard size limit, as `save_pretrained(max_shard_size=...)`.
         device: where the random values are drawn ('cpu' is reproducible everywhere).
     Raises:
         CheckpointError: bad source, existing destination (also one that appears while
-            writing, unless `overwrite`), or unknown dtype.
+            writing, unless `overwrite`; with `overwrite`, one that is not a checkpoint
+            folder), an unwritable destination, unknown dtype or device, max_shard_bytes < 1,
+            or num_layers out of range.
         ConfigError: the config names an unsupported model.
     """
     from safetensors.torch import save_file
 
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    _check_device(device)
+    if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) \
+            or max_shard_bytes < 1:
+        raise CheckpointError(f"max_shard_bytes={max_shard_bytes!r} must be an integer >= 1")
     out = Path(out).expanduser()
     if out.exists() and not overwrite:
         raise CheckpointError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
+    if out.exists():
+        _check_replaceable(out)
     hf, gen, src_dir = _source(source)
+    config = ModelConfig.from_hf(hf)
     if num_layers is not None:
-        key = next((k for k in _LAYER_KEYS if k in hf), None)
-        if key is None or num_layers < 1:
-            raise CheckpointError(f"cannot set num_layers={num_layers} on this config")
-        hf[key] = num_layers
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) \
+                or not 1 <= num_layers <= config.num_layers:
+            raise CheckpointError(f"num_layers={num_layers!r} must be in [1, "
+                                  f"{config.num_layers}] (keep only this many layers)")
+        hf[next(k for k in _LAYER_KEYS if k in hf)] = num_layers
         if hf.get("max_window_layers"):
             hf["max_window_layers"] = num_layers
-    config = ModelConfig.from_hf(hf)
+        config = ModelConfig.from_hf(hf)
     with torch.device("meta"):
         specs = weight_specs(build_model(config))
     torch_dtype = DTYPES[dtype]
@@ -86,8 +100,11 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
             size = 0
         shards[-1].append(s)
         size += nbytes
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out.parent))
+    except OSError as e:
+        raise CheckpointError(f"cannot write the checkpoint {out}: {e}") from e
     try:
         weight_map, total = {}, 0
         for i, shard in enumerate(shards):
@@ -107,25 +124,49 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         _copy_tokenizer(src_dir, config.family, tmp)
         if out.exists() and overwrite:
+            _check_replaceable(out)  # NOTE: again: it may have changed while writing
             shutil.rmtree(out)
         try:
             os.replace(tmp, out)
         except OSError as e:  # NOTE: `out` appeared while writing (another process made it)
             raise CheckpointError(f"{out} was created by someone else meanwhile: {e}") from e
+    except OSError as e:
+        raise CheckpointError(f"cannot write the checkpoint {out}: {e}") from e
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
     return out
 
 
+def _check_device(device: str) -> None:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise CheckpointError(f"device {device!r} is not a valid device") from e
+    if dev.type not in ("cpu", "cuda"):
+        raise CheckpointError(f"device {device!r}: random values are drawn on cpu or cuda")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise CheckpointError(f"device {device!r} asked for, but CUDA is not available")
+
+
+def _check_replaceable(out: Path) -> None:
+    """Refuse to delete `out` unless it is an empty folder or looks like a checkpoint folder:
+    config.json and nothing but checkpoint and tokenizer files."""
+    names = {p.name for p in out.iterdir()} if out.is_dir() else None
+    ours = names is not None and (not names or "config.json" in names and all(
+        n in _CHECKPOINT_FILES or n.endswith(".safetensors") for n in names))
+    if not ours:
+        raise CheckpointError(f"{out} is not a checkpoint folder (config.json, safetensors and "
+                              "tokenizer files only): not replacing it; remove it yourself")
+
+
 def _copy_tokenizer(src_dir: Path | None, family: str, dst: Path) -> None:
-    names = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-             "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
-    src = src_dir if src_dir is not None and any((src_dir / n).is_file() for n in names) else None
+    has_tokenizer = src_dir is not None and any((src_dir / n).is_file() for n in _TOKENIZER_FILES)
+    src = src_dir if has_tokenizer else None
     if src is None and family in ("sdar", "sdar_moe"):
         src = TOKENIZER_DIR
     if src is None:
         return
-    for n in names:
+    for n in _TOKENIZER_FILES:
         if (src / n).is_file():
             shutil.copyfile(src / n, dst / n)

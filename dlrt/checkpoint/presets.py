@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from dlrt import env
+from dlrt.checkpoint.folder import CheckpointFolder
+from dlrt.errors import CheckpointError
 
 TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "data" / "sdar-qwen3"
 
@@ -60,15 +62,32 @@ def preset(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def default_model_path() -> Path:
-    """The embedded default model; written (deterministically, seed 0) on first use."""
-    path = env.cache_dir() / "models" / f"{DEFAULT_PRESET}-{_DEFAULT_VERSION}"
-    if not (path / "config.json").is_file():
-        from dlrt.checkpoint.make import make_checkpoint
-        from dlrt.errors import CheckpointError
+    """The embedded default model; written (deterministically, seed 0) on first use, and
+    written again when the cached copy is broken (e.g. its weights are missing).
 
+    Raises:
+        CheckpointError: it cannot be written (DLRT_CACHE_DIR is a file or unwritable) or a
+            broken copy cannot be replaced.
+    """
+    from dlrt.checkpoint.make import make_checkpoint
+
+    path = env.cache_dir() / "models" / f"{DEFAULT_PRESET}-{_DEFAULT_VERSION}"
+    if not _loadable(path):
         try:
-            make_checkpoint(DEFAULT_PRESET, path, seed=DEFAULT_SEED)
-        except CheckpointError:
-            if not (path / "config.json").is_file():  # else another process made it first
-                raise
+            make_checkpoint(DEFAULT_PRESET, path, seed=DEFAULT_SEED, overwrite=path.exists())
+        except CheckpointError as e:
+            if not _loadable(path):  # else another process made it first
+                raise CheckpointError(
+                    f"cannot make the embedded default model in {path}: {e}. Set "
+                    f"DLRT_CACHE_DIR to a writable folder, or delete {path}") from e
     return path
+
+
+def _loadable(path: Path) -> bool:
+    if not (path / "config.json").is_file():
+        return False
+    try:
+        CheckpointFolder.open(path)
+    except CheckpointError:
+        return False
+    return True

@@ -1,4 +1,4 @@
-"""The `dlrt` command line: generate, make-checkpoint.
+"""The `dlrt` command line: generate, make-checkpoint, serve, bench.
 
 Decoding flags are derived from `DecodingOptions` (each default written once, there).
 """
@@ -9,9 +9,12 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
+import re
 import sys
 import typing
 
+from dlrt import __version__
 from dlrt.decoding.options import DecodingOptions
 from dlrt.errors import DlrtError
 
@@ -21,11 +24,13 @@ _HELP = {
     "denoising_steps": "round budget T per block (default B)",
     "remasking_strategy": "sequential, low_confidence_static, low_confidence_dynamic, "
                           "threshold, entropy_bounded, dynamic_pmax, random",
-    "threshold": "confidence threshold in [0, 1] (default 0.9)",
+    "threshold": "confidence threshold in [0, 1] of low_confidence_dynamic, threshold and "
+                 "dynamic_pmax (default 0.9)",
     "eb_threshold": "entropy budget of entropy_bounded (default 0.35)",
     "temperature": "0 = greedy (default: generation_config.json, else 0)",
     "top_k": "top-k filter, 0 = off", "top_p": "top-p filter, 1 = off",
-    "seed": "sampling seed", "stop": "extra stop token id or string (repeatable)",
+    "seed": "sampling seed",
+    "stop": "extra stop: a token id (ASCII digits only) or else a string (repeatable)",
     "ignore_eos": "do not stop at end-of-sequence tokens",
 }
 
@@ -48,22 +53,31 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
 def decoding_kwargs(args: argparse.Namespace) -> dict:
     kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(DecodingOptions)}
     if kw["stop"]:
-        kw["stop"] = [int(s) if s.lstrip("-").isdigit() else s for s in kw["stop"]]
+        kw["stop"] = [int(s) if re.fullmatch("[0-9]+", s) else s for s in kw["stop"]]
     return {k: v for k, v in kw.items() if v is not None}
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="checkpoint folder (default: the embedded tiny SDAR model)")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"])
-    parser.add_argument("--decoder", default=None, help="block, canvas or dllm_var")
-    parser.add_argument("--mask-token-id", type=int, default=None)
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--attention-backend", default=None, help="triton or sdpa")
+    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on "
+                        "CPU), bfloat16, float16, float32 or float64")
+    parser.add_argument("--device", default="auto",
+                        help="auto (CUDA when available), cpu, cuda or cuda:N")
+    parser.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"],
+                        help="dummy: seeded random weights, no weight files needed")
+    parser.add_argument("--decoder", default=None,
+                        help="block, canvas or dllm_var (default depends on the model family: "
+                             "block for SDAR, canvas for LLaDA)")
+    parser.add_argument("--mask-token-id", type=int, default=None,
+                        help="mask token id (default: the config's, else the tokenizer's)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="context limit in tokens (default: the config's maximum)")
+    parser.add_argument("--attention-backend", default=None,
+                        help="triton (CUDA default) or sdpa (CPU default, eager only)")
     parser.add_argument("--execution-mode", default=None,
-                        help="device_loop (CUDA default), host_loop or eager")
+                        help="device_loop (CUDA default), host_loop or eager (CPU: the only "
+                             "mode); all give the same tokens")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -76,9 +90,7 @@ def _generate(args: argparse.Namespace) -> int:
     from dlrt import LLM
 
     llm = LLM(args.model, **engine_kwargs(args))
-    prompt = args.prompt
-    if args.prompt_ids:
-        prompt = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
+    prompt = args.prompt_ids or args.prompt
     kw = decoding_kwargs(args)
     if args.json:
         result = llm.generate(prompt, chat=args.chat, **kw)
@@ -98,7 +110,8 @@ def _make_checkpoint(args: argparse.Namespace) -> int:
 
     out = make_checkpoint(args.source, args.out, seed=args.seed, dtype=args.dtype,
                           num_layers=args.num_layers,
-                          max_shard_bytes=int(args.max_shard_gb * 10**9), device=args.device,
+                          max_shard_bytes=max(1, int(args.max_shard_gb * 10**9)),
+                          device=args.device,
                           overwrite=args.overwrite)
     print(out)
     return 0
@@ -127,14 +140,38 @@ def _serve(args: argparse.Namespace) -> int:
                  args.max_queue, args.request_timeout, args.max_body_bytes)
 
 
+def _token_ids(text: str) -> list[int]:
+    parts = text.replace(",", " ").split()
+    if not parts or not all(re.fullmatch("[0-9]+", p) for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected token ids (digits) separated by commas or spaces, got {text!r}")
+    return [int(p) for p in parts]
+
+
+def _positive(kind: type) -> typing.Callable[[str], int | float]:
+    """An argparse type: a finite `kind` number > 0."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not 0 < value < math.inf:
+            raise argparse.ArgumentTypeError(f"expected a finite {kind.__name__} > 0, "
+                                             f"got {text!r}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlrt", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"dlrt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text for one prompt")
     add_engine_flags(gen)
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-ids", help="prompt as token ids, comma or space separated")
+    src.add_argument("--prompt-ids", type=_token_ids,
+                     help="prompt as token ids, comma or space separated")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     gen.add_argument("--json", action="store_true", help="print the whole result as JSON")
     add_decoding_flags(gen)
@@ -145,12 +182,16 @@ def build_parser() -> argparse.ArgumentParser:
     mk.add_argument("source", help="a preset (tiny-sdar, tiny-sdar-moe, tiny-llada) or a "
                                    "folder with config.json")
     mk.add_argument("out", help="destination folder")
-    mk.add_argument("--seed", type=int, default=0)
-    mk.add_argument("--dtype", default="bfloat16")
-    mk.add_argument("--num-layers", type=int, default=None, help="keep only this many layers")
-    mk.add_argument("--max-shard-gb", type=float, default=5.0)
-    mk.add_argument("--device", default="cpu", help="where to draw the random values")
-    mk.add_argument("--overwrite", action="store_true")
+    mk.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    mk.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
+    mk.add_argument("--num-layers", type=int, default=None,
+                    help="keep only this many layers (at most the config's number)")
+    mk.add_argument("--max-shard-gb", type=_positive(float), default=5.0,
+                    help="shard size limit in GB (default 5)")
+    mk.add_argument("--device", default="cpu",
+                    help="where to draw the random values: cpu (default) or cuda")
+    mk.add_argument("--overwrite", action="store_true",
+                    help="replace OUT if it is a checkpoint folder (never another folder)")
     mk.set_defaults(func=_make_checkpoint)
 
     sv = sub.add_parser("serve", help="HTTP server: NDJSON /generate and OpenAI-compatible "
@@ -173,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
                                             "TPF, TPS")
     add_engine_flags(he)
     he.add_argument("--data", default=None, help="humaneval.jsonl (default: benchmarks/data)")
-    he.add_argument("--num-prompts", type=int, default=8)
+    he.add_argument("--num-prompts", type=_positive(int), default=8,
+                    help="the first N problems (default 8)")
     he.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
     he.add_argument("--out", default="benchmarks/results", help="folder for the JSON record")
     add_decoding_flags(he)

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from dlrt import LLM, CheckpointError, ConfigError, OptionError
+from dlrt import LLM, CheckpointError, ConfigError, DlrtError, OptionError
 from dlrt.checkpoint import make as make_mod
 from dlrt.checkpoint.folder import INDEX_NAME
 from dlrt.checkpoint.loader import random_tensor, weight_specs
@@ -172,7 +172,7 @@ def test_values_are_the_seeded_draws(single):
 @pytest.mark.parametrize("family,std_key,std", [("tiny-sdar", "initializer_range", 0.05),
                                                 ("tiny-llada", "init_std", 0.1)])
 def test_norms_ones_and_std_from_config(tmp_path, family, std_key, std):
-    hf = dict(PRESETS[family], **{std_key: std, "vocab_size": 512})
+    hf = dict(PRESETS[family], **{std_key: std, "vocab_size": 512, "mask_token_id": 511})
     if family == "tiny-llada":
         hf["embedding_size"] = 512
     src = tmp_path / "src"
@@ -378,8 +378,12 @@ def test_make_never_deletes_a_folder_that_appears_meanwhile(tmp_path, monkeypatc
         make_checkpoint("tiny-llada", out, num_layers=1)
     assert (out / "other.marker").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temporary folder left
+    with pytest.raises(CheckpointError, match="not a checkpoint folder"):
+        make_checkpoint("tiny-llada", out, num_layers=1, overwrite=True)
+    assert (out / "other.marker").is_file()
+    (out / "other.marker").unlink()
     make_checkpoint("tiny-llada", out, num_layers=1, overwrite=True)
-    assert not (out / "other.marker").exists()
+    assert read_config(out)["n_layers"] == 1
 
 
 def test_concurrent_default_creation_keeps_the_first(tmp_path, monkeypatch):
@@ -397,6 +401,34 @@ def test_concurrent_default_creation_keeps_the_first(tmp_path, monkeypatch):
     assert path.parent == tmp_path / "cache" / "models"
     assert (path / "other.marker").is_file()
     assert [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+def test_cache_dir_unusable(tmp_path, monkeypatch):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for cache in (a_file, Path("/proc/dlrt-cache")):
+        monkeypatch.setenv("DLRT_CACHE_DIR", str(cache))
+        with pytest.raises(DlrtError, match="DLRT_CACHE_DIR") as e:
+            default_model_path()
+        assert str(cache) in str(e.value)
+    assert a_file.read_text() == "x"
+
+
+def test_broken_default_model_is_made_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLRT_CACHE_DIR", str(tmp_path / "cache"))
+    path = default_model_path()
+    weights = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").unlink()
+    assert default_model_path() == path
+    assert (path / "model.safetensors").read_bytes() == weights
+    (path / "model.safetensors").write_bytes(weights[:100])  # truncated
+    assert default_model_path() == path
+    assert (path / "model.safetensors").read_bytes() == weights
+    (path / "model.safetensors").unlink()
+    (path / "notes.txt").write_text("mine")  # not ours to delete: the user must
+    with pytest.raises(CheckpointError, match=f"delete {path}"):
+        default_model_path()
+    assert (path / "notes.txt").is_file()
 
 
 # --- bad folders ----------------------------------------------------------------------------
@@ -477,6 +509,51 @@ def test_index_names_missing_shard(sharded, tmp_path):
     (folder / "model-00002-of-00003.safetensors").unlink()
     with pytest.raises(CheckpointError, match=r"names model-00002-of-00003\.safetensors"):
         LLM(folder)
+
+
+@needs_real
+def test_truncated_shard_names_the_file(sharded, tmp_path):
+    folder = clone(sharded, tmp_path / "c")
+    shard = folder / "model-00002-of-00003.safetensors"
+    data = shard.read_bytes()
+    shard.unlink()
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"model-00002-of-00003\.safetensors"):
+        LLM(folder)
+
+
+@pytest.mark.parametrize("where", ["../outside.safetensors", "sub/../../outside.safetensors",
+                                   "absolute"])
+def test_index_entry_outside_the_folder(sharded, tmp_path, where):
+    folder = clone(sharded, tmp_path / "c")
+    outside = tmp_path / "outside.safetensors"
+    shutil.copyfile(sharded / "model-00001-of-00003.safetensors", outside)
+    fname = str(outside) if where == "absolute" else where
+    index = json.loads((folder / INDEX_NAME).read_text())
+    key = next(k for k, v in index["weight_map"].items() if v.startswith("model-00001"))
+    index["weight_map"][key] = fname
+    (folder / INDEX_NAME).write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="not a file inside") as e:
+        LLM(folder)
+    assert repr(fname) in str(e.value)
+
+
+@pytest.mark.parametrize("name, text", [("tokenizer_config.json", "{not json"),
+                                        ("vocab.json", "garbage[")])
+def test_corrupt_tokenizer_file(tiny_sdar, tmp_path, name, text):
+    folder = clone(tiny_sdar, tmp_path / "c")
+    (folder / name).write_text(text)
+    with pytest.raises(CheckpointError, match="cannot load the tokenizer") as e:
+        LLM(folder)
+    assert str(folder) in str(e.value)
+
+
+@pytest.mark.parametrize("model, words", [("", "empty"), ("  ", "empty"), (5, "5 (int)"),
+                                          (["a"], "['a'] (list)")])
+def test_model_argument_not_a_path(model, words):
+    with pytest.raises(OptionError, match="model") as e:
+        LLM(model)
+    assert words in str(e.value)
 
 
 @needs_real
@@ -585,5 +662,69 @@ def test_make_refuses_existing_out_and_bad_dtype(tmp_path):
     assert (out / "keep").is_file()
     with pytest.raises(CheckpointError, match=r"dtype 'int4'"):
         make_checkpoint("tiny-llada", tmp_path / "x", dtype="int4")
-    made = make_checkpoint("tiny-llada", out, overwrite=True, num_layers=1)
-    assert not (made / "keep").exists() and read_config(made)["n_layers"] == 1
+    made = make_checkpoint("tiny-llada", tmp_path / "made", num_layers=1)
+    made = make_checkpoint("tiny-llada", made, overwrite=True)
+    assert read_config(made)["n_layers"] == 2
+
+
+def test_overwrite_replaces_only_checkpoint_folders(tmp_path, capsys):
+    sdar = make_checkpoint("tiny-sdar", tmp_path / "sdar", max_shard_bytes=SHARD_BYTES)
+    assert (sdar / INDEX_NAME).is_file() and (sdar / "vocab.json").is_file()
+    make_checkpoint("tiny-sdar", sdar, num_layers=1, overwrite=True)
+    assert read_config(sdar)["num_hidden_layers"] == 1
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert read_config(make_checkpoint("tiny-llada", empty, overwrite=True))["n_layers"] == 2
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.json").write_text("{}")
+    (home / "thesis.tex").write_text("years of work")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.safetensors").write_text("no config.json")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for out in (home, other, a_file):
+        with pytest.raises(CheckpointError, match="not a checkpoint folder") as e:
+            make_checkpoint("tiny-llada", out, overwrite=True)
+        assert str(out) in str(e.value)
+    assert (home / "thesis.tex").is_file() and (other / "model.safetensors").is_file()
+    assert a_file.read_text() == "x"
+    assert cli_main(["make-checkpoint", "tiny-llada", str(home), "--overwrite"]) == 2
+    assert f"error: {home}" in capsys.readouterr().err
+    assert (home / "thesis.tex").is_file()
+
+
+def test_make_output_path_errors(tmp_path, capsys):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    outs = [a_file / "ckpt", a_file / "deeper" / "ckpt", Path("/proc/dlrt-ckpt")]
+    if os.geteuid() != 0:  # NOTE: root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        outs.append(locked / "ckpt")
+    for out in outs:
+        with pytest.raises(CheckpointError, match="cannot write the checkpoint") as e:
+            make_checkpoint("tiny-llada", out, num_layers=1)
+        assert str(out) in str(e.value)
+    assert cli_main(["make-checkpoint", "tiny-llada", str(a_file / "ckpt")]) == 2
+    assert "error: cannot write the checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device, words", [
+    ("bogus", "not a valid device"),
+    ("meta", "cpu or cuda"),
+    pytest.param("cuda", "CUDA is not available", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="CUDA is available")),
+])
+def test_make_bad_device(tmp_path, device, words):
+    with pytest.raises(CheckpointError, match=words) as e:
+        make_checkpoint("tiny-llada", tmp_path / "out", device=device)
+    assert repr(device) in str(e.value)
+    assert not list(tmp_path.iterdir())
+
+
+def test_num_layers_above_the_config(tmp_path):
+    with pytest.raises(CheckpointError, match=r"num_layers=3 must be in \[1, 2\].*this many"):
+        make_checkpoint("tiny-llada", tmp_path / "three", num_layers=3)
+    assert not (tmp_path / "three").exists()

@@ -1,0 +1,43 @@
+"""`encode_prompt`: text that is not valid Unicode and chat roles the template would drop."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlrt.checkpoint.presets import TOKENIZER_DIR
+from dlrt.errors import PromptError
+from dlrt.tokenizer import encode_prompt, load_tokenizer
+
+VOCAB = 151936
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(TOKENIZER_DIR)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_lone_surrogate_text(tokenizer, chat):
+    with pytest.raises(PromptError, match="not valid Unicode"):
+        encode_prompt(tokenizer, "abc\ud800def", VOCAB, chat=chat)
+
+
+def test_lone_surrogate_in_a_message(tokenizer):
+    messages = [{"role": "user", "content": "hi"}, {"role": "user", "content": "\udfff"}]
+    with pytest.raises(PromptError, match=r"message 1 is not valid Unicode"):
+        encode_prompt(tokenizer, messages, VOCAB)
+
+
+@pytest.mark.parametrize("role", ["robot", "User", ""])
+def test_unknown_role_is_named(tokenizer, role):
+    messages = [{"role": "system", "content": "be brief"}, {"role": role, "content": "hi"}]
+    with pytest.raises(PromptError) as e:
+        encode_prompt(tokenizer, messages, VOCAB)
+    assert f"role {role!r}" in str(e.value) and "message 1" in str(e.value)
+
+
+def test_known_roles_reach_the_template(tokenizer):
+    messages = [{"role": r, "content": f"<{r}>"} for r in ("system", "user", "assistant", "tool")]
+    text = tokenizer.decode(encode_prompt(tokenizer, messages, VOCAB))
+    for r in ("system", "user", "assistant", "tool"):
+        assert f"<{r}>" in text, r
