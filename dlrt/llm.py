@@ -216,17 +216,19 @@ class LLM:
             rounds += block.rounds
             forwards += block.rounds + block.extra_forwards
             new, finish, why = _trim(block.token_ids, params, params.max_new_tokens - len(out))
+            before = len(text)
+            text.extend(new)
             limit = None
             if params.stop_strings:
-                hit = _find_stop_string(text, out + new, params.stop_strings, len(out))
+                hit = _find_stop_string(text, params.stop_strings, before, len(out))
                 if hit is not None:
                     keep, why, limit = hit
                     new, finish = new[: keep - len(out)], "stop"
             out += new
             if finish is None and params.stop_strings:
                 # NOTE: hold back a tail that may be the start of a stop string ending later.
-                limit = _stop_holdback(text.decode(out), params.stop_strings)
-            delta = text.push(new, final=finish is not None, limit=limit)
+                limit = _stop_holdback(text, params.stop_strings)
+            delta = text.emit(final=finish is not None, limit=limit)
             first_block_s = first_block_s or time.perf_counter() - t0
             if finish is not None:
                 total = time.perf_counter() - t0
@@ -250,30 +252,34 @@ def _trim(tokens: list[int], params: DecodingParams, room: int):
     return tokens, None, None
 
 
-def _find_stop_string(text: TextStream, ids: list[int], stops: tuple[str, ...], done: int):
-    """If the text of `ids` holds a stop string, return (tokens to keep: up to the one that
-    completes the earliest stop string, the stop string, its character offset)."""
-    full = text.decode(ids)
-    hits = [(full.find(s), s) for s in stops if s in full]
+def _find_stop_string(text: TextStream, stops: tuple[str, ...], before: int, done: int):
+    """If a stop string ends in the text added since character `before`, return (tokens to
+    keep: up to the one that completes the earliest stop string, the stop string, its character
+    offset). Only the tail is searched, so the cost does not grow with the output."""
+    start = max(0, before - max(len(s) for s in stops) + 1)
+    tail = text.window(start)
+    hits = [(tail.find(s), s) for s in stops if s in tail]
     if not hits:
         return None
     pos, stop = min(hits)
     keep = max(done, 1)
-    while stop not in text.decode(ids[:keep]):
+    while stop not in text.decode(text.ids[:keep]):
         keep += 1
-    return keep, stop, pos
+    return keep, stop, start + pos
 
 
-def _stop_holdback(full: str, stops: tuple[str, ...]) -> int:
-    """Character offset up to which `full` may be emitted: before the longest tail of `full`
+def _stop_holdback(text: TextStream, stops: tuple[str, ...]) -> int:
+    """Character offset up to which the text may be emitted: before the longest tail of it
     that is a proper prefix of a stop string."""
+    longest = max(len(s) for s in stops)
+    tail = text.window(max(0, len(text) - longest))
     hold = 0
     for stop in stops:
-        for n in range(min(len(stop) - 1, len(full)), hold, -1):
-            if full.endswith(stop[:n]):
+        for n in range(min(len(stop) - 1, len(tail)), hold, -1):
+            if tail.endswith(stop[:n]):
                 hold = n
                 break
-    return len(full) - hold
+    return len(text) - hold
 
 
 def _device(device: str) -> torch.device:

@@ -92,26 +92,52 @@ def _need_tokenizer(tokenizer) -> None:
 
 
 class TextStream:
-    """Incremental detokenisation: `push(ids)` returns the text added since the last call,
-    holding back an incomplete UTF-8 character until it completes (or `final`). `limit` cuts
-    the text at a character offset (a stop string)."""
+    """Incremental detokenisation in O(new tokens) per block (vLLM's prefix/read offsets):
+    each step decodes only the last piece plus a few tokens of context. Text that ends in an
+    incomplete UTF-8 character stays `pending` until it completes. `emit` hands out the text
+    not yet emitted, up to an optional character `limit` (stop strings)."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
+        self.text = ""  # decoded text of ids[:_read]
+        self.pending = ""  # text of ids[_read:] while it ends in an incomplete character
         self.emitted = 0
+        self._prefix = 0  # ids[_prefix:_read]: context for decoding the next piece
+        self._read = 0
 
     def decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def push(self, ids: list[int], final: bool = False, limit: int | None = None) -> str:
+    def __len__(self) -> int:
+        return len(self.text) + len(self.pending)
+
+    def extend(self, ids: list[int]) -> None:
         self.ids.extend(ids)
-        full = self.decode(self.ids)
-        end = len(full) if final else len(full.rstrip("\ufffd"))
+        head = self.decode(self.ids[self._prefix:self._read])
+        piece = self.decode(self.ids[self._prefix:])[len(head):]
+        if piece.endswith("\ufffd"):
+            self.pending = piece
+            return
+        self.text += piece
+        self.pending = ""
+        self._prefix, self._read = self._read, len(self.ids)
+
+    def window(self, start: int) -> str:
+        """The text from character `start` to the end (pending included)."""
+        if start >= len(self.text):
+            return self.pending[start - len(self.text):]
+        return self.text[start:] + self.pending
+
+    def emit(self, final: bool = False, limit: int | None = None) -> str:
+        """Text not emitted yet, up to `limit`; pending text only when `final`."""
+        end = len(self) if final else len(self.text)
         if limit is not None:
             end = min(end, limit)
-        delta = full[self.emitted:end]
-        self.emitted = max(self.emitted, end)
+        if end <= self.emitted:
+            return ""
+        delta = self.window(self.emitted)[: end - self.emitted]
+        self.emitted = end
         return delta

@@ -286,3 +286,21 @@ def test_new_request_supersedes_an_open_stream(llm):
     with pytest.raises(DlrtError, match="superseded"):
         next(stream)
     assert first.token_ids == alone.token_ids[: len(first.token_ids)]
+
+
+@pytest.mark.parametrize("stop", [(), ("zzzz-never",)])
+def test_detokenisation_cost_is_linear(llm, monkeypatch, stop):
+    """Streaming text decodes each token a bounded number of times (not the whole output after
+    every block), with and without stop strings."""
+    decoded = []
+    real = llm.tokenizer.decode
+
+    def counting(ids, *a, **kw):
+        decoded.append(len(ids))
+        return real(ids, *a, **kw)
+
+    monkeypatch.setattr(llm.tokenizer, "decode", counting)
+    r = llm.generate(PROMPT, max_new_tokens=200, stop=list(stop), ignore_eos=True)
+    assert len(r.token_ids) == 200
+    assert r.text == real(r.token_ids, skip_special_tokens=True)
+    assert sum(decoded) < 8 * 200, sum(decoded)  # the old code decoded ~ 200^2 / (2 B) tokens
