@@ -69,7 +69,7 @@ class DecodingOptions:
                 raise OptionError(f"{name} must be an integer, got {v!r}")
         for name in floats:
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            if v is not None and not _is_number(v):
                 raise OptionError(f"{name} must be a number, got {v!r}")
         if self.remasking_strategy is not None and not isinstance(self.remasking_strategy, str):
             raise OptionError(
@@ -123,6 +123,7 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     _check(block >= 1, "block_length", block, "must be >= 1")
     steps = _pick(opts.denoising_steps, block)
     _check(steps >= 1, "denoising_steps", steps, "must be >= 1")
+    _check(steps < 2**63, "denoising_steps", steps, "must be < 2^63")
     name = _pick(opts.remasking_strategy, defaults.remasking_strategy)
     _check(name in STRATEGIES, "remasking_strategy", name, f"must be one of {STRATEGIES}")
     threshold = float(_pick(opts.threshold, defaults.threshold))
@@ -149,6 +150,17 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
         stop_token_ids=frozenset(stop_ids),
         stop_strings=tuple(s for s in opts.stop if isinstance(s, str)),
     )
+
+
+def _is_number(v: Any) -> bool:
+    """An int (not a bool) or float that converts to a float (huge ints overflow)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        float(v)
+    except OverflowError:
+        return False
+    return True
 
 
 def _pick(*values):

@@ -60,6 +60,8 @@ async def _body(request: Request, model, limit: int):
         raise HTTPError(400, f"request body is not valid UTF-8: {e}") from e
     except json.JSONDecodeError as e:
         raise HTTPError(400, f"request body is not valid JSON: {e}") from e
+    except RecursionError as e:
+        raise HTTPError(400, "request body is not valid JSON: nested too deeply") from e
     if not isinstance(data, dict):
         raise HTTPError(400, "request body must be a JSON object")
     try:
@@ -150,6 +152,10 @@ def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | 
         if not body.stream:
             text, final = [], None
             async for kind, payload in chained(first, events):
+                if await request.is_disconnected():
+                    # NOTE: closing the event stream cancels the generation at the next block.
+                    await events.aclose()
+                    return _error(499, "client closed the request")
                 if kind == "block":
                     text.append(payload.text)
                 elif kind == "final":

@@ -37,6 +37,7 @@ def test_unknown_options_are_named():
     ("temperature", "0.5"),
     ("temperature", True),
     ("threshold", [0.9]),
+    ("threshold", 10**400),
     ("top_p", "1"),
     ("eb_threshold", "x"),
     ("remasking_strategy", 3),
@@ -67,6 +68,7 @@ def test_none_means_default_and_numbers_accept_ints():
     ("block_length", 0),
     ("block_length", -4),
     ("denoising_steps", 0),
+    ("denoising_steps", 2**63),
     ("threshold", -0.1),
     ("threshold", 1.1),
     ("eb_threshold", 0),
@@ -90,7 +92,7 @@ def test_out_of_range_names_the_field(name, value):
 @pytest.mark.parametrize("name, value", [
     ("threshold", 0.0), ("threshold", 1.0), ("top_p", 1.0), ("top_k", 0), ("temperature", 0),
     ("max_new_tokens", 1), ("block_length", 1), ("denoising_steps", 1), ("seed", 0),
-    ("seed", 2**63 - 1),
+    ("seed", 2**63 - 1), ("denoising_steps", 2**63 - 1),
 ])
 def test_range_boundaries_accepted(name, value):
     params(**{name: value})
