@@ -20,7 +20,7 @@ import torch
 
 from dlrt.checkpoint.folder import INDEX_NAME, CheckpointFolder
 from dlrt.checkpoint.loader import random_tensor, weight_specs
-from dlrt.checkpoint.presets import PRESETS, TOKENIZER_DIR, preset
+from dlrt.checkpoint.presets import PRESETS, TOKENIZER_DIR, preset, real_config
 from dlrt.config import ModelConfig
 from dlrt.errors import CheckpointError
 from dlrt.models import build_model
@@ -36,6 +36,8 @@ def _source(source: str | Path) -> tuple[dict, dict, Path | None]:
     if str(source) in PRESETS:
         cfg, gen = preset(str(source))
         return cfg, gen, None
+    if not Path(source).exists() and real_config(str(source)):
+        source = real_config(str(source))
     folder = CheckpointFolder.open(source, require_weights=False)
     gen = dict(folder.generation_config)
     if not gen and folder.hf_config.get("eos_token_id") is not None:
@@ -50,7 +52,9 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
     """Write the checkpoint and return its folder.
 
     Args:
-        source: a preset name (`dlrt.checkpoint.presets.PRESETS`) or a folder with config.json.
+        source: a preset name (`dlrt.checkpoint.presets.PRESETS`), the name of a shipped real
+            config (`dlrt/data/configs`: SDAR-1.7B-Chat, SDAR-4B-Chat, SDAR-8B-Chat,
+            SDAR-30B-A3B-Chat, LLaDA-8B-Instruct), or a folder with config.json.
         out: destination folder (must not exist unless `overwrite`; even then only an empty
             folder or a checkpoint folder is replaced).
         num_layers: keep only this many layers (a reduced copy of a large config).

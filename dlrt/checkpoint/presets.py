@@ -11,6 +11,14 @@ from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.errors import CheckpointError
 
 TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "data" / "sdar-qwen3"
+# The real configs (config.json, generation_config.json) of the published checkpoints, by name.
+REAL_CONFIGS_DIR = Path(__file__).resolve().parent.parent / "data" / "configs"
+
+
+def real_config(name: str) -> Path | None:
+    """Folder of a shipped real config (e.g. 'SDAR-8B-Chat'), or None."""
+    path = REAL_CONFIGS_DIR / name
+    return path if name and "/" not in name and (path / "config.json").is_file() else None
 
 _SDAR_GEN = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
 

@@ -25,7 +25,7 @@ from dlrt.entrypoints.cli import main as cli_main
 from dlrt.models import build_model
 from dlrt.tokenizer import load_tokenizer
 
-MODELS = Path(__file__).resolve().parents[3] / "shared" / "models"
+MODELS = Path(__file__).resolve().parents[2] / "dlrt" / "data" / "configs"
 SDAR_4B = MODELS / "SDAR-4B-Chat"
 SDAR_30B = MODELS / "SDAR-30B-A3B-Chat"
 LLADA_8B = MODELS / "LLaDA-8B-Instruct"
@@ -34,7 +34,7 @@ SHARD_BYTES = 10**7  # tiny-sdar in bf16: embed and lm_head (19 MB each) alone, 
 TOKENIZER_FILES = ("tokenizer_config.json", "vocab.json", "merges.txt", "chat_template.jinja",
                    "special_tokens_map.json", "added_tokens.json")
 
-needs_real = pytest.mark.skipif(not SDAR_4B.is_dir(), reason="../shared/models is not present")
+needs_real = pytest.mark.skipif(not SDAR_4B.is_dir(), reason="dlrt/data/configs is not present")
 
 
 def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -728,3 +728,16 @@ def test_num_layers_above_the_config(tmp_path):
     with pytest.raises(CheckpointError, match=r"num_layers=3 must be in \[1, 2\].*this many"):
         make_checkpoint("tiny-llada", tmp_path / "three", num_layers=3)
     assert not (tmp_path / "three").exists()
+
+
+def test_make_checkpoint_from_a_shipped_real_config_name(tmp_path):
+    """`make-checkpoint SDAR-8B-Chat OUT` finds the shipped real config (reduced to 1 layer)."""
+    from dlrt.checkpoint.folder import CheckpointFolder
+    from dlrt.checkpoint.make import make_checkpoint
+
+    out = make_checkpoint("SDAR-1.7B-Chat", tmp_path / "c", num_layers=1, dtype="bfloat16")
+    cfg = CheckpointFolder.open(out).hf_config
+    real = json.loads((MODELS / "SDAR-1.7B-Chat" / "config.json").read_text())
+    assert cfg["hidden_size"] == real["hidden_size"] == 2048
+    assert cfg["num_hidden_layers"] == 1 and real["num_hidden_layers"] == 28
+    assert (out / "vocab.json").is_file()
