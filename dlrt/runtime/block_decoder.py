@@ -66,7 +66,6 @@ class BlockDecoder(DecoderBase):
         b = params.block_length
         prog = self.program(params)
         state = prog.state
-        self.runner.reset()
         start = (len(prompt) // b) * b
         if start:
             ids = state.tokens.new_tensor(prompt[:start])

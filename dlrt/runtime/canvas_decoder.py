@@ -85,7 +85,6 @@ class CanvasDecoder(DecoderBase):
         spec = round_spec(params)
         prog = self.cached_program((b, size, spec),
                                    lambda: CanvasProgram(self.runner, spec, b, size))
-        self.runner.reset()
         state = prog.state
         pad = size - total
         prog.canvas.copy_(torch.tensor(prompt + [self.mask_token_id] * (total - p + pad)))

@@ -92,7 +92,6 @@ class LookaheadDecoder(DecoderBase):
         spec = round_spec(params)
         prog = self.cached_program((b, spec), lambda: LookaheadProgram(
             self.runner, spec, b, self.mask_token_id))
-        self.runner.reset()
         prog.state.set_request(b, params.denoising_steps, params.sampling.seed)
         prog.begin_first(prompt)
         self.executor.run_block(prog, begin=prog.flag_only)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import torch
 from torch import nn
 
@@ -20,13 +18,7 @@ class ModelRunner:
         self.backend = backend
         self.cache = cache
         self.device = device
-        self.forwards = 0  # forwards launched since the last `reset` (eager count)
-        # When a list, every eager forward synchronises and appends its seconds (benchmarks).
-        self.timings: list[float] | None = None
         self._aranges: dict[int, torch.Tensor] = {}
-
-    def reset(self) -> None:
-        self.forwards = 0
 
     def arange(self, n: int) -> torch.Tensor:
         """A static [n] int64 0..n-1 on the device (made before any capture uses it)."""
@@ -45,29 +37,18 @@ class ModelRunner:
 
         Writes the chunk's K/V into the cache. Returns logits [n, V] of `rows` (a slice or
         an index tensor of chunk rows), or None when `rows` is None (no LM head).
-        Pure tensor code: no host sync unless the backend needs one (SDPA) or `timings` is set.
+        Pure tensor code: no host sync unless the backend needs one (SDPA).
         """
-        if self.timings is not None:
-            self._sync()
-            t0 = time.perf_counter()
         positions = lens[0].long() + self.arange(tokens.shape[0])
         meta = ForwardMeta(positions, lens, chunk_block)
         hidden = self.model(tokens, positions, ForwardContext(self.backend, meta, self.cache))
-        self.forwards += 1
         logits = None
         if rows is not None:
             h = hidden[rows] if isinstance(rows, slice) else hidden.index_select(0, rows)
             logits = self.model.logits(h)
-        if self.timings is not None:
-            self._sync()
-            self.timings.append(time.perf_counter() - t0)
         return logits
 
     def forward_at(self, tokens: torch.Tensor, start: int, chunk_block: int | None,
                    rows: slice | None = slice(None)) -> torch.Tensor | None:
         """Eager convenience: the chunk at `start`, attending to every key up to its end."""
         return self.forward(tokens, self.lens(start, start + tokens.shape[0]), chunk_block, rows)
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)

@@ -8,7 +8,7 @@ import torch
 
 from dlrt.decoding.round import RoundSpec, denoise_round
 from dlrt.decoding.sampling import SamplingSpec
-from dlrt.decoding.schedule import quota_tensor, round_quotas
+from dlrt.decoding.schedule import round_quotas
 from dlrt.decoding.strategies import STRATEGIES, USES_QUOTA, StrategySpec, select
 from dlrt.errors import OptionError
 
@@ -301,8 +301,6 @@ def test_denoise_round_last_round_commits_every_mask(name):
 ])
 def test_round_quotas(block, steps, expected):
     assert round_quotas(block, steps) == expected
-    q = quota_tensor(block, steps, "cpu")
-    assert q.dtype == torch.int64 and q.tolist() == expected
 
 
 def test_round_quotas_properties():
