@@ -10,7 +10,8 @@ class CheckpointError(DlrtError):
 
 
 class ConfigError(DlrtError):
-    """A `config.json` names an unknown `model_type` or lacks a field the family needs."""
+    """A `config.json` names an unknown `model_type`, lacks a field the family needs, or holds
+    a field of the wrong type or out of range (the message names the field and value)."""
 
 
 class OptionError(DlrtError, ValueError):
