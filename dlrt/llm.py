@@ -24,7 +24,7 @@ from dlrt.errors import ConfigError, DlrtError, OptionError, PromptError
 from dlrt.models import build_model
 from dlrt.outputs import BlockOutput, GenerationResult
 from dlrt.runtime.decoders import DECODERS, FAMILY_STOP_IDS, decoder_for
-from dlrt.runtime.executor import Executor
+from dlrt.runtime.executor import Executor, check_mode
 from dlrt.runtime.kv_cache import PagedKVCache
 from dlrt.runtime.runner import ModelRunner
 from dlrt.tokenizer import Prompt, TextStream, encode_prompt, load_tokenizer
@@ -131,8 +131,7 @@ class LLM:
     def set_execution_mode(self, mode: str) -> None:
         """Switch between "device_loop", "host_loop" and "eager" (benchmarks compare them on
         one loaded model). Captured graphs are kept per mode."""
-        self.executor.mode = Executor(mode, self.device).mode
-        self.execution_mode = mode
+        self.executor.mode = self.execution_mode = check_mode(mode, self.device)
 
     def encode(self, prompt: Prompt, chat: bool = False) -> list[int]:
         """Token ids of a prompt (see `dlrt.tokenizer.encode_prompt`)."""

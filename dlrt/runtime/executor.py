@@ -26,14 +26,19 @@ log = logging.getLogger(__name__)
 MODES = ("device_loop", "host_loop", "eager")
 
 
+def check_mode(mode: str, device: torch.device) -> str:
+    """Return `mode` if it can run on `device`; OptionError otherwise."""
+    if mode not in MODES:
+        raise OptionError(f"execution_mode {mode!r} is not one of {MODES}")
+    if mode != "eager" and device.type != "cuda":
+        raise OptionError(f"execution_mode {mode!r} needs a CUDA device; use 'eager' on "
+                          f"{device.type}")
+    return mode
+
+
 class Executor:
     def __init__(self, mode: str, device: torch.device):
-        if mode not in MODES:
-            raise OptionError(f"execution_mode {mode!r} is not one of {MODES}")
-        if mode != "eager" and device.type != "cuda":
-            raise OptionError(f"execution_mode {mode!r} needs a CUDA device; use 'eager' on "
-                              f"{device.type}")
-        self.mode = mode
+        self.mode = check_mode(mode, device)
         self.device = device
         self._graphs: dict[tuple, object] = {}
         self._pool = None
