@@ -131,7 +131,11 @@ class LLM:
     def set_execution_mode(self, mode: str) -> None:
         """Switch between "device_loop", "host_loop" and "eager" (benchmarks compare them on
         one loaded model). Captured graphs are kept per mode."""
-        self.executor.mode = self.execution_mode = check_mode(mode, self.device)
+        check_mode(mode, self.device)
+        if mode != "eager" and not capturable(self.attention_backend):
+            raise OptionError(f"execution_mode {mode!r} needs a graph-capturable attention "
+                              f"backend (triton), not {self.attention_backend!r}")
+        self.executor.mode = self.execution_mode = mode
 
     def encode(self, prompt: Prompt, chat: bool = False) -> list[int]:
         """Token ids of a prompt (see `dlrt.tokenizer.encode_prompt`)."""
