@@ -77,9 +77,7 @@ class LLM:
         self.attention_backend = (attention_backend or env.attention_backend()
                                   or ("triton" if cuda else "sdpa"))
         backend = get_backend(self.attention_backend)
-        if self.execution_mode != "eager" and not capturable(self.attention_backend):
-            raise OptionError(f"execution_mode {self.execution_mode!r} needs a graph-capturable "
-                              f"attention backend (triton), not {self.attention_backend!r}")
+        _check_backend(self.execution_mode, self.attention_backend)
         if model is None:
             from dlrt.checkpoint.presets import default_model_path
 
@@ -131,10 +129,7 @@ class LLM:
     def set_execution_mode(self, mode: str) -> None:
         """Switch between "device_loop", "host_loop" and "eager" (benchmarks compare them on
         one loaded model). Captured graphs are kept per mode."""
-        check_mode(mode, self.device)
-        if mode != "eager" and not capturable(self.attention_backend):
-            raise OptionError(f"execution_mode {mode!r} needs a graph-capturable attention "
-                              f"backend (triton), not {self.attention_backend!r}")
+        _check_backend(check_mode(mode, self.device), self.attention_backend)
         self.executor.mode = self.execution_mode = mode
 
     def encode(self, prompt: Prompt, chat: bool = False) -> list[int]:
@@ -283,6 +278,12 @@ def _stop_holdback(text: TextStream, stops: tuple[str, ...]) -> int:
                 hold = n
                 break
     return len(text) - hold
+
+
+def _check_backend(mode: str, backend: str) -> None:
+    if mode != "eager" and not capturable(backend):
+        raise OptionError(f"execution_mode {mode!r} needs a graph-capturable attention backend "
+                          f"(triton), not {backend!r}")
 
 
 def _device(device: str) -> torch.device:
