@@ -58,7 +58,6 @@ class ModelConfig:
     rms_norm_eps: float
     rope_theta: float
     max_position_embeddings: int
-    qk_norm: bool
     tie_word_embeddings: bool
     initializer_range: float
     mask_token_id: int | None
@@ -70,10 +69,6 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     moe_layers: tuple[int, ...] = ()
-
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
@@ -196,7 +191,6 @@ def _from_qwen3(hf: dict[str, Any], family: str) -> ModelConfig:
         rope_theta=_float("rope_theta", hf.get("rope_theta", 10000.0)),
         max_position_embeddings=_int("max_position_embeddings",
                                      hf.get("max_position_embeddings", 32768)),
-        qk_norm=True,
         tie_word_embeddings=_bool("tie_word_embeddings", hf.get("tie_word_embeddings", False)),
         initializer_range=_float("initializer_range", hf.get("initializer_range", 0.02)),
         mask_token_id=_token_id("mask_token_id", hf.get("mask_token_id"), vocab),
@@ -238,7 +232,6 @@ def _from_llada(hf: dict[str, Any]) -> ModelConfig:
         rms_norm_eps=_float("rms_norm_eps", hf.get("rms_norm_eps", 1e-5)),
         rope_theta=_float("rope_theta", hf.get("rope_theta", 10000.0)),
         max_position_embeddings=_int("max_sequence_length", hf.get("max_sequence_length", 4096)),
-        qk_norm=False,
         tie_word_embeddings=_bool("weight_tying", hf.get("weight_tying", False)),
         initializer_range=_float("init_std", hf.get("init_std", 0.02)),
         mask_token_id=_token_id("mask_token_id", hf.get("mask_token_id"), vocab),

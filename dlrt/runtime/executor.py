@@ -42,7 +42,6 @@ class Executor:
         self.device = device
         self._graphs: dict[tuple, object] = {}
         self._pool = None
-        self.capture_s = 0.0  # seconds spent capturing graphs so far
 
     def run_block(self, program, begin: Callable[[], None] | None = None) -> None:
         """Decide one block: begin (default `program.begin`), rounds, end. Asynchronous in
@@ -73,7 +72,6 @@ class Executor:
             t0 = time.perf_counter()
             self._graphs[key] = self._capture(program, begin)
             dt = time.perf_counter() - t0
-            self.capture_s += dt
             log.info("captured %s graphs for %s/%s in %.2f s", self.mode, program.key[0],
                      begin.__name__, dt)
         return self._graphs[key]
