@@ -52,7 +52,18 @@ def load_prompts(path: str | Path | None, count: int) -> list[dict[str, str]]:
     return rows
 
 
-def _check_writable(folder: str | Path) -> None:
+def for_model(llm, problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`problems` as they are, or, for a checkpoint without a tokenizer (LLaDA-shaped), as many
+    requests of fixed token ids (task ids-N, prompt a list of ids)."""
+    if llm.tokenizer is not None:
+        return problems
+    print("note: the checkpoint has no tokenizer: each request is fixed token ids "
+          "(rows ids-N), not a HumanEval prompt")
+    return [dict(task_id=f"ids-{i}", prompt=list(range(1000, 1000 + 16 + 8 * i)))
+            for i in range(len(problems))]
+
+
+def check_writable(folder: str | Path) -> None:
     """Make `folder` and check a file can be written in it (before a long run).
 
     Raises:
@@ -105,14 +116,10 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     from dlrt import LLM
 
     problems = load_prompts(args.data, args.num_prompts)
-    _check_writable(args.out)
+    check_writable(args.out)
     llm = LLM(args.model, **llm_kwargs)
     chat = args.chat and llm.tokenizer is not None
-    if llm.tokenizer is None:  # LLaDA-shaped checkpoints without a tokenizer: fixed token ids
-        print("note: the checkpoint has no tokenizer: each request is fixed token ids "
-              "(rows ids-N), not a HumanEval prompt")
-        problems = [dict(task_id=f"ids-{i}", prompt=list(range(1000, 1000 + 16 + 8 * i)))
-                    for i in range(len(problems))]
+    problems = for_model(llm, problems)
     modes = args.modes.split(",") if args.modes else [llm.execution_mode]
     results = {}
     for mode in modes:

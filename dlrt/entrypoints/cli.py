@@ -124,6 +124,12 @@ def _bench_humaneval(args: argparse.Namespace) -> int:
     return humaneval.main(args, engine_kwargs(args), kw)
 
 
+def _bench_serve(args: argparse.Namespace) -> int:
+    from dlrt.bench import serve
+
+    return serve.main(args, engine_kwargs(args), decoding_kwargs(args))
+
+
 def _bench_step(args: argparse.Namespace) -> int:
     from dlrt.bench import step
 
@@ -160,6 +166,16 @@ def _positive(kind: type) -> typing.Callable[[str], int | float]:
                                              f"got {text!r}")
         return value
     return parse
+
+
+def add_prompt_flags(parser: argparse.ArgumentParser) -> None:
+    """The HumanEval request flags of `bench humaneval` and `bench serve`."""
+    parser.add_argument("--data", default=None,
+                        help="humaneval.jsonl (default: benchmarks/data)")
+    parser.add_argument("--num-prompts", type=_positive(int), default=8,
+                        help="the first N problems (default 8)")
+    parser.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
+    parser.add_argument("--out", default="benchmarks/results", help="folder for the JSON record")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,15 +231,21 @@ def build_parser() -> argparse.ArgumentParser:
     he = bench.add_parser("humaneval", help="generate on HumanEval prompts: round latency, "
                                             "TPF, TPS")
     add_engine_flags(he)
-    he.add_argument("--data", default=None, help="humaneval.jsonl (default: benchmarks/data)")
-    he.add_argument("--num-prompts", type=_positive(int), default=8,
-                    help="the first N problems (default 8)")
-    he.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
-    he.add_argument("--out", default="benchmarks/results", help="folder for the JSON record")
+    add_prompt_flags(he)
     add_decoding_flags(he)
     he.add_argument("--modes", default=None,
                     help="compare execution modes in one run, e.g. device_loop,host_loop,eager")
     he.set_defaults(func=_bench_humaneval)
+
+    bs = bench.add_parser("serve", help="HumanEval prompts through LLM.stream and through "
+                                        "`dlrt serve` over HTTP: time to first block, TPS")
+    add_engine_flags(bs)
+    add_prompt_flags(bs)
+    add_decoding_flags(bs)
+    bs.add_argument("--port", type=int, default=None, help="server port (default: a free one)")
+    bs.add_argument("--startup-timeout", type=_positive(float), default=1800.0,
+                    help="seconds to wait for the server's /health (default 1800)")
+    bs.set_defaults(func=_bench_serve)
 
     st = bench.add_parser("step", help="round latency per context: device loop, replay, host "
                                        "loop, eager, HBM floor")
