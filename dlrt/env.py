@@ -23,3 +23,8 @@ def attention_backend() -> str | None:
 def commit() -> str | None:
     """DLRT_COMMIT: the commit to record in benchmark results when the tree has no .git."""
     return os.environ.get("DLRT_COMMIT") or None
+
+
+def fused_kernels() -> bool:
+    """DLRT_FUSED_KERNELS: '0' runs the unfused PyTorch ops on CUDA too (default: fused)."""
+    return os.environ.get("DLRT_FUSED_KERNELS", "1") != "0"

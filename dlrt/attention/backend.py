@@ -1,7 +1,7 @@
 """The attention backend interface and the per-forward context that layers receive.
 
 A forward processes a chunk of N tokens at positions start..start+N-1. Every chunk token's K/V
-is written into the paged cache at its position first (positions past the committed length are
+is written into the paged cache at its position first (by the attention layer) (positions past the committed length are
 scratch: the decoder decides what is committed); then each query attends to cache keys
 0..kv_len-1: the whole prefix before `start`, and inside the chunk either every key (full,
 `chunk_block=None`) or its own block and earlier ones (block-causal, blocks of `chunk_block`
@@ -38,11 +38,12 @@ class ForwardMeta:
 class AttentionBackend(Protocol):
     """Computes attention for one layer of one forward."""
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                scale: float, meta: ForwardMeta, cache: PagedKVCache) -> torch.Tensor:
-        """q: [N, Hq, D], k/v: [N, Hkv, D] (RoPE applied) -> [N, Hq, D] in q.dtype.
+    def forward(self, layer: int, q: torch.Tensor, scale: float, meta: ForwardMeta,
+                cache: PagedKVCache) -> torch.Tensor:
+        """q: [N, Hq, D] (RoPE applied) -> [N, Hq, D] in q.dtype.
 
-        Writes k/v into `cache` at `meta.positions` before attending.
+        The chunk's K/V are already in `cache` at `meta.positions` (the attention layer
+        writes them); Hq is a multiple of the cache's Hkv.
         """
         ...
 
@@ -55,9 +56,8 @@ class ForwardContext:
     meta: ForwardMeta
     cache: PagedKVCache
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               scale: float) -> torch.Tensor:
-        return self.backend.forward(layer, q, k, v, scale, self.meta, self.cache)
+    def attend(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor:
+        return self.backend.forward(layer, q, scale, self.meta, self.cache)
 
 
 # name -> (module, class, graph capturable, needs CUDA)

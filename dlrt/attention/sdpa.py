@@ -24,14 +24,13 @@ def chunk_mask(n: int, start: int, kv_len: int, chunk_block: int | None,
 
 
 class SDPABackend:
-    """Writes the chunk K/V, gathers keys 0..kv_len-1 from the cache, runs SDPA."""
+    """Gathers keys 0..kv_len-1 from the cache, runs SDPA."""
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                scale: float, meta: ForwardMeta, cache: PagedKVCache) -> torch.Tensor:
-        cache.write(layer, meta.positions, k, v)
+    def forward(self, layer: int, q: torch.Tensor, scale: float, meta: ForwardMeta,
+                cache: PagedKVCache) -> torch.Tensor:
         start, kv_len = (int(x) for x in meta.lens.tolist())
         keys, values = cache.read(layer, kv_len)
-        groups = q.shape[1] // k.shape[1]
+        groups = q.shape[1] // keys.shape[1]
         if groups > 1:
             keys = keys.repeat_interleave(groups, dim=1)
             values = values.repeat_interleave(groups, dim=1)

@@ -26,9 +26,8 @@ class TritonBackend:
             self._scratch[key] = split_scratch(n, h_q, d, capacity, SPLIT, device)
         return self._scratch[key]
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                scale: float, meta: ForwardMeta, cache: PagedKVCache) -> torch.Tensor:
-        cache.write(layer, meta.positions, k, v)
+    def forward(self, layer: int, q: torch.Tensor, scale: float, meta: ForwardMeta,
+                cache: PagedKVCache) -> torch.Tensor:
         n, h_q, d = q.shape
         return paged_chunk_attention(
             q.contiguous(), cache.k[layer], cache.v[layer], cache.page_table, meta.lens, scale,

@@ -7,23 +7,45 @@ sampling, strategy, commit) is timed over many rounds with CUDA events in four w
   host_loop    that graph replayed from the host with a flag read (sync) after every round
   eager        the round's tensor code called from Python
 `device_loop - replay` is the WHILE node's overhead per round; `host_loop - replay` is the host
-bubble of the classic design. Each timed round also re-masks the block so every round does the
+bubble of the classic design. The per-stage breakdown times variants of the replayed round in
+which one stage runs twice: attention (the backend call per layer) and the dense projections
+(every `F.linear`: QKV, o_proj, gate-up, down, LM head); the extra time is that stage's cost,
+and `other_us` is what remains (norms, RoPE, activations, embedding, sampling, commit). Each timed round also re-masks the block so every round does the
 same work. The HBM floor is the bytes one round must read (weights it touches, the KV cache of
 the context) over the device-to-device copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from typing import Any
 
 import torch
 
+from dlrt import env
 from dlrt.bench.report import table, write_json
 
 COLUMNS = ["context", "device_loop_us", "replay_us", "while_overhead_us", "host_loop_us",
            "host_bubble_us", "eager_us", "floor_us", "ratio_to_floor", "GBps"]
+STAGE_COLUMNS = ["context", "replay_us", "attention_us", "gemm_us", "other_us"]
+
+
+@contextlib.contextmanager
+def repeated(owner, attr: str):
+    """Within the block, `owner.attr(...)` runs twice (same inputs, the second result kept)."""
+    fn = getattr(owner, attr)
+
+    def twice(*args, **kwargs):
+        fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    setattr(owner, attr, twice)
+    try:
+        yield
+    finally:
+        setattr(owner, attr, fn)
 
 
 def copy_bandwidth(device, nbytes: int = 1 << 30) -> float:
@@ -135,6 +157,11 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
         (g_round,) = capture_parts([bench.body], pool)
         wg = WhileGraph(bench.begin, bench.body, bench.end, bench.flag, pool)
         capture_s = time.perf_counter() - t0
+        stages = {}
+        for stage, owner, attr in (("attention", llm.runner.backend, "forward"),
+                                   ("gemm", torch.nn.functional, "linear")):
+            with repeated(owner, attr):
+                stages[stage] = capture_parts([bench.body], pool)[0]
         for ctx in contexts:
             bench.set_context(ctx)
             torch.cuda.synchronize()
@@ -156,16 +183,31 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
             rep_us = _time(replay) / rounds
             host_us = _time(host) / rounds
             eager_us = _time(eager, reps=2) / eager_rounds
+            extra = {}
+            for stage, graph in stages.items():
+                extra[f"{stage}_us"] = _time(
+                    lambda: [graph.replay() for _ in range(rounds)]) / rounds - rep_us
+            extra["other_us"] = rep_us - sum(extra.values())
             nbytes = round_bytes(llm, ctx, program.b)
             floor_us = nbytes / bw * 1e6
             rows.append(dict(context=ctx, device_loop_us=dev_us, replay_us=rep_us,
                              while_overhead_us=dev_us - rep_us, host_loop_us=host_us,
                              host_bubble_us=host_us - rep_us, eager_us=eager_us,
                              floor_us=floor_us, ratio_to_floor=dev_us / floor_us,
-                             GBps=nbytes / dev_us / 1e3, round_bytes=nbytes))
+                             GBps=nbytes / dev_us / 1e3, round_bytes=nbytes, **extra))
     torch.cuda.current_stream().wait_stream(stream)
     return rows, dict(copy_bandwidth_TBps=bw / 1e12, capture_s=capture_s, rounds=rounds,
-                      block_length=program.b)
+                      block_length=program.b, body_nodes=_body_nodes(wg),
+                      fused_kernels=env.fused_kernels())
+
+
+def _body_nodes(wg) -> str:
+    from dlrt.runtime.graphs import node_types
+
+    try:
+        return " ".join(f"{k}:{v}" for k, v in sorted(node_types(wg._parts[1]).items()))
+    except Exception as e:  # noqa: BLE001 - a report column, not worth failing the bench
+        return f"unavailable ({e})"
 
 
 def _program(llm, params, max_context: int):
@@ -198,6 +240,7 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     params = llm.resolve(DecodingOptions.from_kwargs(options))
     rows, summary = run(llm, params, contexts, args.rounds)
     print(table(rows, COLUMNS))
+    print(table(rows, STAGE_COLUMNS))
     print(table([summary], list(summary)))
     name = f"step-{str(args.model).rstrip('/').split('/')[-1]}"
     path = write_json(name, dict(model=str(args.model), decoder=llm.decoder_name,

@@ -1,7 +1,9 @@
 """Fill a model built on the meta device: from safetensors (mmap, one copy) or seeded random.
 
 A parameter maps to one checkpoint tensor of the same name, except stacked MoE experts
-(`...mlp.experts.gate_proj` [E, I, H]), which gather `...mlp.experts.{e}.gate_proj.weight`.
+(`...mlp.experts.gate_proj` [E, I, H]), which gather `...mlp.experts.{e}.gate_proj.weight`, and
+merged projections (`MergedLinear`, e.g. `...self_attn.qkv_proj.weight`), whose row ranges are
+filled by `...self_attn.q_proj.weight`, `...k_proj.weight`, `...v_proj.weight`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 
 from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.errors import CheckpointError
+from dlrt.layers.linear import MergedLinear
 from dlrt.layers.mlp import Experts
 
 log = logging.getLogger(__name__)
@@ -24,21 +27,28 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class WeightSpec:
-    """Checkpoint tensor `key` fills `param[index]` (or the whole `param` when index is None)."""
+    """Checkpoint tensor `key` fills `param[index]` (or the whole `param` when index is None):
+    an expert (int) or a row range of a merged projection (slice)."""
 
     key: str
     param: str
-    index: int | None
+    index: int | slice | None
     shape: tuple[int, ...]
 
 
 def weight_specs(model: nn.Module) -> list[WeightSpec]:
     """Every checkpoint tensor the model needs, in parameter order."""
-    experts = {name for name, m in model.named_modules() if isinstance(m, Experts)}
+    modules = dict(model.named_modules())
     specs = []
     for name, p in model.named_parameters():
         owner, _, leaf = name.rpartition(".")
-        if owner in experts:
+        module = modules[owner]
+        if isinstance(module, MergedLinear):
+            parent = owner.rpartition(".")[0]
+            for part, lo, hi in module.ranges():
+                specs.append(WeightSpec(f"{parent}.{part}.{leaf}", name, slice(lo, hi),
+                                        (hi - lo, *p.shape[1:])))
+        elif isinstance(module, Experts):
             for e in range(p.shape[0]):
                 specs.append(WeightSpec(f"{owner}.{e}.{leaf}.weight", name, e, tuple(p.shape[1:])))
         else:

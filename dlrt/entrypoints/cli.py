@@ -138,6 +138,15 @@ def _bench_step(args: argparse.Namespace) -> int:
     return step.main(args, kw, decoding_kwargs(args))
 
 
+def _bench_kernels(args: argparse.Namespace) -> int:
+    from dlrt.bench import kernels
+
+    kw = engine_kwargs(args)
+    kw.pop("execution_mode", None)
+    kw.pop("max_model_len", None)
+    return kernels.main(args, kw)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from dlrt.server.serve import serve
 
@@ -256,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--out", default="benchmarks/results", help="folder for the JSON record")
     add_decoding_flags(st)
     st.set_defaults(func=_bench_step)
+
+    bk = bench.add_parser("kernels", help="fused small ops vs PyTorch and torch.compile, "
+                                          "projections' bandwidth, at a model's shapes")
+    add_engine_flags(bk)
+    bk.add_argument("--rows", type=_positive(int), default=4, help="rows N (the block length)")
+    bk.add_argument("--out", default="benchmarks/results", help="folder for the JSON record")
+    bk.set_defaults(func=_bench_kernels)
     return parser
 
 

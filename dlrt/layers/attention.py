@@ -1,15 +1,26 @@
-"""The thin attention layer: per-layer constants, the work goes to the forward's backend."""
+"""The attention layer: from the fused QKV projection to the attention output.
+
+Per layer: split q/k/v, per-head q/k RMSNorm (SDAR), RoPE, K/V write into the paged cache,
+attention by the forward's backend. On CUDA the first four are one kernel
+(`dlrt.kernels.rope.qk_norm_rope_write`); the unfused ops are the reference.
+"""
+
+from __future__ import annotations
 
 import torch
 from torch import nn
 
 from dlrt.attention import ForwardContext
+from dlrt.layers.fused import use_kernels
+from dlrt.layers.norm import RMSNorm
+from dlrt.layers.rotary import RotaryEmbedding
 
 
 class Attention(nn.Module):
-    """Scaled dot-product attention of one layer over the KV cache plus the current chunk.
+    """qkv: [N, (Hq + 2 Hkv) * D] -> [N, Hq * D]; scale = D ** -0.5.
 
-    q: [N, Hq, D], k/v: [N, Hkv, D] with RoPE applied -> [N, Hq * D]. scale = D ** -0.5.
+    cos/sin: [N, D/2] fp32 from `RotaryEmbedding.cos_sin` at the chunk's positions.
+    q_norm/k_norm: per-head RMSNorms (SDAR) or None (LLaDA).
     """
 
     def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int):
@@ -18,9 +29,34 @@ class Attention(nn.Module):
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads "
                              f"{num_kv_heads}")
         self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim**-0.5
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                ctx: ForwardContext) -> torch.Tensor:
-        out = ctx.attend(self.layer_id, q, k, v, self.scale)  # [N, Hq, D]
+    def forward(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                rotary: RotaryEmbedding, ctx: ForwardContext,
+                q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None) -> torch.Tensor:
+        layer, cache = self.layer_id, ctx.cache
+        if use_kernels(qkv):
+            from dlrt.kernels.rope import qk_norm_rope_write
+            q = qk_norm_rope_write(
+                qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+                q_norm.weight if q_norm is not None else None,
+                k_norm.weight if k_norm is not None else None,
+                q_norm.eps if q_norm is not None else 0.0, cos, sin, ctx.meta.positions,
+                cache.k[layer], cache.v[layer], cache.page_table, rotary.full_precision)
+        else:
+            q = self.reference_qkv(qkv, cos, sin, rotary, ctx, q_norm, k_norm)
+        out = ctx.attend(layer, q, self.scale)  # [N, Hq, D]
         return out.reshape(out.shape[0], -1)
+
+    def reference_qkv(self, qkv, cos, sin, rotary, ctx, q_norm, k_norm) -> torch.Tensor:
+        """Unfused: returns q [N, Hq, D] after writing k/v into the cache."""
+        n, d = qkv.shape[0], self.head_dim
+        q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d,
+                             self.num_kv_heads * d], dim=-1)
+        q, k = q.reshape(n, -1, d), k.reshape(n, -1, d)
+        if q_norm is not None:
+            q, k = q_norm(q), k_norm(k)
+        q, k = rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
+        ctx.cache.write(self.layer_id, ctx.meta.positions, k, v.reshape(n, -1, d))
+        return q

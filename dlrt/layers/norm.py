@@ -1,7 +1,11 @@
 """RMSNorm with the reference numerics: statistics in fp32, scale applied in the input dtype."""
 
+from __future__ import annotations
+
 import torch
 from torch import nn
+
+from dlrt.layers.fused import use_kernels
 
 
 class RMSNorm(nn.Module):
@@ -9,6 +13,9 @@ class RMSNorm(nn.Module):
 
     Follows transformers' Qwen3RMSNorm and OLMo's RMSLayerNorm (LLaDA): the normalisation is
     computed in fp32 and cast back to the input dtype before the weight multiply.
+    `forward(x, residual)` first forms `residual = x + residual` (in the dtype) and normalises
+    that; it returns (y, residual). On CUDA both run as one kernel (`dlrt.kernels.rms_norm`),
+    which updates `residual` in place.
     """
 
     def __init__(self, dim: int, eps: float):
@@ -16,7 +23,17 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if x.dim() == 2 and use_kernels(x):
+            from dlrt.kernels.rms_norm import rms_norm
+            y = rms_norm(x, self.weight, self.eps, residual)
+            return y if residual is None else (y, residual)
+        if residual is None:
+            return self.reference(x)
+        residual = x + residual
+        return self.reference(residual), residual
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)

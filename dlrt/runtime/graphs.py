@@ -156,3 +156,18 @@ class WhileGraph:
         """Run begin, the rounds, and end on torch's current stream (asynchronous)."""
         stream = torch.cuda.current_stream().cuda_stream
         _check(self._rt.cudaGraphLaunch(self.exec, stream))
+
+
+def node_types(graph: torch.cuda.CUDAGraph) -> dict[str, int]:
+    """Node count per node type of a captured graph kept with `keep_graph=True`
+    (e.g. {'Kernel': 310, 'Memcpy': 4}): what a WHILE body launches every round."""
+    from cuda.bindings import runtime as cudart
+
+    raw = graph.raw_cuda_graph()
+    _, count = _check(cudart.cudaGraphGetNodes(raw, 0))
+    nodes, _ = _check(cudart.cudaGraphGetNodes(raw, count))
+    out: dict[str, int] = {}
+    for node in nodes:
+        name = _check(cudart.cudaGraphNodeGetType(node)).name.replace("cudaGraphNodeType", "")
+        out[name] = out.get(name, 0) + 1
+    return out

@@ -219,9 +219,9 @@ def llada_forward(llm: LLM, tokens: list[int], past: list | None, rows: slice = 
     kv = []
     for i, blk in enumerate(t.blocks):
         h = _rms(x, blk.attn_norm.weight, c.rms_norm_eps)
-        q = _rope((h @ blk.q_proj.weight.T).view(n, -1, d), pos, c.rope_theta)
-        k = _rope((h @ blk.k_proj.weight.T).view(n, -1, d), pos, c.rope_theta)
-        v = (h @ blk.v_proj.weight.T).view(n, -1, d)
+        q = _rope((h @ blk.qkv.part("q_proj").T).view(n, -1, d), pos, c.rope_theta)
+        k = _rope((h @ blk.qkv.part("k_proj").T).view(n, -1, d), pos, c.rope_theta)
+        v = (h @ blk.qkv.part("v_proj").T).view(n, -1, d)
         if past is not None:
             k, v = torch.cat([past[i][0], k]), torch.cat([past[i][1], v])
         kv.append((k, v))
@@ -230,8 +230,8 @@ def llada_forward(llm: LLM, tokens: list[int], past: list | None, rows: slice = 
         att = torch.softmax(torch.einsum("qhd,khd->hqk", q, kk) / math.sqrt(d), dim=-1)
         x = x + torch.einsum("hqk,khd->qhd", att, vv).reshape(n, -1) @ blk.attn_out.weight.T
         h = _rms(x, blk.ff_norm.weight, c.rms_norm_eps)
-        gate = torch.nn.functional.silu(h @ blk.ff_proj.weight.T)
-        x = x + (gate * (h @ blk.up_proj.weight.T)) @ blk.ff_out.weight.T
+        gate = torch.nn.functional.silu(h @ blk.ff_gate_up.part("ff_proj").T)
+        x = x + (gate * (h @ blk.ff_gate_up.part("up_proj").T)) @ blk.ff_out.weight.T
     x = _rms(x, t.ln_f.weight, c.rms_norm_eps)
     return x[rows] @ t.ff_out.weight.T, kv
 

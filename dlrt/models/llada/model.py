@@ -2,7 +2,8 @@
 
 Per block: attn_norm -> q/k/v_proj -> RoPE (fp32, `rope_full_precision`) -> attention ->
 attn_out -> residual; ff_norm -> ff_out(silu(ff_proj(x)) * up_proj(x)) -> residual.
-`ln_f` then `ff_out` (untied). No logit shift. Module names equal checkpoint keys.
+`ln_f` then `ff_out` (untied). No logit shift. q/k/v_proj (`qkv`) and ff_proj/up_proj
+(`ff_gate_up`) are merged at load (`MergedLinear`); other module names equal checkpoint keys.
 """
 
 import torch
@@ -12,6 +13,8 @@ from torch import nn
 from dlrt.attention import ForwardContext
 from dlrt.config import ModelConfig
 from dlrt.layers.attention import Attention
+from dlrt.layers.linear import MergedLinear
+from dlrt.layers.mlp import silu_and_mul
 from dlrt.layers.norm import RMSNorm
 from dlrt.layers.rotary import RotaryEmbedding
 
@@ -20,28 +23,26 @@ class LLaDALlamaBlock(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int):
         super().__init__()
         c = config
-        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.ff_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        kv = c.num_kv_heads * c.head_dim
+        self.qkv = MergedLinear(c.hidden_size, {"q_proj": c.num_heads * c.head_dim,
+                                                "k_proj": kv, "v_proj": kv})
         self.attn_out = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
-        self.ff_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.ff_gate_up = MergedLinear(c.hidden_size, {"ff_proj": c.intermediate_size,
+                                                       "up_proj": c.intermediate_size})
         self.ff_out = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
         self.attn = Attention(layer_id, c.num_heads, c.num_kv_heads, c.head_dim)
 
-    def forward(self, x, positions, rotary, ctx):
-        n = x.shape[0]
-        h = self.attn_norm(x)
-        q = self.q_proj(h).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(h).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(h).view(n, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
-        x = x + self.attn_out(self.attn(q, k, v, ctx))
-        h = self.ff_norm(x)
-        return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))
+    def forward(self, x, residual, rope, rotary, ctx):
+        """(previous output, residual stream before it or None) -> (output, residual)."""
+        if residual is None:
+            h, residual = self.attn_norm(x), x
+        else:
+            h, residual = self.attn_norm(x, residual)
+        h = self.attn_out(self.attn(self.qkv(h), *rope, rotary, ctx))
+        h, residual = self.ff_norm(h, residual)
+        return self.ff_out(silu_and_mul(self.ff_gate_up(h))), residual
 
 
 class LLaDAModel(nn.Module):
@@ -69,10 +70,11 @@ class LLaDAModelLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 ctx: ForwardContext) -> torch.Tensor:
         t = self.model.transformer
-        x = t.wte(input_ids)
+        x, residual = t.wte(input_ids), None
+        rope = self.model.rotary_emb.cos_sin(positions)
         for block in t.blocks:
-            x = block(x, positions, self.model.rotary_emb, ctx)
-        return t.ln_f(x)
+            x, residual = block(x, residual, rope, self.model.rotary_emb, ctx)
+        return t.ln_f(x, residual)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         t = self.model.transformer

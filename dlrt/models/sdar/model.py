@@ -1,8 +1,10 @@
 """SDAR (JetAstra/SDAR `modeling_sdar.py`): Qwen3 with block-diffusion attention.
 
 Per layer: RMSNorm -> attention (q/k per-head RMSNorm before neox RoPE, GQA) -> residual ->
-RMSNorm -> SwiGLU MLP or top-k MoE (`sdar_moe`) -> residual. Untied `lm_head`, no logit shift:
-the logits at position i predict the token at position i. Names match the checkpoint keys.
+RMSNorm -> SwiGLU MLP or top-k MoE (`sdar_moe`) -> residual. q/k/v_proj and gate/up_proj are
+merged into one weight each at load (`MergedLinear`); each residual add is fused into the next
+RMSNorm. Untied `lm_head`, no logit shift:
+the logits at position i predict the token at position i. Other names match the checkpoint keys.
 """
 
 import torch
@@ -11,6 +13,7 @@ from torch import nn
 from dlrt.attention import ForwardContext
 from dlrt.config import ModelConfig
 from dlrt.layers.attention import Attention
+from dlrt.layers.linear import MergedLinear
 from dlrt.layers.mlp import SparseMoE, SwiGLU
 from dlrt.layers.norm import RMSNorm
 from dlrt.layers.rotary import RotaryEmbedding
@@ -20,23 +23,18 @@ class SDARAttention(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int):
         super().__init__()
         c = config
-        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
-        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        kv = c.num_kv_heads * c.head_dim
+        self.qkv_proj = MergedLinear(c.hidden_size, {"q_proj": c.num_heads * c.head_dim,
+                                                     "k_proj": kv, "v_proj": kv})
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.attn = Attention(layer_id, c.num_heads, c.num_kv_heads, c.head_dim)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
-                ctx: ForwardContext) -> torch.Tensor:
-        n = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, ctx))
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                rotary: RotaryEmbedding, ctx: ForwardContext) -> torch.Tensor:
+        out = self.attn(self.qkv_proj(x), *rope, rotary, ctx, self.q_norm, self.k_norm)
+        return self.o_proj(out)
 
 
 class SDARDecoderLayer(nn.Module):
@@ -52,9 +50,16 @@ class SDARDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x, positions, rotary, ctx):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, rope, rotary, ctx):
+        """x: the previous layer's output [N, H]; residual: the stream before it (None at
+        the first layer). Returns (this layer's output, residual); the sum is the stream."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, rope, rotary, ctx)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class SDARModel(nn.Module):
@@ -66,10 +71,11 @@ class SDARModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
 
     def forward(self, input_ids, positions, ctx):
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
+        rope = self.rotary_emb.cos_sin(positions)
         for layer in self.layers:
-            x = layer(x, positions, self.rotary_emb, ctx)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, self.rotary_emb, ctx)
+        return self.norm(x, residual)[0]
 
 
 class SDARForCausalLM(nn.Module):

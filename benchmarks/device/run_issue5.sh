@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Fused kernels on the device: GPU tests (kernels, fused vs unfused tokens, mode identity),
+# kernel micro-benchmarks, and `bench step` (with the stage breakdown) per config, plus the
+# unfused baseline on SDAR-8B. Full log: $OUT/run.log.
+set -uo pipefail
+source benchmarks/device/common.sh
+timeout 200 python3 -m pytest -q -x tests/kernels tests/unit/test_triton_backend.py \
+    tests/e2e/test_fused_tokens.py tests/e2e/test_execution_modes.py >> $LOG 2>&1
+tail -4 $LOG
+echo "tests done at $(( $(date +%s) - t0 )) s"
+python3 -m dlrt bench kernels --model $M/SDAR-8B-Chat --load-format dummy --out $OUT >> $LOG 2>&1
+grep -A30 "^ *op " $LOG | tail -16
+step() { timeout 120 python3 -m dlrt bench step --out $OUT --rounds 50 "$@" >> $LOG 2>&1; tail -12 $LOG | grep -v "^wrote\|Warn\|capture_end"; }
+O="--load-format dummy --temperature 0 --remasking-strategy low_confidence_static"
+step --model $M/SDAR-1.7B-Chat $O --context 0,4096
+step --model $M/SDAR-8B-Chat $O --context 0,4096,32768
+DLRT_FUSED_KERNELS=0 step --model $M/SDAR-8B-Chat $O --context 0
+step --model $M/LLaDA-8B-Instruct $O --decoder dllm_var --block-length 4 --context 0
+step --model $M/LLaDA-8B-Instruct $O --block-length 32 --context 256
+echo "total $(( $(date +%s) - t0 )) s"

@@ -1,0 +1,148 @@
+"""`dlrt bench kernels`: the fused small-op kernels and the projections at one model's shapes.
+
+Every op runs at the round's shapes (N = block length rows) inside a CUDA graph that calls it
+`reps` times; the graph is replayed and the time per call taken from CUDA events, so launch
+overhead is excluded the way it is in the block graph. Small ops are compared with the
+unfused PyTorch reference and with `torch.compile` of that reference, in the same run.
+Projections (cuBLAS through `F.linear`) report the achieved bandwidth (weight bytes read /
+time) against the copy bandwidth of `bench step`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from dlrt.bench.report import table, write_json
+
+COLUMNS = ["op", "shape", "impl", "us", "vs_reference", "GBps"]
+
+
+def graph_time(fn: Callable[[], Any], reps: int = 50) -> float:
+    """Microseconds per call of `fn` replayed from a captured graph of `reps` calls."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(reps):
+            fn()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(7):
+        e0.record()
+        graph.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        out.append(e0.elapsed_time(e1) * 1e3 / reps)
+    return statistics.median(out)
+
+
+def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], Any]]]:
+    """op name -> {impl: closure} over fresh random inputs at the model's shapes."""
+    from dlrt.kernels.activation import silu_mul
+    from dlrt.kernels.rms_norm import rms_norm
+    from dlrt.kernels.rope import qk_norm_rope_write
+    from dlrt.layers.norm import RMSNorm
+    from dlrt.layers.rotary import RotaryEmbedding
+    from dlrt.runtime.kv_cache import PagedKVCache
+
+    c, h, d = config, config.hidden_size, config.head_dim
+    hq, hkv = c.num_heads, c.num_kv_heads
+    x = torch.randn(n, h, dtype=dtype, device=dev)
+    res = torch.randn(n, h, dtype=dtype, device=dev)
+    norm = RMSNorm(h, c.rms_norm_eps).to(dev, dtype)
+
+    def norm_ref(x, res):
+        res = x + res
+        return norm.reference(res), res
+
+    gu = torch.randn(n, 2 * c.intermediate_size, dtype=dtype, device=dev)
+
+    def silu_ref(gu):
+        g, u = gu.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, dtype=dtype, device=dev)
+    cache = PagedKVCache(1, hkv, d, 4096, dtype, dev)
+    pos = torch.arange(1000, 1000 + n, device=dev)
+    rotary = RotaryEmbedding(d, c.rope_theta).to(dev)
+    cos, sin = rotary.cos_sin(pos)
+    qn, kn = RMSNorm(d, c.rms_norm_eps).to(dev, dtype), RMSNorm(d, c.rms_norm_eps).to(dev, dtype)
+
+    def rope_ref(qkv, cos, sin):
+        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+        q, k = qn.reference(q.reshape(n, hq, d)), kn.reference(k.reshape(n, hkv, d))
+        q, k = rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
+        cache.write(0, pos, k, v.reshape(n, hkv, d))
+        return q
+
+    compiled = {f: torch.compile(f, dynamic=False) for f in (norm_ref, silu_ref, rope_ref)}
+    return {
+        f"rms_norm+residual [{n},{h}]": dict(
+            triton=lambda: rms_norm(x, norm.weight, c.rms_norm_eps, res),
+            reference=lambda: norm_ref(x, res), compiled=lambda: compiled[norm_ref](x, res)),
+        f"silu_mul [{n},{2 * c.intermediate_size}]": dict(
+            triton=lambda: silu_mul(gu), reference=lambda: silu_ref(gu),
+            compiled=lambda: compiled[silu_ref](gu)),
+        f"qk_norm_rope_write [{n},{hq}+{hkv}x{d}]": dict(
+            triton=lambda: qk_norm_rope_write(qkv, hq, hkv, d, qn.weight, kn.weight,
+                                              c.rms_norm_eps, cos, sin, pos, cache.k[0],
+                                              cache.v[0], cache.page_table, False),
+            reference=lambda: rope_ref(qkv, cos, sin),
+            compiled=lambda: compiled[rope_ref](qkv, cos, sin)),
+    }
+
+
+def projections(llm) -> dict[str, torch.Tensor]:
+    """The distinct dense weight shapes of one layer plus the LM head."""
+    out: dict[str, torch.Tensor] = {}
+    for name, p in llm.model.named_parameters():
+        if p.dim() == 2 and ".experts." not in name and "embed" not in name \
+                and "wte" not in name:
+            out.setdefault(f"{name.split('.')[-2]} {list(p.shape)}", p)
+    return out
+
+
+def run(llm, n: int) -> list[dict[str, Any]]:
+    rows = []
+    for op, impls in small_ops(llm.config, n, llm.dtype, llm.device).items():
+        ref = graph_time(impls["reference"])
+        for impl, fn in impls.items():
+            us = graph_time(fn)
+            rows.append(dict(op=op.split(" ")[0], shape=op.split(" ")[1], impl=impl, us=us,
+                             vs_reference=ref / us, GBps=None))
+    x = torch.randn(n, llm.config.hidden_size, dtype=llm.dtype, device=llm.device)
+    for name, w in projections(llm).items():
+        xin = x if w.shape[1] == x.shape[1] else torch.randn(n, w.shape[1], dtype=llm.dtype,
+                                                               device=llm.device)
+        us = graph_time(lambda: F.linear(xin, w))
+        rows.append(dict(op=name.split(" ")[0], shape=name.split(" ")[1], impl="cublas",
+                         us=us, vs_reference=1.0,
+                         GBps=w.numel() * w.element_size() / us / 1e3))
+    return rows
+
+
+def main(args, llm_kwargs: dict[str, Any]) -> int:
+    from dlrt import LLM
+    from dlrt.bench.step import copy_bandwidth
+
+    if not torch.cuda.is_available():
+        raise SystemExit("dlrt bench kernels needs a CUDA GPU")
+    llm = LLM(args.model, max_model_len=4096, **llm_kwargs)
+    with torch.inference_mode():
+        rows = run(llm, args.rows)
+    bw = copy_bandwidth(llm.device)
+    for r in rows:
+        r["GBps_vs_copy"] = r["GBps"] * 1e9 / bw if r["GBps"] else None
+    print(table(rows, COLUMNS + ["GBps_vs_copy"]))
+    name = f"kernels-{str(args.model).rstrip('/').split('/')[-1]}"
+    path = write_json(name, dict(model=str(args.model), dtype=str(llm.dtype), rows_n=args.rows,
+                                 copy_bandwidth_TBps=bw / 1e12, rows=rows), llm.device, args.out)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,110 @@
+"""Per-head q/k RMSNorm + neox RoPE + K/V write into the paged cache, one kernel per layer.
+
+Input is the fused QKV projection [N, (Hq + 2 Hkv) * D]. Program (token t, head h): for a query
+head it normalises (when the model has q/k norms), rotates and stores the query; for a KV head
+it normalises and rotates k and copies v into the cache slot of the token's position.
+
+Numerics follow the reference layers (`dlrt.layers.norm.RMSNorm`, `dlrt.layers.rotary`): the
+norm is taken in fp32 and cast to the dtype before the weight multiply; RoPE either casts
+cos/sin to the dtype and rounds each product and the sum (transformers' Qwen3), or rotates in
+fp32 and casts once (`full_precision`, OLMo/LLaDA). Products are not contracted into FMAs, so
+the fp32 rounding matches the unfused ops.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rot_half(a, b, c, s, FP32_ROPE: tl.constexpr, dtype: tl.constexpr):
+    """(a * c - b * s) rounded like the reference: a, b the two halves, c, s cos/sin."""
+    if FP32_ROPE:
+        return a * c + (-b) * s
+    c = c.to(dtype).to(tl.float32)
+    s = s.to(dtype).to(tl.float32)
+    return ((a * c).to(dtype).to(tl.float32) + ((-b) * s).to(dtype).to(tl.float32))
+
+
+@triton.jit
+def _head_norm(x1, x2, w_ptr, eps, HALF: tl.constexpr, dtype: tl.constexpr):
+    d = tl.arange(0, HALF)
+    var = (tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF)
+    r = tl.math.rsqrt(var + eps)
+    w1 = tl.load(w_ptr + d).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + d).to(tl.float32)
+    y1 = (w1 * (x1 * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    y2 = (w2 * (x2 * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    return y1, y2
+
+
+@triton.jit
+def _qk_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, page_table_ptr,
+                         k_cache_ptr, v_cache_ptr, q_out_ptr, eps,
+                         H_Q: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr,
+                         PAGE: tl.constexpr, HAS_NORM: tl.constexpr, FP32_ROPE: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    HALF: tl.constexpr = D // 2
+    dtype = q_out_ptr.dtype.element_ty
+    d = tl.arange(0, HALF)
+    row = qkv_ptr + t * (H_Q + 2 * H_KV) * D
+    x1 = tl.load(row + h * D + d).to(tl.float32)
+    x2 = tl.load(row + h * D + HALF + d).to(tl.float32)
+    c = tl.load(cos_ptr + t * HALF + d)
+    s = tl.load(sin_ptr + t * HALF + d)
+    if h < H_Q:
+        if HAS_NORM:
+            x1, x2 = _head_norm(x1, x2, qw_ptr, eps, HALF, dtype)
+        out = q_out_ptr + (t * H_Q + h) * D
+        tl.store(out + d, _rot_half(x1, x2, c, s, FP32_ROPE, dtype).to(dtype))
+        tl.store(out + HALF + d, _rot_half(x2, -x1, c, s, FP32_ROPE, dtype).to(dtype))
+    else:
+        kvh = h - H_Q
+        if HAS_NORM:
+            x1, x2 = _head_norm(x1, x2, kw_ptr, eps, HALF, dtype)
+        pos = tl.load(pos_ptr + t)
+        page = tl.load(page_table_ptr + pos // PAGE).to(tl.int64)
+        slot = ((page * PAGE + pos % PAGE) * H_KV + kvh) * D
+        tl.store(k_cache_ptr + slot + d, _rot_half(x1, x2, c, s, FP32_ROPE, dtype).to(dtype))
+        tl.store(k_cache_ptr + slot + HALF + d,
+                 _rot_half(x2, -x1, c, s, FP32_ROPE, dtype).to(dtype))
+        v = row + (H_Q + H_KV + kvh) * D
+        dd = tl.arange(0, D)
+        tl.store(v_cache_ptr + slot + dd, tl.load(v + dd))
+
+
+def qk_norm_rope_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                       q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+                       cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                       k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                       full_precision: bool) -> torch.Tensor:
+    """Normalise and rotate q and k, write k and v into one layer of the paged cache.
+
+    Args:
+        qkv: [N, (Hq + 2 Hkv) * D] contiguous (q heads, then k heads, then v heads).
+        q_weight, k_weight: [D] per-head RMSNorm weights, or both None (no q/k norm).
+        cos, sin: [N, D/2] fp32 at the tokens' positions (`RotaryEmbedding.cos_sin`).
+        positions: [N] int64 absolute positions (cache slots via `page_table`).
+        k_cache, v_cache: [num_pages, page_size, Hkv, D] contiguous, qkv's dtype.
+        full_precision: rotate in fp32 (LLaDA) instead of the dtype (Qwen3/SDAR).
+    Returns:
+        q: [N, Hq, D] in qkv.dtype.
+    """
+    n = qkv.shape[0]
+    if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim or not qkv.is_contiguous():
+        raise ValueError(f"qkv {tuple(qkv.shape)} is not a contiguous [N, (Hq + 2 Hkv) * D]")
+    if (q_weight is None) != (k_weight is None):
+        raise ValueError("q_weight and k_weight go together")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous")
+    q = torch.empty((n, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    has_norm = q_weight is not None
+    _qk_norm_rope_kernel[(n, num_heads + num_kv_heads)](
+        qkv, q_weight if has_norm else qkv, k_weight if has_norm else qkv, cos, sin, positions,
+        page_table, k_cache, v_cache, q, eps, H_Q=num_heads, H_KV=num_kv_heads, D=head_dim,
+        PAGE=k_cache.shape[1], HAS_NORM=has_norm, FP32_ROPE=full_precision, num_warps=1,
+        enable_fp_fusion=False)
+    return q

@@ -1,0 +1,121 @@
+"""Fused small-op kernels against the unfused PyTorch layers they replace.
+
+RMSNorm (+ residual add), per-head q/k RMSNorm + RoPE + paged K/V write, SiLU-and-mul. Fresh
+random inputs, awkward shapes (odd rows, hidden sizes that are not powers of two, GQA, pages
+that do not divide the positions, a shuffled page table). Runs under TRITON_INTERPRET=1 on the
+CPU and natively on the GPU. Tolerance: fp32 relative error < 1e-5 (1e-4 for SiLU, whose exp
+differs by ulps); bf16 at most one bf16 ulp apart (the reference rounds at the same points, the
+fp32 statistics may differ in the last bits).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from dlrt.kernels.activation import silu_mul  # noqa: E402
+from dlrt.kernels.rms_norm import rms_norm  # noqa: E402
+from dlrt.kernels.rope import qk_norm_rope_write  # noqa: E402
+from dlrt.layers.norm import RMSNorm  # noqa: E402
+from dlrt.layers.rotary import RotaryEmbedding  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32] + ([torch.bfloat16] if DEV == "cuda" else [])
+
+
+def close(out: torch.Tensor, ref: torch.Tensor, rel: float = 1e-5) -> None:
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    if out.dtype == torch.bfloat16:
+        # one bf16 ulp: 2^-7 relative
+        torch.testing.assert_close(out.float(), ref.float(), rtol=2**-7, atol=1e-3)
+    else:
+        err = (out.double() - ref.double()).abs().max() / ref.double().abs().max()
+        assert err < rel, float(err)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,h", [(1, 64), (5, 96), (4, 2048), (13, 200)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm(n, h, with_residual, dtype):
+    gen = torch.Generator().manual_seed(n * h)
+    x = torch.randn(n, h, generator=gen).to(DEV, dtype) * 3
+    res = torch.randn(n, h, generator=gen).to(DEV, dtype)
+    norm = RMSNorm(h, 1e-6).to(DEV, dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(h, generator=gen) + 0.5)
+    if with_residual:
+        ref, ref_res = norm.reference(x + res), x + res
+        kernel_res = res.clone()
+        out = rms_norm(x, norm.weight, 1e-6, kernel_res)
+        close(kernel_res, ref_res)
+    else:
+        ref, out = norm.reference(x), rms_norm(x, norm.weight, 1e-6)
+    close(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,i", [(1, 8), (4, 1000), (7, 3072)])
+def test_silu_mul(n, i, dtype):
+    gen = torch.Generator().manual_seed(i)
+    gu = (torch.randn(n, 2 * i, generator=gen) * 4).to(DEV, dtype)
+    g, u = gu.chunk(2, dim=-1)
+    close(silu_mul(gu), torch.nn.functional.silu(g) * u, rel=1e-4)
+
+
+CASES = [  # n, hq, hkv, d, page, first position, norm, full precision
+    (4, 4, 2, 16, 16, 37, True, False),
+    (5, 8, 1, 32, 8, 0, True, False),
+    (3, 4, 4, 64, 4, 1001, False, True),
+    (1, 2, 1, 128, 16, 7, True, False),
+    (9, 4, 4, 16, 16, 250, False, True),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
+def test_qk_norm_rope_write(case, dtype):
+    n, hq, hkv, d, page, first, norm, fp32_rope = case
+    gen = torch.Generator().manual_seed(n * 31 + d)
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=gen).to(DEV, dtype)
+    positions = torch.arange(first, first + n, device=DEV)
+    pages = (first + n) // page + 3
+    page_table = torch.randperm(pages, generator=gen).to(DEV, torch.int32)
+    k_cache = torch.zeros(pages, page, hkv, d, dtype=dtype, device=DEV)
+    v_cache = torch.zeros_like(k_cache)
+    rotary = RotaryEmbedding(d, 10000.0 if fp32_rope else 1e6, full_precision=fp32_rope).to(DEV)
+    cos, sin = rotary.cos_sin(positions)
+    q_norm = k_norm = None
+    if norm:
+        q_norm, k_norm = RMSNorm(d, 1e-6).to(DEV, dtype), RMSNorm(d, 1e-6).to(DEV, dtype)
+        with torch.no_grad():
+            q_norm.weight.copy_(torch.rand(d, generator=gen) + 0.5)
+            k_norm.weight.copy_(torch.rand(d, generator=gen) + 0.5)
+
+    q = qk_norm_rope_write(qkv, hq, hkv, d, q_norm and q_norm.weight, k_norm and k_norm.weight,
+                           1e-6, cos, sin, positions, k_cache, v_cache, page_table, fp32_rope)
+
+    rq, rk, rv = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    rq, rk, rv = rq.reshape(n, hq, d), rk.reshape(n, hkv, d), rv.reshape(n, hkv, d)
+    if norm:
+        rq, rk = q_norm.reference(rq), k_norm.reference(rk)
+    rq, rk = rotary.rotate(rq, cos, sin), rotary.rotate(rk, cos, sin)
+    close(q, rq)
+    slots = page_table[positions // page].long() * page + positions % page
+    close(k_cache.view(-1, hkv, d)[slots], rk)
+    assert torch.equal(v_cache.view(-1, hkv, d)[slots], rv)
+    untouched = torch.ones(pages * page, dtype=torch.bool, device=DEV)
+    untouched[slots] = False
+    assert not k_cache.view(-1, hkv, d)[untouched].any()
+    assert not v_cache.view(-1, hkv, d)[untouched].any()
+
+
+def test_shape_errors():
+    with pytest.raises(ValueError, match="contiguous"):
+        rms_norm(torch.zeros(4, 6, device=DEV).t(), torch.ones(4, device=DEV), 1e-6)
+    with pytest.raises(ValueError, match=r"\[N, 2I\]"):
+        silu_mul(torch.zeros(2, 5, device=DEV))
+    with pytest.raises(ValueError, match="qkv"):
+        qk_norm_rope_write(torch.zeros(2, 10, device=DEV), 2, 1, 4, None, None, 1e-6,
+                           None, None, None, None, None, None, False)
