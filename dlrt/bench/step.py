@@ -9,8 +9,9 @@ sampling, strategy, commit) is timed over many rounds with CUDA events in four w
 `device_loop - replay` is the WHILE node's overhead per round; `host_loop - replay` is the host
 bubble of the classic design. The per-stage breakdown times variants of the replayed round in
 which one stage runs twice: attention (the backend call per layer) and the dense projections
-(every `F.linear`: QKV, o_proj, gate-up, down, LM head); the extra time is that stage's cost,
-and `other_us` is what remains (norms, RoPE, activations, embedding, sampling, commit). Each timed round also re-masks the block so every round does the
+(every `F.linear`: QKV, o_proj, gate-up, down, LM head) and sampling (probabilities,
+candidates, remasking strategy: `denoise_round`); the extra time is that stage's cost, and
+`other_us` is what remains (norms, RoPE + cache write, activations, embedding, state updates). Each timed round also re-masks the block so every round does the
 same work. The HBM floor is the bytes one round must read (weights it touches, the KV cache of
 the context) over the device-to-device copy bandwidth measured in the same run.
 """
@@ -29,7 +30,7 @@ from dlrt.bench.report import table, write_json
 
 COLUMNS = ["context", "device_loop_us", "replay_us", "while_overhead_us", "host_loop_us",
            "host_bubble_us", "eager_us", "floor_us", "ratio_to_floor", "GBps"]
-STAGE_COLUMNS = ["context", "replay_us", "attention_us", "gemm_us", "other_us"]
+STAGE_COLUMNS = ["context", "replay_us", "attention_us", "gemm_us", "sampling_us", "other_us"]
 
 
 @contextlib.contextmanager
@@ -158,8 +159,11 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
         wg = WhileGraph(bench.begin, bench.body, bench.end, bench.flag, pool)
         capture_s = time.perf_counter() - t0
         stages = {}
+        from dlrt.runtime import decoder
+
         for stage, owner, attr in (("attention", llm.runner.backend, "forward"),
-                                   ("gemm", torch.nn.functional, "linear")):
+                                   ("gemm", torch.nn.functional, "linear"),
+                                   ("sampling", decoder, "denoise_round")):
             with repeated(owner, attr):
                 stages[stage] = capture_parts([bench.body], pool)[0]
         for ctx in contexts:
@@ -225,6 +229,17 @@ def _program(llm, params, max_context: int):
     return CanvasProgram(llm.runner, spec, b, -(-max_context // 64) * 64)
 
 
+def _max_positions(model, default: int) -> int:
+    """The checkpoint's position limit (config.json), or `default` for the embedded model."""
+    from dlrt.checkpoint.folder import CheckpointFolder
+    from dlrt.config import ModelConfig
+
+    if not model:
+        return default
+    hf = CheckpointFolder.open(model, require_weights=False).hf_config
+    return ModelConfig.from_hf(hf).max_position_embeddings
+
+
 def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     from dlrt import LLM
     from dlrt.decoding.options import DecodingOptions
@@ -234,6 +249,10 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
         raise SystemExit("dlrt bench step needs a CUDA GPU")
     b = options.get("block_length") or 4
     need = max(contexts) + 2 * b + 64
+    limit = _max_positions(args.model, need)
+    if need > limit:
+        raise SystemExit(f"context {max(contexts)} + 2 blocks + 64 exceeds the model's "
+                         f"{limit} positions; largest context: {limit - 2 * b - 64}")
     llm = LLM(args.model, max_model_len=llm_kwargs.pop("max_model_len", None) or need,
               **llm_kwargs)
     options = {**options, "block_length": b}

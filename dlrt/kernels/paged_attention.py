@@ -15,9 +15,40 @@ online softmax (Dao et al., 2022) with split-K merging as in Flash-Decoding (Dao
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _tile(q, k_ptr, v_ptr, page_table_ptr, j0, hi, start, i, row_ok, kvh, m, s_sum, acc, scale,
+          H_KV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, CHUNK_BLOCK: tl.constexpr,
+          BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """One tile of BLOCK_N keys from j0: the online-softmax update of (m, s_sum, acc)."""
+    d = tl.arange(0, D)
+    j = j0 + tl.arange(0, BLOCK_N)
+    j_ok = j < hi
+    page = tl.load(page_table_ptr + j // PAGE, mask=j_ok, other=0)
+    slot = page.to(tl.int64) * PAGE + j % PAGE
+    kv_off = (slot[:, None] * H_KV + kvh) * D + d[None, :]
+    k = tl.load(k_ptr + kv_off, mask=j_ok[:, None], other=0.0)
+    v = tl.load(v_ptr + kv_off, mask=j_ok[:, None], other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
+    visible = j_ok[None, :] & row_ok[:, None]
+    if CHUNK_BLOCK > 0:
+        inner = (j[None, :] - start) // CHUNK_BLOCK <= i[:, None] // CHUNK_BLOCK
+        visible = visible & ((j[None, :] < start) | inner)
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp(m - m_safe)
+    s_sum = s_sum * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v,
+                                        input_precision=PRECISION).to(tl.float32)
+    return m_new, s_sum, acc
 
 
 @triton.jit
@@ -28,6 +59,7 @@ def _attn_split_kernel(
     H_Q: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     CHUNK_BLOCK: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    DYNAMIC_TRIPS: tl.constexpr,
 ):
     G: tl.constexpr = H_Q // H_KV
     pid_m = tl.program_id(0)
@@ -49,29 +81,19 @@ def _attn_split_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     s_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    # NOTE: static trip count (SPLIT / BLOCK_N), keys past `hi` are masked.
-    for t in range(0, SPLIT // BLOCK_N):
-        j = lo + t * BLOCK_N + tl.arange(0, BLOCK_N)
-        j_ok = j < hi
-        page = tl.load(page_table_ptr + j // PAGE, mask=j_ok, other=0)
-        slot = page.to(tl.int64) * PAGE + j % PAGE
-        kv_off = (slot[:, None] * H_KV + kvh) * D + d[None, :]
-        k = tl.load(k_ptr + kv_off, mask=j_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + kv_off, mask=j_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
-        visible = j_ok[None, :] & row_ok[:, None]
-        if CHUNK_BLOCK > 0:
-            inner = (j[None, :] - start) // CHUNK_BLOCK <= i[:, None] // CHUNK_BLOCK
-            visible = visible & ((j[None, :] < start) | inner)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m - m_safe)
-        s_sum = s_sum * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v,
-                                            input_precision=PRECISION).to(tl.float32)
-        m = m_new
+    # NOTE: on the GPU the trip count follows the context (read from device memory), so a
+    # short context costs one tile, not SPLIT / BLOCK_N; the interpreter needs a static count.
+    # Keys past `hi` are masked either way.
+    if DYNAMIC_TRIPS:
+        for t in range(0, tl.cdiv(hi - lo, BLOCK_N)):
+            m, s_sum, acc = _tile(q, k_ptr, v_ptr, page_table_ptr, lo + t * BLOCK_N, hi, start,
+                                  i, row_ok, kvh, m, s_sum, acc, scale, H_KV, D, PAGE,
+                                  CHUNK_BLOCK, BLOCK_N, PRECISION)
+    else:
+        for t in range(0, SPLIT // BLOCK_N):
+            m, s_sum, acc = _tile(q, k_ptr, v_ptr, page_table_ptr, lo + t * BLOCK_N, hi, start,
+                                  i, row_ok, kvh, m, s_sum, acc, scale, H_KV, D, PAGE,
+                                  CHUNK_BLOCK, BLOCK_N, PRECISION)
     out_row = (split * N * H_Q + i * H_Q + head)
     tl.store(part_o_ptr + out_row[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
     tl.store(part_ml_ptr + out_row * 2, m, mask=row_ok)
@@ -114,7 +136,8 @@ def _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, s
     _attn_split_kernel[grid](q, k_cache, v_cache, page_table, lens, part_o, part_ml, scale, n,
                              H_Q=h_q, H_KV=h_kv, D=d, PAGE=page, CHUNK_BLOCK=chunk_block or 0,
                              SPLIT=split, BLOCK_M=block_m, BLOCK_N=block_n,
-                             PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+                             PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                             DYNAMIC_TRIPS=os.environ.get("TRITON_INTERPRET") != "1")
     _attn_merge_kernel[(n * h_q,)](part_o, part_ml, lens, out, n * h_q, D=d, SPLIT=split,
                                    SPLITS_P2=triton.next_power_of_2(num_splits))
     return out
