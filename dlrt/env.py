@@ -28,3 +28,8 @@ def commit() -> str | None:
 def fused_kernels() -> bool:
     """DLRT_FUSED_KERNELS: '0' runs the unfused PyTorch ops on CUDA too (default: fused)."""
     return os.environ.get("DLRT_FUSED_KERNELS", "1") != "0"
+
+
+def skinny_gemm() -> bool:
+    """DLRT_SKINNY_GEMM: '0' keeps every projection on cuBLAS (default: per-shape choice)."""
+    return os.environ.get("DLRT_SKINNY_GEMM", "1") != "0"

@@ -94,6 +94,7 @@ class LLM:
             else config.eos_token_ids
         self.eos_token_ids = tuple(dict.fromkeys(eos + FAMILY_STOP_IDS.get(config.family, ())))
         self.model = self._load(load_format, seed)
+        self.gemm_choices = self._tune_projections()
         self._request = 0  # id of the request allowed to run
         cache = PagedKVCache(config.num_layers, config.num_kv_heads, config.head_dim,
                              self.max_model_len, self.dtype, self.device)
@@ -101,6 +102,16 @@ class LLM:
         module, cls, _ = DECODERS[self.decoder_name]
         self.decoder = getattr(importlib.import_module(module), cls)(
             self.runner, self.config.mask_token_id, self.decoder_defaults, self.executor)
+
+    def _tune_projections(self) -> dict[str, dict]:
+        """On CUDA: per projection shape, cuBLAS or the skinny Triton GEMM, whichever is
+        faster at the block's rows (timed once per device, then cached). {} elsewhere."""
+        if self.device.type != "cuda" or not env.fused_kernels() or not env.skinny_gemm():
+            return {}
+        from dlrt.kernels.gemm_select import tune
+
+        rows = self.decoder_defaults.block_length or 4
+        return tune(self.model, rows=min(rows, 16))
 
     def _mask_token(self, config: ModelConfig, option: int | None) -> int:
         if option is not None:

@@ -1,12 +1,12 @@
 """The attention backend interface and the per-forward context that layers receive.
 
-A forward processes a chunk of N tokens at positions start..start+N-1. Every chunk token's K/V
-is written into the paged cache at its position first (by the attention layer) (positions past the committed length are
-scratch: the decoder decides what is committed); then each query attends to cache keys
-0..kv_len-1: the whole prefix before `start`, and inside the chunk either every key (full,
-`chunk_block=None`) or its own block and earlier ones (block-causal, blocks of `chunk_block`
-tokens counted from the chunk start). `start` and `kv_len` live in a device tensor (`lens`), so
-a captured CUDA graph serves every context length.
+A forward processes a chunk of N tokens at positions start..start+N-1. The attention layer
+first writes every chunk token's K/V into the paged cache at its position (positions past the
+committed length are scratch: the decoder decides what is committed); then each query attends
+to cache keys 0..kv_len-1: the whole prefix before `start`, and inside the chunk either every
+key (full, `chunk_block=None`) or its own block and earlier ones (block-causal, blocks of
+`chunk_block` tokens counted from the chunk start). `start` and `kv_len` live in a device
+tensor (`lens`), so a captured CUDA graph serves every context length.
 """
 
 from __future__ import annotations

@@ -4,43 +4,23 @@ Every op runs at the round's shapes (N = block length rows) inside a CUDA graph 
 `reps` times; the graph is replayed and the time per call taken from CUDA events, so launch
 overhead is excluded the way it is in the block graph. Small ops are compared with the
 unfused PyTorch reference and with `torch.compile` of that reference, in the same run.
-Projections (cuBLAS through `F.linear`) report the achieved bandwidth (weight bytes read /
-time) against the copy bandwidth of `bench step`.
+Projections: cuBLAS (`F.linear`) against the skinny Triton GEMM for every weight shape, as
+timed when the model was loaded (`dlrt.kernels.gemm_select`), with the achieved bandwidth
+(weight bytes read / time) against the copy bandwidth of `bench step`.
 """
 
 from __future__ import annotations
 
-import statistics
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from dlrt.bench.report import table, write_json
+from dlrt.kernels.gemm_select import graph_us
 
 COLUMNS = ["op", "shape", "impl", "us", "vs_reference", "GBps"]
-
-
-def graph_time(fn: Callable[[], Any], reps: int = 50) -> float:
-    """Microseconds per call of `fn` replayed from a captured graph of `reps` calls."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(reps):
-            fn()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    for _ in range(7):
-        e0.record()
-        graph.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        out.append(e0.elapsed_time(e1) * 1e3 / reps)
-    return statistics.median(out)
 
 
 def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], Any]]]:
@@ -99,32 +79,24 @@ def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], An
     }
 
 
-def projections(llm) -> dict[str, torch.Tensor]:
-    """The distinct dense weight shapes of one layer plus the LM head."""
-    out: dict[str, torch.Tensor] = {}
-    for name, p in llm.model.named_parameters():
-        if p.dim() == 2 and ".experts." not in name and "embed" not in name \
-                and "wte" not in name:
-            out.setdefault(f"{name.split('.')[-2]} {list(p.shape)}", p)
-    return out
-
-
 def run(llm, n: int) -> list[dict[str, Any]]:
     rows = []
     for op, impls in small_ops(llm.config, n, llm.dtype, llm.device).items():
-        ref = graph_time(impls["reference"])
+        ref = graph_us(impls["reference"])
         for impl, fn in impls.items():
-            us = graph_time(fn)
+            us = graph_us(fn)
             rows.append(dict(op=op.split(" ")[0], shape=op.split(" ")[1], impl=impl, us=us,
                              vs_reference=ref / us, GBps=None))
-    x = torch.randn(n, llm.config.hidden_size, dtype=llm.dtype, device=llm.device)
-    for name, w in projections(llm).items():
-        xin = x if w.shape[1] == x.shape[1] else torch.randn(n, w.shape[1], dtype=llm.dtype,
-                                                               device=llm.device)
-        us = graph_time(lambda: F.linear(xin, w))
-        rows.append(dict(op=name.split(" ")[0], shape=name.split(" ")[1], impl="cublas",
-                         us=us, vs_reference=1.0,
-                         GBps=w.numel() * w.element_size() / us / 1e3))
+    item = torch.empty((), dtype=llm.dtype).element_size()
+    for shape, rec in llm.gemm_choices.items():
+        nbytes = item * int(shape.split(",")[0]) * int(shape.split(",")[1])
+        for impl in ("cublas", "triton"):
+            us = rec[f"{impl}_us"]
+            if us is None:
+                continue
+            rows.append(dict(op="projection", shape=f"[{shape}]", impl=impl, us=us,
+                             vs_reference=rec["cublas_us"] / us, GBps=nbytes / us / 1e3,
+                             config=rec["config"] if impl == "triton" else None))
     return rows
 
 
@@ -135,6 +107,8 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("dlrt bench kernels needs a CUDA GPU")
     llm = LLM(args.model, max_model_len=4096, **llm_kwargs)
+    if not llm.gemm_choices:
+        raise SystemExit("projection timing is off (DLRT_FUSED_KERNELS=0 or DLRT_SKINNY_GEMM=0)")
     with torch.inference_mode():
         rows = run(llm, args.rows)
     bw = copy_bandwidth(llm.device)

@@ -7,13 +7,15 @@ sampling, strategy, commit) is timed over many rounds with CUDA events in four w
   host_loop    that graph replayed from the host with a flag read (sync) after every round
   eager        the round's tensor code called from Python
 `device_loop - replay` is the WHILE node's overhead per round; `host_loop - replay` is the host
-bubble of the classic design. The per-stage breakdown times variants of the replayed round in
-which one stage runs twice: attention (the backend call per layer) and the dense projections
-(every `F.linear`: QKV, o_proj, gate-up, down, LM head) and sampling (probabilities,
-candidates, remasking strategy: `denoise_round`); the extra time is that stage's cost, and
-`other_us` is what remains (norms, RoPE + cache write, activations, embedding, state updates). Each timed round also re-masks the block so every round does the
-same work. The HBM floor is the bytes one round must read (weights it touches, the KV cache of
-the context) over the device-to-device copy bandwidth measured in the same run.
+bubble of the classic design. The per-stage breakdown times variants of the replayed round:
+attention (the backend call per layer) and sampling (probabilities, candidates, remasking
+strategy: `denoise_round`) run twice, the extra time being their cost; the dense projections
+(every `dlrt.layers.linear.linear`: QKV, o_proj, gate-up, down, LM head) are skipped (outputs left
+uninitialised), the time saved being their cost (repeating them would read weights that fit in
+the 50 MB L2 from there). `other_us` is what remains (norms, RoPE + cache write, activations,
+embedding, state updates). The HBM floor is the bytes one round must read (weights it
+touches, the KV cache of the context) over the device-to-device copy bandwidth measured in the
+same run.
 """
 
 from __future__ import annotations
@@ -33,16 +35,21 @@ COLUMNS = ["context", "device_loop_us", "replay_us", "while_overhead_us", "host_
 STAGE_COLUMNS = ["context", "replay_us", "attention_us", "gemm_us", "sampling_us", "other_us"]
 
 
+def _skip_linear(x, weight, bias=None):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
 @contextlib.contextmanager
-def repeated(owner, attr: str):
-    """Within the block, `owner.attr(...)` runs twice (same inputs, the second result kept)."""
+def variant(owner, attr: str, how: str):
+    """Within the block, `owner.attr(...)` runs twice (how='repeat': same inputs, the second
+    result kept) or, for a projection (how='skip'), not at all."""
     fn = getattr(owner, attr)
 
     def twice(*args, **kwargs):
         fn(*args, **kwargs)
         return fn(*args, **kwargs)
 
-    setattr(owner, attr, twice)
+    setattr(owner, attr, twice if how == "repeat" else _skip_linear)
     try:
         yield
     finally:
@@ -159,13 +166,15 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
         wg = WhileGraph(bench.begin, bench.body, bench.end, bench.flag, pool)
         capture_s = time.perf_counter() - t0
         stages = {}
+        from dlrt.layers import linear
         from dlrt.runtime import decoder
 
-        for stage, owner, attr in (("attention", llm.runner.backend, "forward"),
-                                   ("gemm", torch.nn.functional, "linear"),
-                                   ("sampling", decoder, "denoise_round")):
-            with repeated(owner, attr):
-                stages[stage] = capture_parts([bench.body], pool)[0]
+        for stage, owner, attr, how in (
+                ("attention", llm.runner.backend, "forward", "repeat"),
+                ("gemm", linear, "linear", "skip"),
+                ("sampling", decoder, "denoise_round", "repeat")):
+            with variant(owner, attr, how):
+                stages[stage] = (capture_parts([bench.body], pool)[0], how)
         for ctx in contexts:
             bench.set_context(ctx)
             torch.cuda.synchronize()
@@ -188,9 +197,9 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
             host_us = _time(host) / rounds
             eager_us = _time(eager, reps=2) / eager_rounds
             extra = {}
-            for stage, graph in stages.items():
-                extra[f"{stage}_us"] = _time(
-                    lambda: [graph.replay() for _ in range(rounds)]) / rounds - rep_us
+            for stage, (graph, how) in stages.items():
+                us = _time(lambda g=graph: [g.replay() for _ in range(rounds)]) / rounds
+                extra[f"{stage}_us"] = us - rep_us if how == "repeat" else rep_us - us
             extra["other_us"] = rep_us - sum(extra.values())
             nbytes = round_bytes(llm, ctx, program.b)
             floor_us = nbytes / bw * 1e6
@@ -199,10 +208,27 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
                              host_bubble_us=host_us - rep_us, eager_us=eager_us,
                              floor_us=floor_us, ratio_to_floor=dev_us / floor_us,
                              GBps=nbytes / dev_us / 1e3, round_bytes=nbytes, **extra))
+        api = _launch_api_us(wg, g_round)
     torch.cuda.current_stream().wait_stream(stream)
-    return rows, dict(copy_bandwidth_TBps=bw / 1e12, capture_s=capture_s, rounds=rounds,
+    return rows, dict(**api, copy_bandwidth_TBps=bw / 1e12, capture_s=capture_s, rounds=rounds,
                       block_length=program.b, body_nodes=_body_nodes(wg),
                       fused_kernels=env.fused_kernels())
+
+
+def _launch_api_us(wg, g_round, reps: int = 20) -> dict[str, float]:
+    """Host time inside the launch call (µs, median, GPU idle before it): the block graph's
+    `cudaGraphLaunch` vs one round graph's replay. After each sync the GPU waits this long."""
+    out = {}
+    for name, fn in (("block_launch_api_us", wg.launch), ("round_replay_api_us", g_round.replay)):
+        times = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+        out[name] = statistics.median(times)
+    torch.cuda.synchronize()
+    return out
 
 
 def _body_nodes(wg) -> str:
@@ -261,9 +287,15 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     print(table(rows, COLUMNS))
     print(table(rows, STAGE_COLUMNS))
     print(table([summary], list(summary)))
+    for shape, rec in llm.gemm_choices.items():
+        triton_us = rec["triton_us"]
+        pick = "triton" if triton_us is not None and triton_us < rec["cublas_us"] else "cublas"
+        print(f"projection [{shape}]: cublas {rec['cublas_us']:.1f} us, triton "
+              f"{triton_us if triton_us is None else round(triton_us, 1)} us -> {pick}")
     name = f"step-{str(args.model).rstrip('/').split('/')[-1]}"
     path = write_json(name, dict(model=str(args.model), decoder=llm.decoder_name,
                                  dtype=str(llm.dtype), options=options, rows=rows,
-                                 summary=summary), llm.device, args.out)
+                                 summary=summary, projections=llm.gemm_choices),
+                      llm.device, args.out)
     print(f"wrote {path}")
     return 0

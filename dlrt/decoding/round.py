@@ -1,7 +1,8 @@
 """One denoising round after the forward: candidates, confidences, remasking strategy, commit.
 
 Pure tensor code with fixed shapes (no `.item()`, no data-dependent Python branches), shared by
-every decoder and execution mode so they commit the same tokens.
+every decoder and execution mode so they commit the same tokens. Greedy rounds on CUDA take the
+argmax and its probability straight from the logits (`dlrt.kernels.greedy`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from dlrt.decoding import rng
 from dlrt.decoding.sampling import SamplingSpec, candidates, entropy, probabilities
 from dlrt.decoding.strategies import NEEDS_ENTROPY, NEEDS_RANDOM, StrategySpec, select
+from dlrt.layers.fused import use_kernels
 
 
 @dataclass(frozen=True)
@@ -41,11 +43,18 @@ def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
     Returns:
         (tokens [n] int64, masked [n] bool, commit [n] bool) after the round.
     """
-    probs = probabilities(logits, spec.sampling)  # [n, V] fp32
     seed = spec.sampling.seed if seed is None else seed
     steps = spec.steps if steps is None else steps
-    cand, conf = candidates(probs, spec.sampling, round_idx, positions, seed)
-    ent = entropy(probs) if spec.strategy.name in NEEDS_ENTROPY else None
+    ent = None
+    if (spec.sampling.temperature == 0 and spec.strategy.name not in NEEDS_ENTROPY
+            and logits.dim() == 2 and use_kernels(logits)):
+        from dlrt.kernels.greedy import greedy_candidates
+        cand, conf = greedy_candidates(logits.contiguous())  # no fp32 [n, V] probabilities
+    else:
+        probs = probabilities(logits, spec.sampling)  # [n, V] fp32
+        cand, conf = candidates(probs, spec.sampling, round_idx, positions, seed)
+        if spec.strategy.name in NEEDS_ENTROPY:
+            ent = entropy(probs)
     rand = None
     if spec.strategy.name in NEEDS_RANDOM:
         rand = rng.uniform(seed, rng.REMASK_STREAM, round_idx, positions, 1)[:, 0]

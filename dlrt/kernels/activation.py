@@ -8,15 +8,15 @@ import triton.language as tl
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, I, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < I
+    ok = offs < inter
     dtype = out_ptr.dtype.element_ty
-    g = tl.load(gu_ptr + row * 2 * I + offs, mask=ok, other=0.0).to(tl.float32)
-    u = tl.load(gu_ptr + row * 2 * I + I + offs, mask=ok, other=0.0).to(tl.float32)
+    g = tl.load(gu_ptr + row * 2 * inter + offs, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * 2 * inter + inter + offs, mask=ok, other=0.0).to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)  # silu, rounded like F.silu
-    tl.store(out_ptr + row * I + offs, (act * u).to(dtype), mask=ok)
+    tl.store(out_ptr + row * inter + offs, (act * u).to(dtype), mask=ok)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,38 @@
-"""Projections of one input merged into one weight (fused QKV, fused gate-up)."""
+"""Dense projections: one entry point (`linear`) that picks cuBLAS or the skinny Triton GEMM
+per weight shape, a bias-free `Linear`, and merged projections (fused QKV, fused gate-up)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dlrt.layers.fused import use_kernels
+
+# (N, K, dtype) -> GemmConfig of the skinny GEMM, or None for cuBLAS; filled at load by
+# `dlrt.kernels.gemm_select.tune` (CUDA only).
+CHOICES: dict[tuple, object] = {}
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., K] @ weight[N, K]^T -> [..., N]. Up to 16 rows on CUDA take the Triton kernel
+    where it was timed faster for this shape; everything else is `F.linear`."""
+    if CHOICES and x.dim() == 2 and x.shape[0] <= 16 and use_kernels(x):
+        cfg = CHOICES.get((weight.shape[0], weight.shape[1], weight.dtype))
+        if cfg is not None:
+            from dlrt.kernels.skinny_gemm import skinny_gemm
+            return skinny_gemm(x.contiguous(), weight, cfg)
+    return F.linear(x, weight)
+
+
+class Linear(nn.Linear):
+    """Bias-free nn.Linear whose forward goes through `linear`."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight)
 
 
 class MergedLinear(nn.Module):
@@ -36,4 +64,4 @@ class MergedLinear(nn.Module):
         raise KeyError(name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return linear(x, self.weight)

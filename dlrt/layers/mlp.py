@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlrt.layers.fused import use_kernels
-from dlrt.layers.linear import MergedLinear
+from dlrt.layers.linear import Linear, MergedLinear
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -26,7 +26,7 @@ class SwiGLU(nn.Module):
         super().__init__()
         self.gate_up_proj = MergedLinear(hidden, {"gate_proj": intermediate,
                                                   "up_proj": intermediate})
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.down_proj = Linear(intermediate, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
@@ -57,7 +57,7 @@ class SparseMoE(nn.Module):
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int,
                  norm_topk_prob: bool):
         super().__init__()
-        self.gate = nn.Linear(hidden, num_experts, bias=False)
+        self.gate = Linear(hidden, num_experts)
         self.experts = Experts(num_experts, hidden, intermediate)
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob

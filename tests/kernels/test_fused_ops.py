@@ -119,3 +119,55 @@ def test_shape_errors():
     with pytest.raises(ValueError, match="qkv"):
         qk_norm_rope_write(torch.zeros(2, 10, device=DEV), 2, 1, 4, None, None, 1e-6,
                            None, None, None, None, None, None, False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,v", [(1, 7), (4, 1000), (3, 5000), (5, 40000)])
+def test_greedy_candidates(n, v, dtype):
+    from dlrt.kernels.greedy import greedy_candidates
+
+    gen = torch.Generator().manual_seed(n + v)
+    logits = (torch.randn(n, v, generator=gen) * 3).to(DEV, dtype)
+    logits[0, v // 3] = logits[0, v - 1] = logits[0].max() + 1  # a tie: the first id wins
+    ids, conf = greedy_candidates(logits)
+    ref_conf, ref_ids = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+    assert torch.equal(ids, ref_ids) and ids[0] == v // 3
+    err = ((conf - ref_conf).abs() / ref_conf).max()
+    assert err < 1e-5, float(err)
+
+
+GEMM_CASES = [  # m, n, k, block_n, block_k, split_k
+    (1, 48, 256, 16, 128, 1),
+    (4, 100, 512, 32, 128, 2),
+    (16, 64, 1024, 64, 256, 4),
+    (7, 33, 384, 16, 128, 3),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", GEMM_CASES, ids=[str(c) for c in GEMM_CASES])
+def test_skinny_gemm(case, dtype):
+    from dlrt.kernels.skinny_gemm import GemmConfig, skinny_gemm
+
+    m, n, k, bn, bk, sk = case
+    gen = torch.Generator().manual_seed(m * n + k)
+    x = torch.randn(m, k, generator=gen).to(DEV, dtype)
+    w = torch.randn(n, k, generator=gen).to(DEV, dtype)
+    out = skinny_gemm(x, w, GemmConfig(bn, bk, sk, stages=2))
+    ref = (x.double() @ w.double().T)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+    assert err < tol, err
+    again = skinny_gemm(x, w, GemmConfig(bn, bk, sk, stages=2))
+    assert torch.equal(out, again)  # deterministic
+
+
+def test_skinny_gemm_rejects_bad_shapes():
+    from dlrt.kernels.skinny_gemm import GemmConfig, skinny_gemm
+
+    with pytest.raises(ValueError, match="M<=16"):
+        skinny_gemm(torch.zeros(17, 64, device=DEV), torch.zeros(8, 64, device=DEV),
+                    GemmConfig(16, 64, 1))
+    with pytest.raises(ValueError, match="does not fit"):
+        skinny_gemm(torch.zeros(2, 96, device=DEV), torch.zeros(8, 96, device=DEV),
+                    GemmConfig(16, 64, 1))

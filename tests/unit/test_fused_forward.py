@@ -1,8 +1,8 @@
 """The fused-kernel forward equals the unfused one on whole models.
 
 On the CPU the layers take the PyTorch ops; here they are switched to the Triton kernels (run by
-the interpreter) to check the wiring: merged projections, residual plumbing through the fused
-RMSNorm, q/k norm + RoPE + cache write, SiLU-and-mul. fp32 weights; logits within 1e-4
+the interpreter) to check the wiring: merged projections through the skinny GEMM (rows <= 16),
+residual plumbing through the fused RMSNorm, q/k norm + RoPE + cache write, SiLU-and-mul. fp32 weights; logits within 1e-4
 relative, and the cache holds the same K/V.
 """
 
@@ -14,7 +14,8 @@ import torch
 pytest.importorskip("triton")
 
 from dlrt import LLM  # noqa: E402
-from dlrt.layers import attention, mlp, norm  # noqa: E402
+from dlrt.kernels.skinny_gemm import GemmConfig  # noqa: E402
+from dlrt.layers import attention, linear, mlp, norm  # noqa: E402
 
 
 def forward(llm: LLM, tokens: torch.Tensor, chunk_block: int | None):
@@ -32,10 +33,38 @@ def test_fused_forward_matches_unfused(ckpt, chunk_block, request, monkeypatch):
     ref = forward(llm, tokens, chunk_block)
     llm.runner.cache.k.zero_()
     llm.runner.cache.v.zero_()
-    for module in (attention, mlp, norm):
+    for module in (attention, mlp, norm, linear):
         monkeypatch.setattr(module, "use_kernels", lambda x: True)
+    for p in llm.model.parameters():  # the layers' projections via the skinny GEMM
+        if p.dim() == 2 and p.shape[1] % 32 == 0 and p.shape[0] <= 1024:
+            monkeypatch.setitem(linear.CHOICES, (*p.shape, p.dtype), GemmConfig(16, 16, 2))
     out = forward(llm, tokens, chunk_block)
-    for a, b in zip(out, ref):
+    for a, b in zip(out, ref, strict=True):
         err = (a - b).abs().max() / b.abs().max()
         assert err < 1e-4, float(err)
     assert ref[1][:, 0, 3:12].abs().sum() > 0  # the chunk's K/V were written
+
+
+@pytest.mark.parametrize("strategy", ["low_confidence_static", "low_confidence_dynamic",
+                                      "threshold", "dynamic_pmax"])
+def test_greedy_round_kernel_matches_probabilities(strategy, monkeypatch):
+    """A greedy round through `dlrt.kernels.greedy` commits what the fp32 softmax path does."""
+    from dlrt.decoding import round as round_mod
+    from dlrt.decoding.round import RoundSpec, denoise_round
+    from dlrt.decoding.sampling import SamplingSpec
+    from dlrt.decoding.strategies import StrategySpec
+
+    spec = RoundSpec(StrategySpec(strategy, 0.3, 0.5), SamplingSpec(0.0, 0, 1.0, 0), steps=4)
+    gen = torch.Generator().manual_seed(11)
+    for trial in range(5):
+        logits = torch.randn(8, 3000, generator=gen) * (1 + 3 * trial)
+        tokens = torch.full((8,), 7, dtype=torch.int64)
+        masked = torch.rand(8, generator=gen) < 0.8
+        args = (spec, logits, tokens, masked, torch.arange(8), 1, 2)
+        ref = denoise_round(*args)
+        monkeypatch.setattr(round_mod, "use_kernels", lambda x: True)
+        out = denoise_round(*args)
+        monkeypatch.undo()
+        for a, b in zip(out, ref, strict=True):
+            assert torch.equal(a, b)
+        assert ref[2].any()  # something was committed

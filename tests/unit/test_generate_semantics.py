@@ -42,7 +42,7 @@ def test_prompt_alignment_and_fixed_prompt_tokens(llm, monkeypatch, p):
     real_forward = llm.runner.forward
 
     def spy(tokens, lens, chunk_block, rows=None):
-        # (ids, chunk start, whether it only writes K/V: prefill and the final block write)
+        # (ids, chunk start, whether it only writes K/V: the prefill)
         forwards.append((tokens.tolist(), int(lens[0]), rows is None))
         return real_forward(tokens, lens, chunk_block, rows)
 
@@ -61,7 +61,7 @@ def test_prompt_alignment_and_fixed_prompt_tokens(llm, monkeypatch, p):
     if start0:  # the whole blocks of the prompt are prefilled once
         assert forwards[0] == (prompt[:start0], 0, True)
         assert sum(1 for _, s, _ in forwards if s == 0) == 1
-    block0 = [toks for toks, s, w in forwards if s == start0 and not w]
+    block0 = [toks for toks, s, w in forwards if s == start0 and not w and len(toks) == B]
     assert block0, forwards
     mask = llm.config.mask_token_id
     for toks in block0:
@@ -73,9 +73,11 @@ def test_prompt_alignment_and_fixed_prompt_tokens(llm, monkeypatch, p):
         for x, y in zip(before, after, strict=True):
             assert x == mask or x == y
         assert after.count(mask) < before.count(mask)
-    # the final K/V write of block 0 holds the fixed prompt tokens and the block's output
-    writes = [toks for toks, s, w in forwards if s == start0 and w]
-    assert writes == [fixed + blocks[0].token_ids]
+    # block 0's final K/V are written by block 1's round 0, one forward of [block 0 as decided
+    # (fixed prompt tokens + output) + block 1 all masked] from block 0's start
+    folded = [toks for toks, s, w in forwards if s == start0 and len(toks) == 2 * B]
+    assert folded == [fixed + blocks[0].token_ids + [mask] * B]
+    assert not any(w for _, s, w in forwards if s > 0)  # no separate K/V-only forwards
 
 
 # --- stop ids ---------------------------------------------------------------------------------

@@ -7,13 +7,13 @@ attn_out -> residual; ff_norm -> ff_out(silu(ff_proj(x)) * up_proj(x)) -> residu
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dlrt.attention import ForwardContext
 from dlrt.config import ModelConfig
+from dlrt.layers import linear as lin
 from dlrt.layers.attention import Attention
-from dlrt.layers.linear import MergedLinear
+from dlrt.layers.linear import Linear, MergedLinear
 from dlrt.layers.mlp import silu_and_mul
 from dlrt.layers.norm import RMSNorm
 from dlrt.layers.rotary import RotaryEmbedding
@@ -28,10 +28,10 @@ class LLaDALlamaBlock(nn.Module):
         kv = c.num_kv_heads * c.head_dim
         self.qkv = MergedLinear(c.hidden_size, {"q_proj": c.num_heads * c.head_dim,
                                                 "k_proj": kv, "v_proj": kv})
-        self.attn_out = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.attn_out = Linear(c.num_heads * c.head_dim, c.hidden_size)
         self.ff_gate_up = MergedLinear(c.hidden_size, {"ff_proj": c.intermediate_size,
                                                        "up_proj": c.intermediate_size})
-        self.ff_out = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.ff_out = Linear(c.intermediate_size, c.hidden_size)
         self.attn = Attention(layer_id, c.num_heads, c.num_kv_heads, c.head_dim)
 
     def forward(self, x, residual, rope, rotary, ctx):
@@ -54,8 +54,7 @@ class LLaDAModel(nn.Module):
             ln_f=RMSNorm(config.hidden_size, config.rms_norm_eps),
         ))
         if not config.tie_word_embeddings:
-            self.transformer["ff_out"] = nn.Linear(config.hidden_size, config.vocab_size,
-                                                   bias=False)
+            self.transformer["ff_out"] = Linear(config.hidden_size, config.vocab_size)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, full_precision=True)
 
 
@@ -79,4 +78,4 @@ class LLaDAModelLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         t = self.model.transformer
         head = t.ff_out.weight if "ff_out" in t else t.wte.weight
-        return F.linear(hidden, head)
+        return lin.linear(hidden, head)

@@ -13,7 +13,7 @@ from torch import nn
 from dlrt.attention import ForwardContext
 from dlrt.config import ModelConfig
 from dlrt.layers.attention import Attention
-from dlrt.layers.linear import MergedLinear
+from dlrt.layers.linear import Linear, MergedLinear
 from dlrt.layers.mlp import SparseMoE, SwiGLU
 from dlrt.layers.norm import RMSNorm
 from dlrt.layers.rotary import RotaryEmbedding
@@ -26,7 +26,7 @@ class SDARAttention(nn.Module):
         kv = c.num_kv_heads * c.head_dim
         self.qkv_proj = MergedLinear(c.hidden_size, {"q_proj": c.num_heads * c.head_dim,
                                                      "k_proj": kv, "v_proj": kv})
-        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.attn = Attention(layer_id, c.num_heads, c.num_kv_heads, c.head_dim)
@@ -86,7 +86,7 @@ class SDARForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = SDARModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -1,0 +1,107 @@
+"""Per weight shape, the faster of cuBLAS and the skinny Triton GEMM, chosen at load.
+
+Each distinct [N, K] of a model's dense projections is timed at M = block rows inside a CUDA
+graph (as it runs in the block graph): cuBLAS (`F.linear`) against a few `GemmConfig`s of
+`dlrt.kernels.skinny_gemm`. The winner is kept in `dlrt.layers.linear.CHOICES`; results are
+cached per device and dtype under DLRT_CACHE_DIR/gemm so later loads skip the timing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from dataclasses import asdict
+
+import torch
+import torch.nn.functional as F
+
+from dlrt import env
+from dlrt.kernels.skinny_gemm import GemmConfig, skinny_gemm
+
+log = logging.getLogger(__name__)
+
+BLOCKS = ((16, 256), (16, 512), (32, 256), (64, 256))  # (block_n, block_k)
+
+
+def candidates(n: int, k: int, sms: int) -> list[GemmConfig]:
+    """Configs for [N, K]: split-K grows until the grid covers the GPU about twice."""
+    out = []
+    for bn, bk in BLOCKS:
+        tiles, split = -(-n // bn), 1
+        while tiles * split < 2 * sms and k % (2 * split * bk) == 0 and split < 8:
+            split *= 2
+        cfg = GemmConfig(bn, bk, split)
+        if cfg.fits(n, k):
+            out.append(cfg)
+    return out
+
+
+def graph_us(fn, reps: int = 20) -> float:
+    """Microseconds per call, replayed from a graph of `reps` calls (median of 5)."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        for _ in range(reps):
+            fn()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        e0.record()
+        g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / reps)
+    return statistics.median(times)
+
+
+def time_shape(w: torch.Tensor, rows: int) -> dict:
+    """{'cublas_us', 'triton_us', 'config'} for weight w at `rows` rows."""
+    x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
+    sms = torch.cuda.get_device_properties(w.device).multi_processor_count
+    best = dict(cublas_us=graph_us(lambda: F.linear(x, w)), triton_us=None, config=None)
+    for cfg in candidates(*w.shape, sms):
+        us = graph_us(lambda c=cfg: skinny_gemm(x, w, c))
+        if best["triton_us"] is None or us < best["triton_us"]:
+            best.update(triton_us=us, config=asdict(cfg))
+    return best
+
+
+def _cache_path(w: torch.Tensor, rows: int):
+    name = torch.cuda.get_device_name(w.device).replace(" ", "_")
+    return env.cache_dir() / "gemm" / f"{name}-{str(w.dtype)[6:]}-m{rows}.json"
+
+
+def tune(model: torch.nn.Module, rows: int = 4) -> dict[str, dict]:
+    """Choose per dense weight shape of `model` (on CUDA) and fill `linear.CHOICES`.
+
+    Returns {"N,K": timing record}. Weights of MoE experts and embeddings are not projections.
+    """
+    from dlrt.layers import linear
+
+    weights: dict[str, torch.Tensor] = {}
+    for name, p in model.named_parameters():
+        if p.dim() == 2 and ".experts." not in name and "embed" not in name \
+                and "wte" not in name:
+            weights.setdefault(f"{p.shape[0]},{p.shape[1]}", p)
+    if not weights:
+        return {}
+    path = _cache_path(next(iter(weights.values())), rows)
+    cached = json.loads(path.read_text()) if path.is_file() else {}
+    records = {}
+    for key, w in weights.items():
+        rec = cached.get(key) or time_shape(w, rows)
+        records[key] = rec
+        win = rec["config"] is not None and rec["triton_us"] < rec["cublas_us"]
+        linear.CHOICES[(w.shape[0], w.shape[1], w.dtype)] = \
+            GemmConfig(**rec["config"]) if win else None
+    if records.keys() - cached.keys():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**cached, **records}, indent=1))
+    log.info("projection kernels: %s", {k: ("triton" if linear.CHOICES.get(
+        (weights[k].shape[0], weights[k].shape[1], weights[k].dtype)) else "cublas")
+        for k in records})
+    return records
