@@ -26,6 +26,7 @@ from dlrt.runtime.decoder import (
     block_result,
     commit_round,
     round_spec,
+    run_blocks,
 )
 from dlrt.runtime.runner import ModelRunner
 
@@ -33,12 +34,14 @@ from dlrt.runtime.runner import ModelRunner
 class BlockProgram(ProgramBase):
     """One SDAR block of B positions at `state.lens = (start, start + B)`."""
 
-    def __init__(self, runner: ModelRunner, spec: RoundSpec, b: int):
+    def __init__(self, runner: ModelRunner, spec: RoundSpec, b: int, mask_token_id: int):
         self.runner, self.spec, self.b = runner, spec, b
         self.state = BlockState(b, runner.device)
         self.key = ("block", b, spec)
         self.prev = torch.zeros(b, dtype=torch.int64, device=runner.device)  # decided block
         self.shift = torch.tensor([-b, 0], dtype=torch.int32, device=runner.device)
+        self.mask_block = torch.full((b,), mask_token_id, dtype=torch.int64,
+                                     device=runner.device)
 
     def buffers(self) -> list[torch.Tensor]:
         return [*self.state.tensors(), self.prev]
@@ -49,9 +52,12 @@ class BlockProgram(ProgramBase):
         self.state.update_flag()
 
     def begin_folded(self) -> None:
-        """Round 0 of a block after the first: [previous block + this block] in one forward
-        at (start - B, start + B); the previous block's K/V enter the cache."""
+        """Round 0 of a block after the first (all masked, set here on the device):
+        [previous block + this block] in one forward at (start - B, start + B); the previous
+        block's K/V enter the cache."""
         s = self.state
+        s.tokens.copy_(self.mask_block)
+        s.masked.fill_(True)
         s.round.zero_()
         s.commit_round.fill_(-1)
         chunk = torch.cat([self.prev, s.tokens])  # [2B]
@@ -77,7 +83,8 @@ class BlockDecoder(DecoderBase):
 
     def program(self, params: DecodingParams) -> BlockProgram:
         spec, b = round_spec(params), params.block_length
-        return self.cached_program((b, spec), lambda: BlockProgram(self.runner, spec, b))
+        return self.cached_program((b, spec), lambda: BlockProgram(
+            self.runner, spec, b, self.mask_token_id))
 
     def max_positions(self, prompt_len: int, params: DecodingParams) -> int:
         b = params.block_length
@@ -95,17 +102,16 @@ class BlockDecoder(DecoderBase):
         fixed = prompt[start:]
         state.set_request(b, params.denoising_steps, params.sampling.seed)
         state.set_lens(start, start + b)
-        generated = 0
-        while True:
-            state.load_block(fixed + [self.mask_token_id] * (b - len(fixed)),
-                             [False] * len(fixed) + [True] * (b - len(fixed)))
-            first = not generated
-            self.executor.run_block(prog, begin=prog.begin if first else prog.begin_folded)
-            tokens, commits, rounds = state.readback()
-            result = block_result(tokens, commits, rounds, skip=len(fixed),
-                                  extra_forwards=1 if start and first else 0)
-            generated += len(result.token_ids)
-            yield result
-            if generated >= params.max_new_tokens:
-                return
-            fixed = []
+        first = b - len(fixed)
+        n_blocks = 1 + -(-max(0, params.max_new_tokens - first) // b)
+
+        def launch(k: int) -> None:
+            if k == 0:
+                state.load_block(fixed + [self.mask_token_id] * first,
+                                 [False] * len(fixed) + [True] * first)
+            self.executor.run_block(prog, begin=prog.begin if k == 0 else prog.begin_folded)
+
+        for k, (tokens, commits, rounds) in enumerate(run_blocks(self.executor, state, launch,
+                                                                   n_blocks)):
+            yield block_result(tokens, commits, rounds, skip=len(fixed) if k == 0 else 0,
+                               extra_forwards=1 if start and k == 0 else 0)

@@ -29,6 +29,8 @@ class BlockState:
         self.seed = torch.zeros((), dtype=torch.int64, device=device)
         self.quotas = torch.zeros(n + 1, dtype=torch.int64, device=device)
         self.lens = torch.zeros(2, dtype=torch.int32, device=device)
+        self._pinned: list[torch.Tensor] = []  # two host buffers for read-backs (CUDA)
+        self._slot = 0
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.tokens, self.masked, self.commit_round, self.round, self.flag, self.steps,
@@ -62,6 +64,35 @@ class BlockState:
 
     def readback(self) -> tuple[list[int], list[int], int]:
         """(tokens, commit rounds, rounds run) with one device-to-host copy."""
-        flat = torch.cat([self.tokens, self.commit_round, self.round.reshape(1)]).tolist()
+        return self.readback_async().wait()
+
+    def readback_async(self) -> Readback:
+        """Enqueue the copy of (tokens, commit rounds, rounds) to the host in stream order
+        (into one of two pinned buffers on CUDA) and return a handle to wait on, so the next
+        block can be launched before this one is read."""
+        flat = torch.cat([self.tokens, self.commit_round, self.round.reshape(1)])
+        if self.device.type != "cuda":
+            return Readback(flat, None, self.n)
+        if not self._pinned:
+            self._pinned = [torch.empty(2 * self.n + 1, dtype=torch.int64, pin_memory=True)
+                            for _ in range(2)]
+        host = self._pinned[self._slot]
+        self._slot ^= 1
+        host.copy_(flat, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return Readback(host, event, self.n)
+
+
+class Readback:
+    """A block's read-back in flight: `wait()` -> (tokens, commit rounds, rounds run)."""
+
+    def __init__(self, host: torch.Tensor, event, n: int):
+        self.host, self.event, self.n = host, event, n
+
+    def wait(self) -> tuple[list[int], list[int], int]:
+        if self.event is not None:
+            self.event.synchronize()
+        flat = self.host.tolist()
         n = self.n
         return flat[:n], flat[n: 2 * n], flat[-1]

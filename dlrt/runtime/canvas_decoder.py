@@ -24,6 +24,7 @@ from dlrt.runtime.decoder import (
     block_result,
     commit_round,
     round_spec,
+    run_blocks,
 )
 from dlrt.runtime.runner import ModelRunner
 
@@ -91,10 +92,14 @@ class CanvasDecoder(DecoderBase):
         prog.canvas_masked.copy_(torch.tensor([False] * p + [True] * (total - p) + [False] * pad))
         prog.lo.fill_(p)
         state.set_lens(0, total)
-        for lo in range(p, total, b):
-            length = min(b, total - lo)
-            if lo == p or length != b:
+        starts = list(range(p, total, b))
+
+        def launch(k: int) -> None:
+            length = min(b, total - starts[k])
+            if k == 0 or length != b:
                 state.set_request(length, params.denoising_steps, params.sampling.seed)
             self.executor.run_block(prog)
-            tokens, commits, rounds = state.readback()
-            yield block_result(tokens, commits, rounds, keep=length)
+
+        for k, (tokens, commits, rounds) in enumerate(run_blocks(self.executor, state, launch,
+                                                                   len(starts))):
+            yield block_result(tokens, commits, rounds, keep=min(b, total - starts[k]))

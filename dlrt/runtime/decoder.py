@@ -8,7 +8,7 @@ replayed from the host, or as one CUDA graph whose WHILE node repeats `round` on
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -113,6 +113,34 @@ def commit_round(spec: RoundSpec, state: BlockState, logits: torch.Tensor,
     state.commit_round.copy_(torch.where(commit, state.round, state.commit_round))
     state.round.add_(1)
     state.update_flag()
+
+
+def run_blocks(executor, state: BlockState, launch: Callable[[int], None],
+               n_blocks: int) -> Iterator[tuple[list[int], list[int], int]]:
+    """Run blocks 0..n_blocks-1 (`launch(k)` enqueues block k) and yield each one's read-back
+    (tokens, commit rounds, rounds run), in order.
+
+    In the graph modes block k+1 is launched before block k is read back: the host's work
+    between blocks (launch, read-back, detokenisation, streaming) overlaps the GPU's next
+    block, and a block's state never waits on the host. A consumer that stops early (a stop
+    id) leaves at most one launched block, whose positions are scratch. Eager mode runs the
+    blocks one after the other (nothing to overlap).
+    """
+    ahead = executor.mode != "eager"
+    launch(0)
+    pending = state.readback_async()
+    for k in range(n_blocks):
+        following = None
+        if ahead and k + 1 < n_blocks:
+            launch(k + 1)
+            following = state.readback_async()
+        result = pending.wait()
+        yield result
+        if k + 1 < n_blocks:
+            if following is None:
+                launch(k + 1)
+                following = state.readback_async()
+            pending = following
 
 
 def block_result(tokens: list[int], commit_rounds: list[int], rounds: int, skip: int = 0,

@@ -145,6 +145,8 @@ class WhileGraph:
         _check(cudart.cudaGraphAddChildGraphNode(loop_body, None, 0, body_g))
         _check(cudart.cudaGraphAddChildGraphNode(self.graph, [n_while], 1, end_g))
         self.exec = _check(cudart.cudaGraphInstantiate(self.graph, 0))
+        # NOTE: upload once now, so launches do not pay for it.
+        _check(cudart.cudaGraphUpload(self.exec, torch.cuda.current_stream().cuda_stream))
 
     def _capture(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
         g = torch.cuda.CUDAGraph(keep_graph=True)

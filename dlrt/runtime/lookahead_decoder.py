@@ -25,6 +25,7 @@ from dlrt.runtime.decoder import (
     block_result,
     commit_round,
     round_spec,
+    run_blocks,
 )
 from dlrt.runtime.runner import ModelRunner
 
@@ -94,12 +95,10 @@ class LookaheadDecoder(DecoderBase):
             self.runner, spec, b, self.mask_token_id))
         prog.state.set_request(b, params.denoising_steps, params.sampling.seed)
         prog.begin_first(prompt)
-        self.executor.run_block(prog, begin=prog.flag_only)
-        generated = 0
-        while True:
-            tokens, commits, rounds = prog.state.readback()
-            generated += b
+
+        def launch(k: int) -> None:
+            self.executor.run_block(prog, begin=prog.flag_only if k == 0 else prog.begin)
+
+        n_blocks = -(-params.max_new_tokens // b)
+        for tokens, commits, rounds in run_blocks(self.executor, prog.state, launch, n_blocks):
             yield block_result(tokens, commits, rounds, extra_forwards=0)
-            if generated >= params.max_new_tokens:
-                return
-            self.executor.run_block(prog)

@@ -2,8 +2,8 @@
 
 On the CPU the layers take the PyTorch ops; here they are switched to the Triton kernels (run by
 the interpreter) to check the wiring: merged projections through the skinny GEMM (rows <= 16),
-residual plumbing through the fused RMSNorm, q/k norm + RoPE + cache write, SiLU-and-mul. fp32 weights; logits within 1e-4
-relative, and the cache holds the same K/V.
+residual plumbing through the fused RMSNorm, q/k norm + RoPE + cache write, SiLU-and-mul.
+fp32 weights; logits within 1e-4 relative, and the cache holds the same K/V.
 """
 
 from __future__ import annotations
