@@ -4,3 +4,11 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} DLRT_CACHE_DIR=/tmp/dlrt-cache
 M=.devtools/models
 LOG=$OUT/run.log
 t0=$(date +%s)
+
+# The GPU tests that matter for kernels and execution modes (the rest assume CPU numerics).
+gpu_tests() {
+  timeout 200 python3 -m pytest -q -x tests/kernels tests/unit/test_triton_backend.py \
+      tests/e2e/test_fused_tokens.py tests/e2e/test_execution_modes.py >> $LOG 2>&1
+  tail -2 $LOG
+  echo "tests done at $(( $(date +%s) - t0 )) s"
+}

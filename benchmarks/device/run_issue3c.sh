@@ -3,10 +3,7 @@
 # tests, launch cost in bench step, request benchmarks in three modes, the HTTP server.
 set -uo pipefail
 source benchmarks/device/common.sh
-timeout 200 python3 -m pytest -q -x tests/kernels tests/unit/test_triton_backend.py \
-    tests/e2e/test_fused_tokens.py tests/e2e/test_execution_modes.py >> $LOG 2>&1
-tail -2 $LOG
-echo "tests done at $(( $(date +%s) - t0 )) s"
+gpu_tests
 O="--load-format dummy --temperature 0 --remasking-strategy low_confidence_static"
 timeout 120 python3 -m dlrt bench step --out $OUT --rounds 50 --model $M/SDAR-1.7B-Chat $O --context 0 >> $LOG 2>&1
 grep -A1 "block_launch_api_us" $LOG | tail -2

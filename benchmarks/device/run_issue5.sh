@@ -4,10 +4,7 @@
 # unfused baseline on SDAR-8B. Full log: $OUT/run.log.
 set -uo pipefail
 source benchmarks/device/common.sh
-timeout 200 python3 -m pytest -q -x tests/kernels tests/unit/test_triton_backend.py \
-    tests/e2e/test_fused_tokens.py tests/e2e/test_execution_modes.py >> $LOG 2>&1
-tail -4 $LOG
-echo "tests done at $(( $(date +%s) - t0 )) s"
+gpu_tests
 python3 -m dlrt bench kernels --model $M/SDAR-8B-Chat --load-format dummy --out $OUT >> $LOG 2>&1
 grep -A30 "^ *op " $LOG | tail -16
 step() { timeout 120 python3 -m dlrt bench step --out $OUT --rounds 50 "$@" >> $LOG 2>&1; tail -12 $LOG | grep -v "^wrote\|Warn\|capture_end"; }

@@ -4,10 +4,7 @@
 # SDAR-8B, kernel micro-benchmarks, and the request benchmark in three modes.
 set -uo pipefail
 source benchmarks/device/common.sh
-timeout 200 python3 -m pytest -q -x tests/kernels tests/unit/test_triton_backend.py \
-    tests/e2e/test_fused_tokens.py tests/e2e/test_execution_modes.py >> $LOG 2>&1
-tail -2 $LOG
-echo "tests done at $(( $(date +%s) - t0 )) s"
+gpu_tests
 step() { timeout 180 python3 -m dlrt bench step --out $OUT --rounds 50 "$@" >> $LOG 2>&1; tail -18 $LOG | grep -v "^wrote\|Warn\|capture_end"; }
 O="--load-format dummy --temperature 0 --remasking-strategy low_confidence_static"
 step --model $M/SDAR-8B-Chat $O --context 0,4096,32640

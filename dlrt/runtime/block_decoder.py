@@ -18,7 +18,6 @@ import torch
 
 from dlrt.decoding.options import DecodingParams
 from dlrt.decoding.round import RoundSpec
-from dlrt.runtime.block_state import BlockState
 from dlrt.runtime.decoder import (
     BlockResult,
     DecoderBase,
@@ -35,13 +34,9 @@ class BlockProgram(ProgramBase):
     """One SDAR block of B positions at `state.lens = (start, start + B)`."""
 
     def __init__(self, runner: ModelRunner, spec: RoundSpec, b: int, mask_token_id: int):
-        self.runner, self.spec, self.b = runner, spec, b
-        self.state = BlockState(b, runner.device)
-        self.key = ("block", b, spec)
+        super().__init__("block", runner, spec, b, mask_token_id=mask_token_id)
         self.prev = torch.zeros(b, dtype=torch.int64, device=runner.device)  # decided block
         self.shift = torch.tensor([-b, 0], dtype=torch.int32, device=runner.device)
-        self.mask_block = torch.full((b,), mask_token_id, dtype=torch.int64,
-                                     device=runner.device)
 
     def buffers(self) -> list[torch.Tensor]:
         return [*self.state.tensors(), self.prev]

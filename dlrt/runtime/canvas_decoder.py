@@ -16,7 +16,6 @@ import torch
 
 from dlrt.decoding.options import DecodingParams
 from dlrt.decoding.round import RoundSpec
-from dlrt.runtime.block_state import BlockState
 from dlrt.runtime.decoder import (
     BlockResult,
     DecoderBase,
@@ -35,10 +34,9 @@ class CanvasProgram(ProgramBase):
     """Sub-block window [lo, lo + B) of a canvas of `size` slots; lens = (0, canvas length)."""
 
     def __init__(self, runner: ModelRunner, spec: RoundSpec, b: int, size: int):
-        self.runner, self.spec, self.b, self.size = runner, spec, b, size
+        super().__init__("canvas", runner, spec, b, size)
+        self.size = size
         dev = runner.device
-        self.state = BlockState(b, dev)
-        self.key = ("canvas", b, size, spec)
         self.canvas = torch.zeros(size, dtype=torch.int64, device=dev)
         self.canvas_masked = torch.zeros(size, dtype=torch.bool, device=dev)
         self.lo = torch.zeros((), dtype=torch.int64, device=dev)

@@ -58,9 +58,18 @@ class Decoder(Protocol):
 
 
 class ProgramBase:
-    """Default `buffers`: the block state (programs with more device state extend it)."""
+    """What programs share: the runner, the round spec, B, a `BlockState` of B positions, the
+    graph key (`kind`, B, extra key parts, spec), and a block of mask tokens when given.
+    Default `buffers`: the block state (programs with more device state extend it)."""
 
-    state: BlockState
+    def __init__(self, kind: str, runner, spec: RoundSpec, b: int, *key: object,
+                 mask_token_id: int | None = None):
+        self.runner, self.spec, self.b = runner, spec, b
+        self.state = BlockState(b, runner.device)
+        self.key = (kind, b, *key, spec)
+        if mask_token_id is not None:
+            self.mask_block = torch.full((b,), mask_token_id, dtype=torch.int64,
+                                         device=runner.device)
 
     def buffers(self) -> list[torch.Tensor]:
         return self.state.tensors()

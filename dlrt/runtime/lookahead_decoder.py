@@ -17,7 +17,6 @@ import torch
 
 from dlrt.decoding.options import DecodingParams
 from dlrt.decoding.round import RoundSpec
-from dlrt.runtime.block_state import BlockState
 from dlrt.runtime.decoder import (
     BlockResult,
     DecoderBase,
@@ -34,12 +33,8 @@ class LookaheadProgram(ProgramBase):
     """The current block at `state.lens = (start, start + B)`; begin moves to the next."""
 
     def __init__(self, runner: ModelRunner, spec: RoundSpec, b: int, mask_token_id: int):
-        self.runner, self.spec, self.b = runner, spec, b
-        self.state = BlockState(b, runner.device)
-        self.key = ("dllm_var", b, spec)
-        dev = runner.device
-        self.mask_block = torch.full((b,), mask_token_id, dtype=torch.int64, device=dev)
-        self.step = torch.tensor([0, b], dtype=torch.int32, device=dev)
+        super().__init__("dllm_var", runner, spec, b, mask_token_id=mask_token_id)
+        self.step = torch.tensor([0, b], dtype=torch.int32, device=runner.device)
         self.positions = runner.arange(b)
 
     def _reset_block(self) -> None:
