@@ -1,0 +1,56 @@
+"""`run_blocks`: blocks in order, launched one ahead of their read-back in graph modes."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from dlrt.runtime.decoder import run_blocks
+
+
+class FakeState:
+    """Read-backs return the index of the last launched block, recording the event order."""
+
+    def __init__(self, log):
+        self.log, self.last = log, None
+
+    def readback_async(self):
+        k = self.last
+        self.log.append(f"copy {k}")
+        return SimpleNamespace(wait=lambda: (self.log.append(f"wait {k}"), ([k], [0], 1))[1])
+
+
+@pytest.mark.parametrize("mode,ahead", [("device_loop", True), ("host_loop", True),
+                                        ("eager", False)])
+def test_order_and_lookahead(mode, ahead):
+    log: list[str] = []
+    state = FakeState(log)
+
+    def launch(k):
+        log.append(f"launch {k}")
+        state.last = k
+
+    got = []
+    for tokens, _, _ in run_blocks(SimpleNamespace(mode=mode), state, launch, 3):
+        log.append(f"yield {tokens[0]}")
+        got.append(tokens[0])
+    assert got == [0, 1, 2]
+    assert log.count("launch 0") == log.count("launch 1") == log.count("launch 2") == 1
+    first_yield = log.index("yield 0")
+    assert ("launch 1" in log[:first_yield]) == ahead  # block 1 queued before block 0 is used
+    assert "launch 3" not in log  # never past the last block
+
+
+def test_stopping_early_leaves_at_most_one_block_launched():
+    log: list[str] = []
+    state = FakeState(log)
+
+    def launch(k):
+        log.append(f"launch {k}")
+        state.last = k
+
+    blocks = run_blocks(SimpleNamespace(mode="device_loop"), state, launch, 10)
+    next(blocks)
+    blocks.close()
+    assert [e for e in log if e.startswith("launch")] == ["launch 0", "launch 1"]
