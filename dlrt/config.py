@@ -27,14 +27,16 @@ def resolve_family(hf: dict[str, Any]) -> str:
     """Return the family name of a raw config dict.
 
     Raises:
-        ConfigError: the `model_type` (and `architectures`) name no supported family.
+        ConfigError: the `model_type` names no supported family (or, when there is no
+            `model_type`, neither do the `architectures`).
     """
     model_type = hf.get("model_type")
     if model_type in _MODEL_TYPES:
         return _MODEL_TYPES[model_type]
-    for arch in hf.get("architectures") or []:
-        if arch in _ARCHITECTURES:
-            return _ARCHITECTURES[arch]
+    if model_type is None:  # only a config without model_type is read by its architectures
+        for arch in hf.get("architectures") or []:
+            if arch in _ARCHITECTURES:
+                return _ARCHITECTURES[arch]
     if model_type in _LATER:
         raise ConfigError(f"model_type {model_type!r} ({_LATER[model_type]}) is not supported yet")
     raise ConfigError(

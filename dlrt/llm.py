@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import logging
+import os
 import random
 import time
 from collections.abc import Iterator
@@ -77,7 +78,7 @@ class LLM:
         self.attention_backend = (attention_backend or env.attention_backend()
                                   or ("triton" if cuda else "sdpa"))
         backend = get_backend(self.attention_backend)
-        _check_backend(self.execution_mode, self.attention_backend)
+        _check_backend(self.execution_mode, self.attention_backend, self.device)
         if model is None:
             from dlrt.checkpoint.presets import default_model_path
 
@@ -148,7 +149,19 @@ class LLM:
         return encode_prompt(self.tokenizer, prompt, self.config.vocab_size, chat)
 
     def resolve(self, options: DecodingOptions) -> DecodingParams:
-        """Resolve per-request options against this model's defaults."""
+        """Resolve per-request options against this model's defaults.
+
+        Raises:
+            OptionError: a bad option; a stop id outside the vocabulary; a stop string for a
+                checkpoint without a tokenizer (it could never match).
+        """
+        vocab = self.config.vocab_size
+        for s in options.stop:
+            if isinstance(s, int) and not 0 <= s < vocab:
+                raise OptionError(f"stop token id {s} is not in the vocabulary [0, {vocab})")
+            if isinstance(s, str) and self.tokenizer is None:
+                raise OptionError(f"stop string {s!r} needs a tokenizer and {self.folder.path} "
+                                  "has none; give stop token ids")
         return resolve(options, self.decoder_defaults, self.folder.generation_config,
                        self.eos_token_ids, DEFAULT_MAX_NEW_TOKENS, random.randrange(2**31))
 
@@ -291,7 +304,11 @@ def _stop_holdback(text: TextStream, stops: tuple[str, ...]) -> int:
     return len(text) - hold
 
 
-def _check_backend(mode: str, backend: str) -> None:
+def _check_backend(mode: str, backend: str, device: torch.device | None = None) -> None:
+    if backend == "triton" and device is not None and device.type != "cuda" \
+            and os.environ.get("TRITON_INTERPRET") != "1":
+        raise OptionError("attention backend 'triton' needs a CUDA device (on the CPU it runs "
+                          "only in Triton's interpreter, TRITON_INTERPRET=1); use 'sdpa'")
     if mode != "eager" and not capturable(backend):
         raise OptionError(f"execution_mode {mode!r} needs a graph-capturable attention backend "
                           f"(triton), not {backend!r}")

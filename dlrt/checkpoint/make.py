@@ -127,6 +127,7 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
         (tmp / "config.json").write_text(json.dumps(hf, indent=2))
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         _copy_tokenizer(src_dir, config.family, tmp)
+        _default_modes(tmp)
         if out.exists() and overwrite:
             _check_replaceable(out)  # NOTE: again: it may have changed while writing
             shutil.rmtree(out)
@@ -174,3 +175,12 @@ def _copy_tokenizer(src_dir: Path | None, family: str, dst: Path) -> None:
     for n in _TOKENIZER_FILES:
         if (src / n).is_file():
             shutil.copyfile(src / n, dst / n)
+
+
+def _default_modes(folder: Path) -> None:
+    """Give the folder and its files the modes the umask allows (mkdtemp makes them private)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for f in folder.iterdir():
+        f.chmod(0o666 & ~umask)

@@ -5,6 +5,7 @@ that resolves them against the decoder's defaults and `generation_config.json`
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,9 +130,10 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     threshold = float(_pick(opts.threshold, defaults.threshold))
     _check(0.0 <= threshold <= 1.0, "threshold", threshold, "must be in [0, 1]")
     eb = float(_pick(opts.eb_threshold, defaults.eb_threshold))
-    _check(eb > 0.0, "eb_threshold", eb, "must be > 0")
+    _check(math.isfinite(eb) and eb > 0.0, "eb_threshold", eb, "must be a finite number > 0")
     temperature = float(_pick(opts.temperature, gen.get("temperature") if sample else 0.0, 0.0))
-    _check(temperature >= 0.0, "temperature", temperature, "must be >= 0")
+    _check(math.isfinite(temperature) and temperature >= 0.0, "temperature", temperature,
+           "must be a finite number >= 0")
     top_k = int(_pick(opts.top_k, gen.get("top_k") if sample else 0, 0))
     _check(top_k >= 0, "top_k", top_k, "must be >= 0 (0 = off)")
     top_p = float(_pick(opts.top_p, gen.get("top_p") if sample else 1.0, 1.0))

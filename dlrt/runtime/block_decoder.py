@@ -1,13 +1,13 @@
 """SDAR block diffusion with a KV cache (JetAstra/SDAR `generate.py`, DESIGN §3).
 
-Prefill the whole blocks of the prompt once (block-causal), put the `P mod B` remaining prompt
-tokens at the front of block 0 as fixed tokens, and denoise each block against the cached
-prefix. The reference forwards a decided block once more so its final K/V enter the cache;
-here that forward is folded into the next block's first round: round 0 of block k+1 forwards
-[block k (decided) + block k+1 (masked)] block-causally (block k sees the prefix and itself,
-exactly its separate forward; block k+1 also sees block k), with logits for block k+1 only.
-One forward per block saved, same attention pattern. Program per block:
-begin (block 0) | begin_folded (later blocks, runs round 0) -> rounds -> end.
+Prefill the whole blocks of the prompt once (block-causal, a few blocks per forward), put the
+`P mod B` remaining prompt tokens at the front of block 0 as fixed tokens, and denoise each
+block against the cached prefix. The reference forwards a decided block once more so its
+final K/V enter the cache; here that forward is folded into the next block's first round:
+round 0 of block k+1 forwards [block k (decided) + block k+1 (masked)] block-causally (block k
+sees the prefix and itself, exactly its separate forward; block k+1 also sees block k), with
+logits for block k+1 only. One forward per block saved, same attention pattern. Program per
+block: begin (block 0) | begin_folded (later blocks, runs round 0) -> rounds -> end.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from dlrt.runtime.decoder import (
     run_blocks,
 )
 from dlrt.runtime.runner import ModelRunner
+
+PREFILL_CHUNK = 512  # prompt tokens per prefill forward (attention scratch grows with it)
 
 
 class BlockProgram(ProgramBase):
@@ -91,9 +93,10 @@ class BlockDecoder(DecoderBase):
         prog = self.program(params)
         state = prog.state
         start = (len(prompt) // b) * b
-        if start:
-            ids = state.tokens.new_tensor(prompt[:start])
-            self.runner.forward_at(ids, 0, chunk_block=b, rows=None)
+        ids = state.tokens.new_tensor(prompt[:start])
+        step = max(b, PREFILL_CHUNK // b * b)
+        for lo in range(0, start, step):  # whole blocks, a chunk at a time: bounded memory
+            self.runner.forward_at(ids[lo:lo + step], lo, chunk_block=b, rows=None)
         fixed = prompt[start:]
         state.set_request(b, params.denoising_steps, params.sampling.seed)
         state.set_lens(start, start + b)
@@ -109,4 +112,4 @@ class BlockDecoder(DecoderBase):
         for k, (tokens, commits, rounds) in enumerate(run_blocks(self.executor, state, launch,
                                                                    n_blocks)):
             yield block_result(tokens, commits, rounds, skip=len(fixed) if k == 0 else 0,
-                               extra_forwards=1 if start and k == 0 else 0)
+                               extra_forwards=-(-start // step) if k == 0 else 0)

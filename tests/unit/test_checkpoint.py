@@ -463,6 +463,12 @@ def test_unknown_model_type(tiny_sdar, tmp_path):
     with pytest.raises(ConfigError, match="mamba9"):
         make_checkpoint(folder, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+    # a known architecture does not excuse an unknown model_type
+    edit_config(folder, model_type="gpt9", architectures=["SDARForCausalLM"])
+    with pytest.raises(ConfigError, match=r"unknown model_type 'gpt9'"):
+        LLM(folder)
+    edit_config(folder, model_type=None, architectures=["SDARForCausalLM"])
+    assert LLM(folder).config.family == "sdar"  # no model_type: read by architectures
 
 
 @needs_real
@@ -741,3 +747,13 @@ def test_make_checkpoint_from_a_shipped_real_config_name(tmp_path):
     assert cfg["hidden_size"] == real["hidden_size"] == 2048
     assert cfg["num_hidden_layers"] == 1 and real["num_hidden_layers"] == 28
     assert (out / "vocab.json").is_file()
+
+
+def test_made_checkpoint_follows_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        out = make_checkpoint("tiny-sdar", tmp_path / "ck")
+    finally:
+        os.umask(old)
+    assert (out.stat().st_mode & 0o777) == 0o755
+    assert all((f.stat().st_mode & 0o777) == 0o644 for f in out.iterdir())

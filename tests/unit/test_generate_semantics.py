@@ -306,3 +306,16 @@ def test_detokenisation_cost_is_linear(llm, monkeypatch, stop):
     assert len(r.token_ids) == 200
     assert r.text == real(r.token_ids, skip_special_tokens=True)
     assert sum(decoded) < 8 * 200, sum(decoded)  # the old code decoded ~ 200^2 / (2 B) tokens
+
+
+def test_prefill_in_chunks_gives_the_same_tokens(llm, monkeypatch):
+    """A long prompt is prefilled a few whole blocks at a time (bounded memory); the cache and
+    so the tokens are those of one prefill forward."""
+    from dlrt.runtime import block_decoder
+
+    prompt = [(17 * i + 3) % 5000 for i in range(37)]
+    ref = llm.generate(prompt, max_new_tokens=8)
+    monkeypatch.setattr(block_decoder, "PREFILL_CHUNK", 2 * B)
+    chunked = llm.generate(prompt, max_new_tokens=8)
+    assert chunked.token_ids == ref.token_ids
+    assert chunked.timings["forwards"] == ref.timings["forwards"] + -(-36 // (2 * B)) - 1
