@@ -160,3 +160,31 @@ def test_stop_ints_and_strings_are_split():
     assert params(stop="END").stop_token_ids == frozenset(EOS)
     assert params(stop=11).stop_token_ids == frozenset({11, *EOS})
     assert params(stop=(11, "x")).stop_strings == ("x",)
+
+
+@pytest.mark.parametrize("name, value", [("temperature", float("inf")),
+                                         ("eb_threshold", float("inf")),
+                                         ("temperature", float("nan"))])
+def test_non_finite_values_are_refused(name, value):
+    with pytest.raises(OptionError, match=name):
+        params(**{name: value})
+
+
+def test_stop_ids_outside_the_vocabulary_and_strings_without_tokenizer(tiny_sdar, tiny_llada):
+    from dlrt import LLM
+
+    llm = LLM(tiny_sdar)
+    for bad in (-5, llm.config.vocab_size, 10**30):
+        with pytest.raises(OptionError, match=f"stop token id {bad}"):
+            llm.check([1, 2, 3], stop=[bad])
+    llm.check([1, 2, 3], stop=[llm.config.vocab_size - 1, "end"])
+    with pytest.raises(OptionError, match="needs a tokenizer"):
+        LLM(tiny_llada).check([1, 2, 3], stop=["end"])
+
+
+def test_triton_backend_on_cpu_needs_the_interpreter(tiny_sdar, monkeypatch):
+    from dlrt import LLM
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(OptionError, match="needs a CUDA device"):
+        LLM(tiny_sdar, device="cpu", attention_backend="triton")
