@@ -177,6 +177,24 @@ def _positive(kind: type) -> typing.Callable[[str], int | float]:
     return parse
 
 
+def _int_in(low: int, high: int | None = None) -> typing.Callable[[str], int]:
+    """An argparse type: an int in [low, high] (no upper bound when `high` is None)."""
+    want = f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
+        return value
+    return parse
+
+
+_port = _int_in(1, 65535)
+
+
 def add_prompt_flags(parser: argparse.ArgumentParser) -> None:
     """The HumanEval request flags of `bench humaneval` and `bench serve`."""
     parser.add_argument("--data", default=None,
@@ -225,12 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
                                       "endpoints (torchrun for several ranks)")
     add_engine_flags(sv)
     sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=18080)
-    sv.add_argument("--max-queue", type=int, default=16,
-                    help="requests that may wait; more get 503 with Retry-After")
-    sv.add_argument("--request-timeout", type=float, default=600.0,
+    sv.add_argument("--port", type=_port, default=18080)
+    sv.add_argument("--max-queue", type=_int_in(0), default=16,
+                    help="requests that may wait while one runs (0: none); more get 503 with "
+                         "Retry-After")
+    sv.add_argument("--request-timeout", type=_positive(float), default=600.0,
                     help="seconds before a request ends with finish_reason 'timeout'")
-    sv.add_argument("--max-body-bytes", type=int, default=1 << 20,
+    sv.add_argument("--max-body-bytes", type=_positive(int), default=1 << 20,
                     help="larger request bodies get 413")
     add_decoding_flags(sv)
     sv.set_defaults(func=_serve)
@@ -251,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_flags(bs)
     add_prompt_flags(bs)
     add_decoding_flags(bs)
-    bs.add_argument("--port", type=int, default=None, help="server port (default: a free one)")
+    bs.add_argument("--port", type=_port, default=None, help="server port (default: a free one)")
     bs.add_argument("--startup-timeout", type=_positive(float), default=1800.0,
                     help="seconds to wait for the server's /health (default 1800)")
     bs.set_defaults(func=_bench_serve)

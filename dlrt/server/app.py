@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import sys
 import time
 import uuid
 from typing import Any
@@ -39,9 +40,38 @@ def _error(status: int, message: str, param: str | None = None, headers=None) ->
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def _field_of(message: str) -> str | None:
-    head = message.split("=", 1)[0].split(" ", 1)[0]
-    return head if head.isidentifier() else None
+def _sent_path(err: dict[str, Any], data: Any) -> list[str | int]:
+    """The part of a pydantic error location that exists in the body the client sent (plus a
+    missing field's name): the tags pydantic adds for the members of a union
+    (`stop.int`, `stop.list[union[int,str]].0.str`) are left out."""
+    loc = err["loc"]
+    path: list[str | int] = [loc[0]]
+    node = data.get(loc[0]) if isinstance(data, dict) else None
+    for i, part in enumerate(loc[1:], 1):
+        if isinstance(node, dict) and isinstance(part, str) and (
+                part in node or (err["type"] == "missing" and i == len(loc) - 1)):
+            node = node.get(part)
+        elif (isinstance(node, list) and isinstance(part, int) and not isinstance(part, bool)
+              and 0 <= part < len(node)):
+            node = node[part]
+        else:
+            break
+        path.append(part)
+    return path
+
+
+def _invalid(e: ValidationError, data: Any) -> HTTPError:
+    """A 400 naming the field the client sent, for the first validation error."""
+    errors = e.errors()
+    path = _sent_path(errors[0], data)
+    param = ".".join(str(x) for x in path)
+    n = len(path)
+    # a union: one error per member type, each under its tag (the part after the field)
+    tags = list(dict.fromkeys(str(err["loc"][n]) for err in errors
+                              if len(err["loc"]) > n and list(err["loc"][:n]) == path))
+    if len(tags) > 1:
+        return HTTPError(400, f"{param}: expected one of {', '.join(tags)}", param=param)
+    return HTTPError(400, f"{param}: {errors[0]['msg']}", param=param)
 
 
 async def _body(request: Request, model, limit: int):
@@ -62,14 +92,16 @@ async def _body(request: Request, model, limit: int):
         raise HTTPError(400, f"request body is not valid JSON: {e}") from e
     except RecursionError as e:
         raise HTTPError(400, "request body is not valid JSON: nested too deeply") from e
+    except ValueError as e:  # an integer past Python's int-string conversion limit
+        why = (f"an integer has more than {sys.get_int_max_str_digits()} digits"
+               if "integer string conversion" in str(e) else str(e))
+        raise HTTPError(400, f"request body is not valid JSON: {why}") from e
     if not isinstance(data, dict):
         raise HTTPError(400, "request body must be a JSON object")
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise HTTPError(400, f"{loc}: {err['msg']}", param=loc) from e
+        raise _invalid(e, data) from e
 
 
 def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | None = None,
@@ -85,18 +117,50 @@ def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | 
         return _error(e.status, e.message, e.param, e.headers)
 
     def prepare(call, body, endpoint: str) -> Job:
+        """Validate a request (`LLM.check`); a 400 naming the field as the client sent it."""
+        where = protocol.prompt_field(body)
         try:
-            prompt, chat, options = call(body)
-            options = {**defaults, **options}
-            options.setdefault("seed", random.randrange(2**31))  # same seed on every rank
+            prompt, chat, options, fields = call(body)
+        except PromptError as e:
+            raise HTTPError(400, str(e), where) from e
+        options = {**defaults, **options}
+        options.setdefault("seed", random.randrange(2**31))  # same seed on every rank
+        try:
             ids, _ = llm.check(prompt, chat=chat, **options)
         except OptionError as e:
-            raise HTTPError(400, str(e), _field_of(str(e))) from e
+            name = protocol.option_of(e)
+            field = fields.get(name, name)
+            message = str(e)
+            if name and field != name and message.startswith(name):
+                message = field + message[len(name):]  # max_tokens=0 must be >= 1
+            raise HTTPError(400, message, field) from e
         except PromptError as e:
-            raise HTTPError(400, str(e), "prompt") from e
+            raise HTTPError(400, str(e), _prompt_blame(prompt, chat, options, fields, where)) from e
         except DlrtError as e:
             raise HTTPError(400, str(e)) from e
         return Job(f"{endpoint[:4]}-{next(_ids)}", ids, options, endpoint)
+
+    def _prompt_blame(prompt, chat, options, fields, where: str) -> str:
+        """The field to name when `LLM.check` refused a request with a PromptError: the prompt
+        when it is bad or alone fills the context; else (prompt + generation do not fit) the
+        block_length the client sent if the request fits without it, else the client's
+        max tokens field (the prompt's field when it sent none)."""
+        try:
+            ids = llm.encode(prompt, chat)
+        except DlrtError:
+            return where
+        if len(ids) >= llm.max_model_len:
+            return where
+        if "block_length" in fields:
+            rest = {k: v for k, v in options.items() if k != "block_length"}
+            if "block_length" in defaults:
+                rest["block_length"] = defaults["block_length"]
+            try:
+                llm.check(ids, **rest)
+                return "block_length"
+            except DlrtError:
+                pass
+        return fields.get("max_new_tokens", where)
 
     async def start(job: Job):
         """Enter the queue; the first event is awaited here so 503s stay HTTP errors."""
@@ -104,7 +168,8 @@ def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | 
         try:
             first = await events.__anext__()
         except QueueFull:
-            raise HTTPError(503, f"server busy: {worker.max_queue} requests waiting",
+            raise HTTPError(503, f"server busy: one request running, {worker.waiting} "
+                            f"waiting (--max-queue {worker.max_queue})",
                             headers={"Retry-After": "1"}) from None
         return first, events
 

@@ -21,6 +21,7 @@ from pydantic import (
 from dlrt.decoding.options import DecodingOptions
 from dlrt.errors import PromptError
 
+_DECODING = frozenset(f.name for f in dataclasses.fields(DecodingOptions))
 _STRICT = {int: StrictInt, float: StrictFloat | StrictInt, str: StrictStr, bool: StrictBool}
 StopField = StrictInt | StrictStr | list[StrictInt | StrictStr]
 
@@ -95,19 +96,38 @@ CompletionRequest = create_model(
     **_OPENAI_EXTRAS)
 
 
-def _options(body: BaseModel, names: dict[str, str]) -> dict[str, Any]:
-    """Decoding options set in the body (renamed per `names`), None fields left out."""
-    out = {}
-    decoding = {f.name for f in dataclasses.fields(DecodingOptions)}
+def option_of(error: Exception) -> str | None:
+    """The decoding option an `OptionError` is about: its message starts with the name."""
+    head = str(error).split("=", 1)[0].split(" ", 1)[0]
+    return head if head in _DECODING else None
+
+
+def _options(body: BaseModel, names: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Decoding options set in the body (renamed per `names`), None fields left out, and the
+    body field each came from."""
+    out, fields = {}, {}
     for field, value in body:
         key = names.get(field, field)
-        if key in decoding and value is not None:
-            out[key] = value
-    return out
+        if key in _DECODING and value is not None:
+            out[key], fields[key] = value, field
+    return out, fields
 
 
-def generate_call(body) -> tuple[Any, bool, dict[str, Any]]:
-    """(prompt, chat, options) of a /generate body. Exactly one of prompt/messages/input_ids."""
+def prompt_field(body: BaseModel) -> str:
+    """The body field holding the prompt (what an error about the prompt names)."""
+    if isinstance(body, ChatRequest):
+        return "messages"
+    return next((k for k in ("prompt", "messages", "input_ids")
+                 if getattr(body, k, None) is not None), "prompt")
+
+
+# Each call turns a body into (prompt, chat, options, fields): `fields` maps each option the
+# body set to the field it was sent as (max_new_tokens <- max_tokens on the OpenAI endpoints).
+Call = tuple[Any, bool, dict[str, Any], dict[str, str]]
+
+
+def generate_call(body) -> Call:
+    """A /generate body. Exactly one of prompt/messages/input_ids."""
     given = [k for k in ("prompt", "messages", "input_ids") if getattr(body, k) is not None]
     if len(given) != 1:
         raise PromptError("give exactly one of 'prompt', 'messages', 'input_ids'"
@@ -115,20 +135,21 @@ def generate_call(body) -> tuple[Any, bool, dict[str, Any]]:
     prompt = getattr(body, given[0])
     if given[0] == "messages":
         prompt = [m.text() for m in prompt]
-    return prompt, body.chat, _options(body, {})
+    return prompt, body.chat, *_options(body, {})
 
 
-def chat_call(body) -> tuple[Any, bool, dict[str, Any]]:
-    opts = _options(body, {"max_tokens": "max_new_tokens"})
+def chat_call(body) -> Call:
+    opts, fields = _options(body, {"max_tokens": "max_new_tokens"})
     if body.max_completion_tokens is not None:
         opts["max_new_tokens"] = body.max_completion_tokens
-    return [m.text() for m in body.messages], False, opts
+        fields["max_new_tokens"] = "max_completion_tokens"
+    return [m.text() for m in body.messages], False, opts, fields
 
 
-def completion_call(body) -> tuple[Any, bool, dict[str, Any]]:
+def completion_call(body) -> Call:
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
             raise PromptError("prompt: one prompt per request (a list of one string)")
         prompt = prompt[0]
-    return prompt, False, _options(body, {"max_tokens": "max_new_tokens"})
+    return prompt, False, *_options(body, {"max_tokens": "max_new_tokens"})

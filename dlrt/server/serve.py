@@ -5,9 +5,28 @@ from __future__ import annotations
 import logging
 
 from dlrt.distributed.ranks import Ranks
+from dlrt.errors import OptionError
 from dlrt.server.worker import Worker, follow
 
 log = logging.getLogger("dlrt.server")
+
+
+def check_defaults(llm, defaults: dict) -> None:
+    """Refuse bad decoding flags at startup, as `LLM.generate` would refuse them (the options
+    resolved against the model's defaults); the message names the flag.
+
+    Raises:
+        OptionError: "--max-new-tokens: max_new_tokens=0 must be >= 1".
+    """
+    from dlrt.decoding.options import DecodingOptions
+    from dlrt.server.protocol import option_of
+
+    try:
+        llm.resolve(DecodingOptions.from_kwargs(defaults))
+    except OptionError as e:
+        name = option_of(e)
+        flag = f"--{name.replace('_', '-')}: " if name else ""
+        raise OptionError(f"{flag}{e}") from e
 
 
 def serve(model: str | None, llm_kwargs: dict, defaults: dict, host: str, port: int,
@@ -18,6 +37,7 @@ def serve(model: str | None, llm_kwargs: dict, defaults: dict, host: str, port: 
     if llm_kwargs.get("device") in (None, "auto"):
         llm_kwargs = {**llm_kwargs, "device": ranks.device()}
     llm = LLM(model, **llm_kwargs)
+    check_defaults(llm, defaults)  # on every rank: all of them stop
     if not ranks.leader:
         log.info("rank %d following rank 0", ranks.rank)
         follow(llm, ranks)
@@ -29,9 +49,19 @@ def serve(model: str | None, llm_kwargs: dict, defaults: dict, host: str, port: 
     name = str(model).rstrip("/").split("/")[-1] if model else "dlrt-default"
     worker = Worker(llm, ranks, max_queue=max_queue, timeout_s=request_timeout)
     app = create_app(llm, worker, name, defaults, max_body_bytes)
-    log.info("serving %s on http://%s:%d (%d rank(s))", name, host, port, ranks.world)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)  # a failed bind logs the error and exits
+            if self.started:
+                log.info("serving %s on http://%s:%d (%d rank(s))", name, host, port,
+                         ranks.world)
+
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        server.run()  # as uvicorn.run does
+    except KeyboardInterrupt:
+        pass
     finally:
         ranks.share_request(None)  # release the other ranks
-    return 0
+    return 0 if server.started else 3  # uvicorn's STARTUP_FAILURE

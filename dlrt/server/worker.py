@@ -1,11 +1,12 @@
 """One request at a time: a bounded FIFO queue in front of a single generation thread.
 
-`Worker.run(job)` waits for its turn (past `max_queue` waiting requests it is refused with
-`QueueFull`), then streams events from the generation thread: ("block", BlockOutput) per
-decided block, then ("final", summary) or ("error", message). Closing the event stream (the
-client went away) cancels the generation at the next block boundary; the slot is released only
-when the thread has stopped, so the next request finds the device free. A request that runs
-longer than `timeout_s` ends with finish_reason "timeout".
+`Worker.run(job)` starts at once when nothing runs or waits; otherwise it waits for its turn,
+or is refused with `QueueFull` when `max_queue` requests already wait (0: none may wait). It
+streams events from the generation thread: ("block", BlockOutput) per decided block, then
+("final", summary) or ("error", message). Closing the event stream (the client went away)
+cancels the generation at the next block boundary; the slot is released only when the thread
+has stopped, so the next request finds the device free. A request that runs longer than
+`timeout_s` ends with finish_reason "timeout".
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ class Job:
 
 class Worker:
     def __init__(self, llm, ranks: Ranks, max_queue: int = 16, timeout_s: float = 600.0):
+        if max_queue < 0:
+            raise ValueError(f"max_queue={max_queue} must be >= 0")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s={timeout_s} must be > 0")
         self.llm = llm
         self.ranks = ranks
         self.max_queue = max_queue
@@ -48,18 +53,25 @@ class Worker:
         self.waiting = 0
         self.running = 0
         self._lock: asyncio.Lock | None = None
+        self._ending = False  # the running request has delivered its last event
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlrt-gen")
 
     async def run(self, job: Job) -> AsyncIterator[tuple[str, Any]]:
         if self._lock is None:
             self._lock = asyncio.Lock()
-        if self.waiting >= self.max_queue:
+        # NOTE: a request is busy-refused only if it would wait. It would when another waits
+        # (`waiting` also counts a waiter woken but not yet resumed, when the lock looks free)
+        # or runs; a run that has delivered its last event counts as done (its thread is
+        # returning), so a client's next request never races the release of the lock.
+        busy = self.waiting > 0 or (self._lock.locked() and not self._ending)
+        if busy and self.waiting >= self.max_queue:
             raise QueueFull
         self.waiting += 1
         try:
             await self._lock.acquire()  # FIFO: asyncio.Lock wakes waiters in order
         finally:
             self.waiting -= 1
+        self._ending = False
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         try:
@@ -73,9 +85,11 @@ class Worker:
         try:
             while True:
                 kind, payload = await events.get()
-                yield kind, payload
                 if kind in ("final", "error"):
+                    self._ending = True
+                    yield kind, payload
                     return
+                yield kind, payload
         finally:
             job.cancel.set()
 

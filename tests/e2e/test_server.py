@@ -6,7 +6,8 @@ Three servers, each started once for the tests that need its flags:
 - `server`: --max-model-len 64 --max-body-bytes 4096 (answers, OpenAI API, concurrency, fuzz,
   soak; the small limits let the fuzz reach the context and body checks cheaply);
 - `long_server`: --max-queue 2 (long requests: queue overflow, client disconnect);
-- `timeout_server`: --request-timeout 1.
+- `timeout_server`: --request-timeout 1;
+- `no_queue_server`: --max-queue 0 (one request runs, none waits; default body limit).
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ def long_server(start_server):
 @pytest.fixture(scope="module")
 def timeout_server(start_server):
     return start_server("timeout", "--request-timeout", "1")
+
+
+@pytest.fixture(scope="module")
+def no_queue_server(start_server):
+    return start_server("no-queue", "--max-queue", "0")
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +254,25 @@ def test_queue_overflow_gets_503(long_server, llm):
     long_server.wait_log("status=cancelled")
     log = long_server.log()[len(log0):]
     assert log.count("status=cancelled") == 1 and log.count("finish=length status=ok") == 2
+
+
+def test_max_queue_zero_runs_one_and_refuses_the_next(no_queue_server, client, llm):
+    url = no_queue_server.url
+    ref = llm.generate("alone", max_new_tokens=8, **GREEDY)
+    for _ in range(3):  # an idle server takes a request, and the next one right after it
+        check_against(stream_generate(client, url, {"prompt": "alone", "max_new_tokens": 8,
+                                                    **GREEDY}), ref)
+    with httpx.Client(timeout=30) as c, c.stream(
+            "POST", url + "/generate", json={"prompt": "hold the server", **LONG}) as hold:
+        assert hold.status_code == 200
+        assert json.loads(next(hold.iter_lines()))["type"] == "block"
+        r = c.post(url + "/generate", json={"prompt": "one too many", "max_new_tokens": 4})
+        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+        assert "busy" in r.json()["error"]["message"], r.text
+        assert no_queue_server.health() == {"status": "ok", "running": 1, "waiting": 0}
+    no_queue_server.wait_for(lambda h: h["running"] == 0, timeout=10, what="running == 0")
+    check_against(stream_generate(client, url, {"prompt": "alone", "max_new_tokens": 8,
+                                                **GREEDY}), ref)
 
 
 def walk_away_ndjson(url: str) -> None:
@@ -465,6 +490,69 @@ def test_fuzz_malformed_requests(server, client, llm):
     ref = llm.generate("still alive?", max_new_tokens=8, **GREEDY)
     check_against(stream_generate(client, server.url, {"prompt": "still alive?",
                                                        "max_new_tokens": 8, **GREEDY}), ref)
+
+
+@pytest.mark.parametrize("path", list(ENDPOINTS))
+def test_integer_past_the_conversion_limit_is_400(no_queue_server, client, path):
+    # NOTE: on a server with the default body limit: 5000 digits are over `server`'s.
+    name = "max_new_tokens" if path == "/generate" else "max_tokens"
+    raw = json.dumps(ENDPOINTS[path])[:-1] + f', "{name}": {"9" * 5000}}}'
+    r = client.post(no_queue_server.url + path, content=raw.encode(),
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "not valid JSON" in message and "digits" in message, message
+
+
+HI = {"prompt": "hi", "max_new_tokens": 4}
+CHAT = ENDPOINTS["/v1/chat/completions"]
+COMP = ENDPOINTS["/v1/completions"]
+PARAMS = [  # (path, body, the `param` of the 400: the field as the client sent it)
+    ("/generate", {**HI, "max_new_tokens": 0}, "max_new_tokens"),
+    ("/generate", {**HI, "max_new_tokens": MAX_MODEL_LEN}, "max_new_tokens"),  # context
+    ("/generate", {**HI, "block_length": 0}, "block_length"),
+    ("/generate", {**HI, "block_length": 10**9}, "block_length"),  # context
+    ("/generate", {**HI, "denoising_steps": 2**63}, "denoising_steps"),
+    ("/generate", {**HI, "temperature": "1"}, "temperature"),
+    ("/generate", {**HI, "stop": [None]}, "stop"),
+    ("/generate", {**HI, "stop": 1.5}, "stop"),
+    ("/generate", {**HI, "stop": [""]}, "stop"),
+    ("/generate", {**HI, "unknown_field": 1}, "unknown_field"),
+    ("/generate", {"prompt": "word " * 200}, "prompt"),  # the prompt alone fills the context
+    ("/generate", {"input_ids": [-1]}, "input_ids"),
+    ("/generate", {"input_ids": []}, "input_ids"),
+    ("/generate", {"input_ids": [1.0]}, "input_ids.0"),
+    ("/generate", {"input_ids": list(range(1, 2 * MAX_MODEL_LEN))}, "input_ids"),
+    ("/generate", {"messages": [{"role": "nope", "content": "x"}]}, "messages"),
+    ("/generate", {"messages": [{"content": "hi"}]}, "messages.0.role"),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": 0}, "max_tokens"),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": 10**6}, "max_tokens"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -1}, "max_completion_tokens"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 10**6},
+     "max_completion_tokens"),
+    ("/v1/chat/completions", {**CHAT, "stop": [1]}, "stop"),
+    ("/v1/chat/completions", {**CHAT, "block_length": 10**9}, "block_length"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": {"a": 1}}]},
+     "messages.0.content"),
+    ("/v1/chat/completions", {**CHAT, "messages": [
+        {"role": "user", "content": [{"type": "image_url", "url": "x"}]}]}, "messages"),
+    ("/v1/completions", {**COMP, "max_tokens": -1}, "max_tokens"),
+    ("/v1/completions", {**COMP, "prompt": [[1]]}, "prompt"),
+    ("/v1/completions", {**COMP, "prompt": [-1]}, "prompt"),
+    ("/v1/completions", {"max_tokens": 4}, "prompt"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), PARAMS,
+                         ids=[f"{p.rsplit('/', 1)[1]}-{f}-{i}"
+                              for i, (p, _, f) in enumerate(PARAMS)])
+def test_error_param_is_the_field_sent(server, client, path, body, param):
+    r = client.post(server.url + path, json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    if body.get(param) in (0, -1):  # a value out of range: the message names it as sent
+        assert err["message"].startswith(f"{param}={body[param]} "), err
 
 
 # --- 6. soak: steady memory ------------------------------------------------------------------

@@ -1,0 +1,82 @@
+"""`dlrt serve` refusing a bad setup before it serves: flag values argparse refuses (exit 2
+naming the flag, no model loaded), decoding defaults no request could use (exit 2 naming the
+flag, checked as `LLM.generate` checks them), and a port in use (no "serving" line)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import uvicorn
+
+import dlrt
+from dlrt import LLM
+from dlrt.entrypoints.cli import main as cli_main
+from dlrt.server.serve import check_defaults
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_sdar) -> LLM:
+    return LLM(tiny_sdar, dtype="float32")
+
+
+def error_line(capsys, argv: list[str], code: int = 2) -> str:
+    """Run the CLI in process: the exit code, and the one `error:` line on stderr."""
+    try:
+        rc = cli_main(argv)
+    except SystemExit as e:
+        rc = e.code
+    assert rc == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return next(ln for ln in err.splitlines() if "error:" in ln)
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--port", "99999"), ("--port", "65536"), ("--port", "0"), ("--port", "-1"),
+    ("--port", "http"), ("--max-queue", "-1"), ("--max-queue", "1.5"),
+    ("--request-timeout", "-5"), ("--request-timeout", "0"), ("--request-timeout", "nan"),
+    ("--max-body-bytes", "0"),
+])
+def test_bad_server_flags_refused_by_the_parser(capsys, monkeypatch, flag, value):
+    monkeypatch.setattr(dlrt, "LLM", lambda *a, **k: pytest.fail("loaded a model"))
+    line = error_line(capsys, ["serve", flag, value])
+    assert flag in line and repr(value) in line, line
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--max-new-tokens", "0"), ("--block-length", "0"), ("--denoising-steps", "-1"),
+    ("--remasking-strategy", "nope"), ("--threshold", "1.5"), ("--eb-threshold", "0"),
+    ("--temperature", "-1"), ("--top-k", "-1"), ("--top-p", "0"), ("--seed", "-1"),
+    ("--stop", ""),
+])
+def test_bad_decoding_defaults_refused_at_startup(capsys, monkeypatch, llm, flag, value):
+    monkeypatch.setattr(dlrt, "LLM", lambda *a, **k: llm)  # loaded once for all cases
+    monkeypatch.setattr(uvicorn.Server, "run", lambda *a, **k: pytest.fail("served"))
+    line = error_line(capsys, ["serve", flag, value])
+    assert line.startswith(f"error: {flag}: {flag[2:].replace('-', '_')}"), line
+
+
+def test_good_decoding_defaults_pass(llm):
+    check_defaults(llm, {})
+    check_defaults(llm, {"max_new_tokens": 8, "block_length": 4, "denoising_steps": 2,
+                         "remasking_strategy": "threshold", "threshold": 0.5, "stop": ["\n"]})
+
+
+def test_port_in_use_is_not_announced(tiny_sdar):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        out = subprocess.run([sys.executable, "-m", "dlrt", "serve", "--model", str(tiny_sdar),
+                              "--dtype", "float32", "--port", str(port)],
+                             capture_output=True, text=True, timeout=120, env=env,
+                             stdin=subprocess.DEVNULL)
+    log = out.stdout + out.stderr
+    assert out.returncode == 3, log  # uvicorn's STARTUP_FAILURE
+    assert "address already in use" in log and "serving" not in log, log
+    assert "Traceback" not in log, log
