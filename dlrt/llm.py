@@ -77,8 +77,10 @@ class LLM:
         self.executor = Executor(self.execution_mode, self.device)
         self.attention_backend = (attention_backend or env.attention_backend()
                                   or ("triton" if cuda else "sdpa"))
-        backend = get_backend(self.attention_backend)
+        # NOTE: check before get_backend imports the kernels (Triton reads TRITON_INTERPRET
+        # when a kernel is defined).
         _check_backend(self.execution_mode, self.attention_backend, self.device)
+        backend = get_backend(self.attention_backend)
         if model is None:
             from dlrt.checkpoint.presets import default_model_path
 

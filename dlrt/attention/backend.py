@@ -72,8 +72,18 @@ def backend_names() -> list[str]:
 
 
 def capturable(name: str) -> bool:
-    """Whether the backend reads lengths from device memory (usable inside a CUDA graph)."""
+    """Whether the backend reads lengths from device memory (usable inside a CUDA graph).
+
+    Raises:
+        OptionError: unknown backend name.
+    """
+    _known(name)
     return _BACKENDS[name][2]
+
+
+def _known(name: str) -> None:
+    if name not in _BACKENDS:
+        raise OptionError(f"unknown attention backend {name!r}; available: {backend_names()}")
 
 
 def get_backend(name: str) -> AttentionBackend:
@@ -82,8 +92,7 @@ def get_backend(name: str) -> AttentionBackend:
     Raises:
         OptionError: unknown backend name, or its requirements are not met (with the fix).
     """
-    if name not in _BACKENDS:
-        raise OptionError(f"unknown attention backend {name!r}; available: {backend_names()}")
+    _known(name)
     module, cls, _, _ = _BACKENDS[name]
     try:
         mod = importlib.import_module(module)
