@@ -269,7 +269,7 @@ def test_max_queue_zero_runs_one_and_refuses_the_next(no_queue_server, client, l
         r = c.post(url + "/generate", json={"prompt": "one too many", "max_new_tokens": 4})
         assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
         assert "busy" in r.json()["error"]["message"], r.text
-        assert no_queue_server.health() == {"status": "ok", "running": 1, "waiting": 0}
+        assert no_queue_server.health()["waiting"] == 0  # (the held one may have finished)
     no_queue_server.wait_for(lambda h: h["running"] == 0, timeout=10, what="running == 0")
     check_against(stream_generate(client, url, {"prompt": "alone", "max_new_tokens": 8,
                                                 **GREEDY}), ref)
