@@ -120,7 +120,6 @@ def tune(model: torch.nn.Module, rows: int = 4) -> dict[str, dict]:
     if records.keys() - cached.keys():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**cached, **records}, indent=1))
-    log.info("projection kernels: %s", {k: ("triton" if linear.CHOICES.get(
-        (weights[k].shape[0], weights[k].shape[1], weights[k].dtype)) else "cublas")
-        for k in records})
+    log.info("projection kernels: %s",
+             {k: "triton" if triton_wins(rec) else "cublas" for k, rec in records.items()})
     return records

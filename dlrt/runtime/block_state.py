@@ -62,10 +62,6 @@ class BlockState:
         """flag = masks remain and rounds < T (device only)."""
         self.flag.copy_((self.masked.any() & (self.round < self.steps)).reshape(1))
 
-    def readback(self) -> tuple[list[int], list[int], int]:
-        """(tokens, commit rounds, rounds run) with one device-to-host copy."""
-        return self.readback_async().wait()
-
     def readback_async(self) -> Readback:
         """Enqueue the copy of (tokens, commit rounds, rounds) to the host in stream order
         (into one of two pinned buffers on CUDA) and return a handle to wait on, so the next
