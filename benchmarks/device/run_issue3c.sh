@@ -4,11 +4,8 @@
 set -uo pipefail
 source benchmarks/device/common.sh
 gpu_tests
-O="--load-format dummy --temperature 0 --remasking-strategy low_confidence_static"
 timeout 120 python3 -m dlrt bench step --out $OUT --rounds 50 --model $M/SDAR-1.7B-Chat $O --context 0 >> $LOG 2>&1
 grep -A1 "block_launch_api_us" $LOG | tail -2
-H="--temperature 0 --remasking-strategy low_confidence_static --block-length 4 --denoising-steps 4 --ignore-eos --chat --max-new-tokens 128"
-he() { timeout 150 python3 -m dlrt bench humaneval --out $OUT "$@" >> $LOG 2>&1; tail -5 $LOG | grep -v "^wrote"; }
 he --model $M/SDAR-1.7B-Chat --load-format dummy --num-prompts 4 --modes device_loop,host_loop,eager $H
 python3 -m dlrt make-checkpoint tiny-sdar /tmp/tiny --dtype bfloat16 >/dev/null
 he --model /tmp/tiny --num-prompts 4 --modes device_loop,host_loop,eager $H

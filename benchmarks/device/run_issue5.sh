@@ -7,8 +7,6 @@ source benchmarks/device/common.sh
 gpu_tests
 python3 -m dlrt bench kernels --model $M/SDAR-8B-Chat --load-format dummy --out $OUT >> $LOG 2>&1
 grep -A30 "^ *op " $LOG | tail -16
-step() { timeout 120 python3 -m dlrt bench step --out $OUT --rounds 50 "$@" >> $LOG 2>&1; tail -12 $LOG | grep -v "^wrote\|Warn\|capture_end"; }
-O="--load-format dummy --temperature 0 --remasking-strategy low_confidence_static"
 step --model $M/SDAR-1.7B-Chat $O --context 0,4096
 step --model $M/SDAR-8B-Chat $O --context 0,4096,32768
 DLRT_FUSED_KERNELS=0 step --model $M/SDAR-8B-Chat $O --context 0

@@ -5,18 +5,14 @@
 set -uo pipefail
 source benchmarks/device/common.sh
 gpu_tests
-step() { timeout 150 python3 -m dlrt bench step --out $OUT --rounds 50 "$@" >> $LOG 2>&1; tail -12 $LOG | grep -v "^wrote\|Warn\|capture_end"; }
-O="--load-format dummy --temperature 0 --remasking-strategy low_confidence_static"
 step --model $M/SDAR-1.7B-Chat $O --context 0,4096
 step --model $M/SDAR-8B-Chat $O --context 0,4096,32640
 step --model $M/LLaDA-8B-Instruct $O --decoder dllm_var --block-length 4 --context 0
 step --model $M/LLaDA-8B-Instruct $O --block-length 32 --context 256
 echo "steps done at $(( $(date +%s) - t0 )) s"
-H="--temperature 0 --remasking-strategy low_confidence_static --block-length 4 --denoising-steps 4 --ignore-eos --chat --max-new-tokens 128"
-he() { timeout 150 python3 -m dlrt bench humaneval --out $OUT --modes device_loop,host_loop,eager "$@" >> $LOG 2>&1; tail -5 $LOG | grep -v "^wrote"; }
-he --model $M/SDAR-1.7B-Chat --load-format dummy --num-prompts 4 $H
+he --modes device_loop,host_loop,eager --model $M/SDAR-1.7B-Chat --load-format dummy --num-prompts 4 $H
 python3 -m dlrt make-checkpoint tiny-sdar /tmp/tiny --dtype bfloat16 >/dev/null
-he --model /tmp/tiny --num-prompts 4 $H
+he --modes device_loop,host_loop,eager --model /tmp/tiny --num-prompts 4 $H
 timeout 200 python3 -m dlrt bench serve --out $OUT --model $M/SDAR-1.7B-Chat --load-format dummy --num-prompts 4 $H >> $LOG 2>&1
 tail -6 $LOG
 echo "total $(( $(date +%s) - t0 )) s"

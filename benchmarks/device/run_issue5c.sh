@@ -5,8 +5,6 @@
 set -uo pipefail
 source benchmarks/device/common.sh
 gpu_tests
-step() { timeout 180 python3 -m dlrt bench step --out $OUT --rounds 50 "$@" >> $LOG 2>&1; tail -18 $LOG | grep -v "^wrote\|Warn\|capture_end"; }
-O="--load-format dummy --temperature 0 --remasking-strategy low_confidence_static"
 step --model $M/SDAR-8B-Chat $O --context 0,4096,32640
 DLRT_SKINNY_GEMM=0 step --model $M/SDAR-8B-Chat $O --context 0
 step --model $M/SDAR-1.7B-Chat $O --context 0,4096
@@ -15,9 +13,7 @@ step --model $M/LLaDA-8B-Instruct $O --block-length 32 --context 256
 echo "steps done at $(( $(date +%s) - t0 )) s"
 python3 -m dlrt bench kernels --model $M/SDAR-8B-Chat --load-format dummy --out $OUT >> $LOG 2>&1
 grep -A24 "^ *op " $LOG | tail -20
-H="--temperature 0 --remasking-strategy low_confidence_static --block-length 4 --denoising-steps 4 --ignore-eos --chat --max-new-tokens 128"
-he() { timeout 150 python3 -m dlrt bench humaneval --out $OUT --modes device_loop,host_loop,eager "$@" >> $LOG 2>&1; tail -5 $LOG | grep -v "^wrote"; }
-he --model $M/SDAR-1.7B-Chat --load-format dummy --num-prompts 4 $H
+he --modes device_loop,host_loop,eager --model $M/SDAR-1.7B-Chat --load-format dummy --num-prompts 4 $H
 python3 -m dlrt make-checkpoint tiny-sdar /tmp/tiny --dtype bfloat16 >/dev/null
-he --model /tmp/tiny --num-prompts 4 $H
+he --modes device_loop,host_loop,eager --model /tmp/tiny --num-prompts 4 $H
 echo "total $(( $(date +%s) - t0 )) s"

@@ -4,8 +4,6 @@
 set -uo pipefail
 source benchmarks/device/common.sh
 gpu_tests
-step() { timeout 150 python3 -m dlrt bench step --out $OUT --rounds 50 "$@" >> $LOG 2>&1; tail -18 $LOG | grep -v "^wrote\|Warn\|capture_end\|copy_bandwidth\|^ *[0-9.]* *[0-9.]* *[0-9.]* *[0-9.]* *50 "; }
-O="--load-format dummy --temperature 0 --remasking-strategy low_confidence_static"
 step --model $M/SDAR-8B-Chat $O --context 0,4096,32640
 DLRT_SKINNY_GEMM=0 step --model $M/SDAR-8B-Chat $O --context 0
 step --model $M/SDAR-1.7B-Chat $O --context 0
