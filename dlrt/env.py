@@ -30,6 +30,22 @@ def fused_kernels() -> bool:
     return os.environ.get("DLRT_FUSED_KERNELS", "1") != "0"
 
 
-def skinny_gemm() -> bool:
-    """DLRT_SKINNY_GEMM: '0' keeps every projection on cuBLAS (default: per-shape choice)."""
-    return os.environ.get("DLRT_SKINNY_GEMM", "1") != "0"
+def skinny_gemm() -> str:
+    """DLRT_SKINNY_GEMM: '0' keeps every projection on cuBLAS, 'all' puts every projection
+    shape on the Triton GEMM (its fastest config), default: per-shape choice ('1')."""
+    value = os.environ.get("DLRT_SKINNY_GEMM", "1")
+    if value not in ("0", "1", "all"):
+        raise ValueError(f"DLRT_SKINNY_GEMM must be 0, 1 or all, got {value!r}")
+    return value
+
+
+def pdl() -> bool:
+    """DLRT_PDL: '0' launches the Triton kernels without programmatic dependent launch
+    (default: PDL on compute capability 9.0+)."""
+    return os.environ.get("DLRT_PDL", "1") != "0"
+
+
+def gemm_prefetch_mb() -> float:
+    """DLRT_GEMM_PREFETCH_MB: MiB of its weight a skinny GEMM prefetches into L2 while it waits
+    for its predecessor under PDL (default 16; 0 disables)."""
+    return float(os.environ.get("DLRT_GEMM_PREFETCH_MB", "16"))

@@ -109,12 +109,13 @@ class LLM:
     def _tune_projections(self) -> dict[str, dict]:
         """On CUDA: per projection shape, cuBLAS or the skinny Triton GEMM, whichever is
         faster at the block's rows (timed once per device, then cached). {} elsewhere."""
-        if self.device.type != "cuda" or not env.fused_kernels() or not env.skinny_gemm():
+        if self.device.type != "cuda" or not env.fused_kernels() \
+                or env.skinny_gemm() == "0":
             return {}
         from dlrt.kernels.gemm_select import tune
 
         rows = self.decoder_defaults.block_length or 4
-        return tune(self.model, rows=min(rows, 16))
+        return tune(self.model, rows=min(rows, 16), force=env.skinny_gemm() == "all")
 
     def _mask_token(self, config: ModelConfig, option: int | None) -> int:
         if option is not None:

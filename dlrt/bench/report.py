@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -57,6 +58,7 @@ def write_json(name: str, payload: dict[str, Any], device: torch.device,
     stamp = time.strftime("%Y%m%d-%H%M%S")
     record = {"commit": git_commit(), "device": device_name(device),
               "command": " ".join(sys.argv), "time": stamp, "torch": torch.__version__,
+              "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("DLRT_")},
               **payload}
     path = out / f"{name}-{stamp}.json"
     path.write_text(json.dumps(record, indent=2))

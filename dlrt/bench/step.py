@@ -287,13 +287,11 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     print(table(rows, COLUMNS))
     print(table(rows, STAGE_COLUMNS))
     print(table([summary], list(summary)))
-    from dlrt.kernels.gemm_select import triton_wins
-
     for shape, rec in llm.gemm_choices.items():
         triton_us = rec["triton_us"]
-        pick = "triton" if triton_wins(rec) else "cublas"
-        print(f"projection [{shape}]: cublas {rec['cublas_us']:.1f} us, triton "
-              f"{triton_us if triton_us is None else round(triton_us, 1)} us -> {pick}")
+        print(f"projection [{shape}] after a norm: cublas {rec['cublas_us']:.1f} us, triton "
+              f"{triton_us if triton_us is None else round(triton_us, 1)} us -> "
+              f"{rec['chosen']}")
     name = f"step-{str(args.model).rstrip('/').split('/')[-1]}"
     path = write_json(name, dict(model=str(args.model), decoder=llm.decoder_name,
                                  dtype=str(llm.dtype), options=options, rows=rows,

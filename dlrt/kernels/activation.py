@@ -6,9 +6,12 @@ import torch
 import triton
 import triton.language as tl
 
+from dlrt.kernels import pdl
+
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < inter
@@ -31,5 +34,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     i = two_i // 2
     out = torch.empty((n, i), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _silu_mul_kernel[(n, triton.cdiv(i, block))](gate_up, out, i, BLOCK=block, num_warps=4)
+    _silu_mul_kernel[(n, triton.cdiv(i, block))](gate_up, out, i, BLOCK=block, num_warps=4,
+                                                  **pdl.launch_options(gate_up))
     return out

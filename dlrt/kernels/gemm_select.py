@@ -1,10 +1,12 @@
 """Per weight shape, the faster of cuBLAS and the skinny Triton GEMM, chosen at load.
 
 Each distinct [N, K] of a model's dense projections is timed at M = block rows inside a CUDA
-graph (as it runs in the block graph), reading its weight from HBM: cuBLAS (`F.linear`) against
-a few `GemmConfig`s of `dlrt.kernels.skinny_gemm`. The Triton kernel replaces cuBLAS for a
-shape when it is at least 3% faster. The choice is kept in `dlrt.layers.linear.CHOICES`; results are
-cached per device and dtype under DLRT_CACHE_DIR/gemm so later loads skip the timing.
+graph (as it runs in the block graph), reading its weight from HBM and fed by an RMSNorm kernel
+(as in a layer, so the Triton GEMM's programmatic dependent launch can overlap its producer):
+cuBLAS (`F.linear`) against a few `GemmConfig`s of `dlrt.kernels.skinny_gemm`. The Triton
+kernel replaces cuBLAS for a shape when it is at least 3% faster. The choice is kept in
+`dlrt.layers.linear.CHOICES`; results are cached per device, dtype and PDL under
+DLRT_CACHE_DIR/gemm so later loads skip the timing.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from dlrt import env
+from dlrt.kernels import pdl
+from dlrt.kernels.rms_norm import rms_norm
 from dlrt.kernels.skinny_gemm import GemmConfig, skinny_gemm
 
 log = logging.getLogger(__name__)
@@ -64,23 +68,26 @@ MARGIN = 0.97  # the Triton kernel must be at least 3% faster to replace cuBLAS
 
 
 def time_shape(w: torch.Tensor, rows: int) -> dict:
-    """{'cublas_us', 'triton_us', 'config'} for weight w at `rows` rows.
+    """{'cublas_us', 'triton_us', 'config', 'norm_us'} for weight w at `rows` rows: each time
+    includes the feeding RMSNorm kernel, which `norm_us` times alone.
 
     Calls cycle through copies of w that together exceed the L2 cache, so every call streams
     its weight from HBM as in a round (a weight that fits in L2 would otherwise be timed
     from there)."""
     x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
+    norm_w = torch.ones(w.shape[1], dtype=w.dtype, device=w.device)
     copies = [w] + [w.clone() for _ in range(min(15, COLD_BYTES // (w.numel() * w.element_size())))]
     sms = torch.cuda.get_device_properties(w.device).multi_processor_count
 
-    def cycle(fn):
-        return lambda: [fn(c) for c in copies]
+    def cycle(fn):  # each product fed by a norm kernel, as the projections of a layer are
+        return lambda: [fn(rms_norm(x, norm_w, 1e-6), c) for c in copies]
 
     per = len(copies)
-    best = dict(cublas_us=graph_us(cycle(lambda c: F.linear(x, c)), reps=2) / per,
-                triton_us=None, config=None)
+    best = dict(cublas_us=graph_us(cycle(F.linear), reps=2) / per,
+                triton_us=None, config=None,
+                norm_us=graph_us(cycle(lambda h, c: None), reps=2) / per)
     for cfg in candidates(*w.shape, sms):
-        us = graph_us(cycle(lambda c, g=cfg: skinny_gemm(x, c, g)), reps=2) / per
+        us = graph_us(cycle(lambda h, c, g=cfg: skinny_gemm(h, c, g)), reps=2) / per
         if best["triton_us"] is None or us < best["triton_us"]:
             best.update(triton_us=us, config=asdict(cfg))
     return best
@@ -92,11 +99,13 @@ def triton_wins(rec: dict) -> bool:
 
 def _cache_path(w: torch.Tensor, rows: int):
     name = torch.cuda.get_device_name(w.device).replace(" ", "_")
-    return env.cache_dir() / "gemm" / f"v2-{name}-{str(w.dtype)[6:]}-m{rows}.json"
+    tag = "-pdl" if pdl.enabled(w) else ""
+    return env.cache_dir() / "gemm" / f"v3-{name}-{str(w.dtype)[6:]}-m{rows}{tag}.json"
 
 
-def tune(model: torch.nn.Module, rows: int = 4) -> dict[str, dict]:
-    """Choose per dense weight shape of `model` (on CUDA) and fill `linear.CHOICES`.
+def tune(model: torch.nn.Module, rows: int = 4, force: bool = False) -> dict[str, dict]:
+    """Choose per dense weight shape of `model` (on CUDA) and fill `linear.CHOICES`;
+    `force` takes the fastest Triton config for every shape that has one.
 
     Returns {"N,K": timing record}. Weights of MoE experts and embeddings are not projections.
     """
@@ -113,13 +122,15 @@ def tune(model: torch.nn.Module, rows: int = 4) -> dict[str, dict]:
     cached = json.loads(path.read_text()) if path.is_file() else {}
     records = {}
     for key, w in weights.items():
-        rec = cached.get(key) or time_shape(w, rows)
-        records[key] = rec
-        linear.CHOICES[(w.shape[0], w.shape[1], w.dtype)] = \
-            GemmConfig(**rec["config"]) if triton_wins(rec) else None
+        records[key] = cached.get(key) or time_shape(w, rows)
     if records.keys() - cached.keys():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**cached, **records}, indent=1))
-    log.info("projection kernels: %s",
-             {k: "triton" if triton_wins(rec) else "cublas" for k, rec in records.items()})
+    for key, w in weights.items():
+        rec = records[key] = dict(records[key])
+        triton = triton_wins(rec) or (force and rec["config"] is not None)
+        rec["chosen"] = "triton" if triton else "cublas"
+        linear.CHOICES[(w.shape[0], w.shape[1], w.dtype)] = \
+            GemmConfig(**rec["config"]) if triton else None
+    log.info("projection kernels: %s", {k: rec["chosen"] for k, rec in records.items()})
     return records

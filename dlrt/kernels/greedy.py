@@ -13,10 +13,13 @@ import torch
 import triton
 import triton.language as tl
 
+from dlrt.kernels import pdl
+
 
 @triton.jit
 def _slice_kernel(logits_ptr, part_ptr, part_idx_ptr, V, SLICE: tl.constexpr,
-                  BLOCK: tl.constexpr, SLICES: tl.constexpr):
+                  BLOCK: tl.constexpr, SLICES: tl.constexpr, PDL: tl.constexpr):
+    pdl.begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     sl = tl.program_id(1)
     m = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -42,7 +45,9 @@ def _slice_kernel(logits_ptr, part_ptr, part_idx_ptr, V, SLICE: tl.constexpr,
 
 
 @triton.jit
-def _merge_kernel(part_ptr, part_idx_ptr, ids_ptr, conf_ptr, SLICES: tl.constexpr):
+def _merge_kernel(part_ptr, part_idx_ptr, ids_ptr, conf_ptr, SLICES: tl.constexpr,
+                  PDL: tl.constexpr):
+    pdl.begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, SLICES)
     m = tl.load(part_ptr + (row * SLICES + k) * 2)
@@ -62,6 +67,7 @@ def greedy_candidates(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
         raise ValueError(f"greedy_candidates expects contiguous [n, V] logits, got "
                          f"{tuple(logits.shape)}")
     n, v = logits.shape
+    opts = pdl.launch_options(logits)
     block = 1024
     slices = min(32, triton.next_power_of_2(triton.cdiv(v, block)))
     slice_len = triton.cdiv(triton.cdiv(v, slices), block) * block
@@ -70,6 +76,6 @@ def greedy_candidates(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     ids = torch.empty(n, dtype=torch.int64, device=logits.device)
     conf = torch.empty(n, dtype=torch.float32, device=logits.device)
     _slice_kernel[(n, slices)](logits, part, part_idx, v, SLICE=slice_len, BLOCK=block,
-                               SLICES=slices, num_warps=4)
-    _merge_kernel[(n,)](part, part_idx, ids, conf, SLICES=slices, num_warps=1)
+                               SLICES=slices, num_warps=4, **opts)
+    _merge_kernel[(n,)](part, part_idx, ids, conf, SLICES=slices, num_warps=1, **opts)
     return ids, conf

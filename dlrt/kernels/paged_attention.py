@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dlrt.kernels import pdl
+
 
 @triton.jit
 def _tile(q, k_ptr, v_ptr, page_table_ptr, j0, hi, start, i, row_ok, kvh, m, s_sum, acc, scale,
@@ -59,8 +61,9 @@ def _attn_split_kernel(
     H_Q: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     CHUNK_BLOCK: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-    DYNAMIC_TRIPS: tl.constexpr,
+    DYNAMIC_TRIPS: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl.begin(PDL)
     G: tl.constexpr = H_Q // H_KV
     pid_m = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -102,7 +105,9 @@ def _attn_split_kernel(
 
 @triton.jit
 def _attn_merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, out_ptr, NH,
-                       D: tl.constexpr, SPLIT: tl.constexpr, SPLITS_P2: tl.constexpr):
+                       D: tl.constexpr, SPLIT: tl.constexpr, SPLITS_P2: tl.constexpr,
+                       PDL: tl.constexpr):
+    pdl.begin(PDL)
     row = tl.program_id(0)  # flattened (query, head)
     kv_len = tl.load(lens_ptr + 1)
     s = tl.arange(0, SPLITS_P2)
@@ -133,13 +138,14 @@ def _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, s
     assert part_o.numel() >= num_splits * n * h_q * d
     assert part_ml.numel() >= num_splits * n * h_q * 2
     grid = (triton.cdiv(n * g, block_m), h_kv, num_splits)
+    opts = pdl.launch_options(q)
     _attn_split_kernel[grid](q, k_cache, v_cache, page_table, lens, part_o, part_ml, scale, n,
                              H_Q=h_q, H_KV=h_kv, D=d, PAGE=page, CHUNK_BLOCK=chunk_block or 0,
                              SPLIT=split, BLOCK_M=block_m, BLOCK_N=block_n,
                              PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                             DYNAMIC_TRIPS=os.environ.get("TRITON_INTERPRET") != "1")
+                             DYNAMIC_TRIPS=os.environ.get("TRITON_INTERPRET") != "1", **opts)
     _attn_merge_kernel[(n * h_q,)](part_o, part_ml, lens, out, n * h_q, D=d, SPLIT=split,
-                                   SPLITS_P2=triton.next_power_of_2(num_splits))
+                                   SPLITS_P2=triton.next_power_of_2(num_splits), **opts)
     return out
 
 

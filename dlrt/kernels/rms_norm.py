@@ -11,10 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
+from dlrt.kernels import pdl
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, H, eps,
-                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     ok = offs < H
@@ -51,5 +54,5 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     block = triton.next_power_of_2(h)
     _rms_norm_kernel[(n,)](x, residual if residual is not None else x, weight, y, h, eps,
                            HAS_RES=residual is not None, BLOCK=block,
-                           num_warps=min(16, max(1, block // 256)))
+                           num_warps=min(16, max(1, block // 256)), **pdl.launch_options(x))
     return y

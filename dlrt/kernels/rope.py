@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dlrt.kernels import pdl
+
 
 @triton.jit
 def _rot_half(a, b, c, s, FP32_ROPE: tl.constexpr, dtype: tl.constexpr):
@@ -44,7 +46,9 @@ def _head_norm(x1, x2, w_ptr, eps, HALF: tl.constexpr, dtype: tl.constexpr):
 def _qk_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, page_table_ptr,
                          k_cache_ptr, v_cache_ptr, q_out_ptr, eps,
                          H_Q: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr,
-                         PAGE: tl.constexpr, HAS_NORM: tl.constexpr, FP32_ROPE: tl.constexpr):
+                         PAGE: tl.constexpr, HAS_NORM: tl.constexpr, FP32_ROPE: tl.constexpr,
+                         PDL: tl.constexpr):
+    pdl.begin(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     HALF: tl.constexpr = D // 2
@@ -106,5 +110,5 @@ def qk_norm_rope_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, hea
         qkv, q_weight if has_norm else qkv, k_weight if has_norm else qkv, cos, sin, positions,
         page_table, k_cache, v_cache, q, eps, H_Q=num_heads, H_KV=num_kv_heads, D=head_dim,
         PAGE=k_cache.shape[1], HAS_NORM=has_norm, FP32_ROPE=full_precision, num_warps=1,
-        enable_fp_fusion=False)
+        enable_fp_fusion=False, **pdl.launch_options(qkv))
     return q

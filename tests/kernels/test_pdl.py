@@ -1,0 +1,156 @@
+"""Programmatic dependent launch: every kernel compiled for sm_90 with PDL on follows the
+protocol of `dlrt.kernels.pdl` (no global load before `griddepcontrol.wait`; dependents
+released; the GEMM's weight prefetch issued before the wait). Compiled on the CPU with Triton's
+bundled ptxas, in a subprocess without TRITON_INTERPRET (the test session interprets kernels);
+the GPU tests run the same kernels with PDL on against their references."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlrt.kernels import pdl
+from dlrt.kernels.skinny_gemm import GemmConfig, prefetch_bytes
+
+P16, P32, I32, I64 = "*bf16", "*fp32", "*i32", "*i64"
+
+
+
+def _kernels() -> dict:
+    """name -> (kernel, {arg: type}, {constexpr: value}); PDL is added."""
+    from dlrt.kernels import activation, greedy, paged_attention, rms_norm, rope, skinny_gemm
+    return {
+        "rms_norm": (rms_norm._rms_norm_kernel, dict(x_ptr=P16, res_ptr=P16, w_ptr=P16, y_ptr=P16,
+                                                     H="i32", eps="fp32"),
+                     dict(HAS_RES=True, BLOCK=4096)),
+        "silu_mul": (activation._silu_mul_kernel, dict(gu_ptr=P16, out_ptr=P16, inter="i32"),
+                     dict(BLOCK=1024)),
+        "qk_norm_rope": (rope._qk_norm_rope_kernel,
+                         dict(qkv_ptr=P16, qw_ptr=P16, kw_ptr=P16, cos_ptr=P32, sin_ptr=P32,
+                              pos_ptr=I64, page_table_ptr=I32, k_cache_ptr=P16, v_cache_ptr=P16,
+                              q_out_ptr=P16, eps="fp32"),
+                         dict(H_Q=32, H_KV=8, D=128, PAGE=64, HAS_NORM=True, FP32_ROPE=False)),
+        "attention_split": (paged_attention._attn_split_kernel,
+                            dict(q_ptr=P16, k_ptr=P16, v_ptr=P16, page_table_ptr=I32, lens_ptr=I32,
+                                 part_o_ptr=P32, part_ml_ptr=P32, scale="fp32", N="i32"),
+                            dict(H_Q=32, H_KV=8, D=128, PAGE=64, CHUNK_BLOCK=4, SPLIT=256,
+                                 BLOCK_M=16, BLOCK_N=64, PRECISION="tf32", DYNAMIC_TRIPS=True)),
+        "attention_merge": (paged_attention._attn_merge_kernel,
+                            dict(part_o_ptr=P32, part_ml_ptr=P32, lens_ptr=I32, out_ptr=P16,
+                                 NH="i32"),
+                            dict(D=128, SPLIT=256, SPLITS_P2=16)),
+        "greedy_slice": (greedy._slice_kernel, dict(logits_ptr=P16, part_ptr=P32, part_idx_ptr=I32,
+                                                    V="i32"),
+                         dict(SLICE=5120, BLOCK=1024, SLICES=32)),
+        "greedy_merge": (greedy._merge_kernel, dict(part_ptr=P32, part_idx_ptr=I32, ids_ptr=I64,
+                                                    conf_ptr=P32), dict(SLICES=32)),
+        "gemm": (skinny_gemm._gemm_kernel, dict(x_ptr=P16, w_ptr=P16, y_ptr=P16, part_ptr=P32,
+                                                M="i32", N="i32"),
+                 dict(K=4096, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, SPLIT_K=4, PRECISION="tf32",
+                      PREFETCH=2048)),
+        "gemm_reduce": (skinny_gemm._reduce_kernel, dict(part_ptr=P32, y_ptr=P16, M="i32",
+                                                         N="i32"),
+                        dict(SPLIT_K=4, BLOCK_M=16, BLOCK=1024)),
+    }
+
+NAMES = ["attention_merge", "attention_split", "gemm", "gemm_reduce", "greedy_merge",
+         "greedy_slice", "qk_norm_rope", "rms_norm", "silu_mul"]
+PDL_OFF = ["rms_norm", "gemm"]
+
+
+def _compile_all(out: Path) -> None:
+    """Write <name>-<pdl>.ptx for every kernel (run without TRITON_INTERPRET)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernels = _kernels()
+    assert sorted(kernels) == NAMES
+    for name, (fn, sig, consts) in kernels.items():
+        for use_pdl in (True, False) if name in PDL_OFF else (True,):
+            c = {**consts, "PDL": use_pdl}
+            signature = {a: sig.get(a, "constexpr") for a in fn.arg_names}
+            assert set(signature) - set(sig) == set(c), name  # every argument typed or fixed
+            # pointers and int arguments 16-aligned, as Triton specialises real launches
+            aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+                       if sig.get(a, "").startswith("*")}
+            src = ASTSource(fn=fn, signature=signature, constexprs=c, attrs=aligned)
+            ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+            (out / f"{name}-{int(use_pdl)}.ptx").write_text(ptx)
+
+
+@pytest.fixture(scope="module")
+def ptx_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ptx")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(out / "cache")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, __file__, str(out)], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _ptx(ptx_dir: Path, name: str, use_pdl: bool) -> str:
+    return (ptx_dir / f"{name}-{int(use_pdl)}.ptx").read_text()
+
+
+def _body(ptx: str) -> list[str]:
+    """Instruction lines without predicates ('@%p1 ld.global...' -> 'ld.global...')."""
+    lines = (re.sub(r"^@!?%p\d+\s+", "", ln.strip()) for ln in ptx.splitlines())
+    return [ln for ln in lines if ln and not ln.startswith("//")]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_global_load_before_wait(ptx_dir, name):
+    lines = _body(_ptx(ptx_dir, name, True))
+    waits = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
+    assert waits, "PDL kernel never waits for its predecessor"
+    loads = [i for i, ln in enumerate(lines)
+             if re.match(r"ld\.global|cp\.async\.(ca|cg)|cp\.async\.bulk\.tensor", ln)]
+    assert loads and min(loads) > min(waits), f"{name} reads global memory before its wait"
+    assert any(ln.startswith("griddepcontrol.launch_dependents") for ln in lines)
+
+
+def test_gemm_prefetches_its_weight_before_the_wait(ptx_dir):
+    lines = _body(_ptx(ptx_dir, "gemm", True))
+    wait = next(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
+    prefetch = [i for i, ln in enumerate(lines) if "cp.async.bulk.prefetch.L2" in ln]
+    assert prefetch and max(prefetch) < wait
+    # the GEMM releases its dependent after the main loop, not at its start
+    release = next(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch"))
+    assert release > wait and any("mma" in ln for ln in lines[wait:release])
+
+
+@pytest.mark.parametrize("name", PDL_OFF)
+def test_pdl_off_emits_no_griddepcontrol(ptx_dir, name):
+    ptx = _ptx(ptx_dir, name, False)
+    assert "griddepcontrol" not in ptx and "prefetch.L2" not in ptx
+
+
+def test_enabled_only_for_cuda_tensors():
+    x = torch.zeros(2)
+    assert not pdl.enabled(x)
+    assert pdl.launch_options(x) == {"PDL": False}
+
+
+def test_prefetch_bytes_respects_the_budget(monkeypatch):
+    cfg = GemmConfig(16, 256, 4)
+    monkeypatch.setenv("DLRT_GEMM_PREFETCH_MB", "16")
+    # small weight: each program prefetches its whole K range (K/4 bf16 = 2048 bytes per row)
+    assert prefetch_bytes(1024, 4096, 2, cfg) == 2048
+    # large weight: N * split * bytes stays within 16 MiB, a multiple of 16
+    b = prefetch_bytes(24576, 4096, 2, cfg)
+    assert b % 16 == 0 and 0 < b < 2048 and 24576 * 4 * b <= 16 << 20
+    monkeypatch.setenv("DLRT_GEMM_PREFETCH_MB", "0")
+    assert prefetch_bytes(1024, 4096, 2, cfg) == 0
+
+
+if __name__ == "__main__":
+    _compile_all(Path(sys.argv[1]))
