@@ -44,8 +44,3 @@ def pdl() -> bool:
     (default: PDL on compute capability 9.0+)."""
     return os.environ.get("DLRT_PDL", "1") != "0"
 
-
-def gemm_prefetch_mb() -> float:
-    """DLRT_GEMM_PREFETCH_MB: MiB of its weight a skinny GEMM prefetches into L2 while it waits
-    for its predecessor under PDL (default 16; 0 disables)."""
-    return float(os.environ.get("DLRT_GEMM_PREFETCH_MB", "16"))

@@ -22,16 +22,20 @@ import torch.nn.functional as F
 from dlrt import env
 from dlrt.kernels import pdl
 from dlrt.kernels.rms_norm import rms_norm
-from dlrt.kernels.skinny_gemm import GemmConfig, skinny_gemm
+from dlrt.kernels.skinny_gemm import FMA_ROWS, GemmConfig, skinny_gemm
 
 log = logging.getLogger(__name__)
 
-BLOCKS = ((16, 256), (16, 512), (32, 256), (64, 256))  # (block_n, block_k)
+BLOCKS = ((16, 256), (16, 512), (32, 256), (64, 256))  # (block_n, block_k) of "dot"
+# (block_n, block_k, warps) of the GEMV: 16 weight elements per thread and tile
+GEMV_BLOCKS = ((4, 512, 4), (8, 256, 4), (8, 512, 8), (16, 256, 8), (4, 1024, 8))
 
 
-def candidates(n: int, k: int, sms: int) -> list[GemmConfig]:
-    """Configs for [N, K]: split-K grows until the grid covers the GPU about twice."""
-    out = []
+def candidates(n: int, k: int, sms: int, rows: int = 16) -> list[GemmConfig]:
+    """Configs for [N, K] at `rows` rows: "dot" with split-K grown until the grid covers the
+    GPU about twice; the "fma" GEMV configs too when rows <= 4."""
+    out = [GemmConfig(bn, bk, 1, warps=w, kind="fma") for bn, bk, w in GEMV_BLOCKS
+           if rows <= FMA_ROWS and k % bk == 0]
     for bn, bk in BLOCKS:
         tiles, split = -(-n // bn), 1
         while tiles * split < 2 * sms and k % (2 * split * bk) == 0 and split < 8:
@@ -86,7 +90,7 @@ def time_shape(w: torch.Tensor, rows: int) -> dict:
     best = dict(cublas_us=graph_us(cycle(F.linear), reps=2) / per,
                 triton_us=None, config=None,
                 norm_us=graph_us(cycle(lambda h, c: None), reps=2) / per)
-    for cfg in candidates(*w.shape, sms):
+    for cfg in candidates(*w.shape, sms, rows):
         us = graph_us(cycle(lambda h, c, g=cfg: skinny_gemm(h, c, g)), reps=2) / per
         if best["triton_us"] is None or us < best["triton_us"]:
             best.update(triton_us=us, config=asdict(cfg))
@@ -100,7 +104,7 @@ def triton_wins(rec: dict) -> bool:
 def _cache_path(w: torch.Tensor, rows: int):
     name = torch.cuda.get_device_name(w.device).replace(" ", "_")
     tag = "-pdl" if pdl.enabled(w) else ""
-    return env.cache_dir() / "gemm" / f"v3-{name}-{str(w.dtype)[6:]}-m{rows}{tag}.json"
+    return env.cache_dir() / "gemm" / f"v4-{name}-{str(w.dtype)[6:]}-m{rows}{tag}.json"
 
 
 def tune(model: torch.nn.Module, rows: int = 4, force: bool = False) -> dict[str, dict]:

@@ -9,9 +9,9 @@ edge, so launch latency, prologue and the tail of one kernel overlap the next.
 Protocol used by every dlrt kernel launched with `launch_pdl`:
   - small kernels (norms, RoPE, activation, attention, sampling, split-K reductions) call
     `begin(PDL)` first: release the dependent, then wait for the predecessor;
-  - the skinny GEMM reads nothing produced upstream before its wait except its weight, which it
-    prefetches into the L2 cache while waiting (`prefetch_l2`); it releases its dependent after
-    its main loop, so the next GEMM's prefetch overlaps only the tail, not the whole stream.
+  - the skinny GEMMs read nothing produced upstream before their wait except their weight (the
+    GEMV loads its first weight tile before it waits); they release their dependent after the
+    main loop, so the next kernel's launch overlaps the GEMM's tail, not its whole stream.
 Every PDL kernel waits before it finishes, so completion stays transitive along the stream and
 kernels launched without PDL (cuBLAS, PyTorch ops) see the usual full ordering.
 Reference: CUDA Programming Guide, "Programmatic Dependent Launch and Synchronization"; PTX ISA
@@ -69,11 +69,3 @@ def wait(PDL: tl.constexpr):
 def release(PDL: tl.constexpr):
     if PDL:
         tlcuda.gdc_launch_dependents()
-
-
-@triton.jit
-def prefetch_l2(ptrs, nbytes):
-    """Prefetch `nbytes` (a multiple of 16, >0) from each 16-byte aligned address of `ptrs` into
-    the L2 cache (`cp.async.bulk.prefetch.L2`, sm_90). Returns nothing useful."""
-    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;",
-                              "=r,l,r", [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)

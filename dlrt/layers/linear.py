@@ -15,11 +15,12 @@ CHOICES: dict[tuple, object] = {}
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., K] @ weight[N, K]^T -> [..., N]. Up to 16 rows on CUDA take the Triton kernel
-    where it was timed faster for this shape; everything else is `F.linear`."""
+    """x [..., K] @ weight[N, K]^T -> [..., N]. A few rows on CUDA (up to the chosen config's
+    `max_rows`: 16, or 4 for the GEMV) take the Triton kernel where it was timed faster for
+    this shape; everything else is `F.linear`."""
     if CHOICES and x.dim() == 2 and x.shape[0] <= 16 and use_kernels(x):
         cfg = CHOICES.get((weight.shape[0], weight.shape[1], weight.dtype))
-        if cfg is not None:
+        if cfg is not None and x.shape[0] <= cfg.max_rows():
             from dlrt.kernels.skinny_gemm import skinny_gemm
             return skinny_gemm(x.contiguous(), weight, cfg)
     return F.linear(x, weight)

@@ -162,6 +162,56 @@ def test_skinny_gemm(case, dtype):
     assert torch.equal(out, again)  # deterministic
 
 
+# (M, N, K, block_n, block_k): GEMV configs; N not a multiple of block_n, one K tile, M 1..4
+GEMV_CASES = [
+    (4, 100, 512, 8, 128),
+    (1, 37, 256, 16, 256),
+    (3, 64, 1024, 4, 256),
+    (2, 129, 384, 8, 128),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", GEMV_CASES, ids=[str(c) for c in GEMV_CASES])
+def test_skinny_gemv(case, dtype):
+    from dlrt.kernels.skinny_gemm import GemmConfig, skinny_gemm
+
+    m, n, k, bn, bk = case
+    gen = torch.Generator().manual_seed(m * n + k + 1)
+    x = torch.randn(m, k, generator=gen).to(DEV, dtype)
+    w = torch.randn(n, k, generator=gen).to(DEV, dtype)
+    cfg = GemmConfig(bn, bk, 1, kind="fma")
+    out = skinny_gemm(x, w, cfg)
+    ref = (x.double() @ w.double().T)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+    assert out.shape == (m, n) and err < tol, err
+    assert torch.equal(out, skinny_gemm(x, w, cfg))  # deterministic
+
+
+def test_skinny_gemv_rows_and_linear_fallback(monkeypatch):
+    from dlrt.kernels.skinny_gemm import GemmConfig, skinny_gemm
+    from dlrt.layers import linear
+
+    cfg = GemmConfig(8, 64, 1, kind="fma")
+    with pytest.raises(ValueError, match="M<=4"):
+        skinny_gemm(torch.zeros(5, 64, device=DEV), torch.zeros(8, 64, device=DEV), cfg)
+    with pytest.raises(ValueError, match="does not fit"):
+        skinny_gemm(torch.zeros(2, 64, device=DEV), torch.zeros(8, 64, device=DEV),
+                    GemmConfig(8, 64, 2, kind="fma"))
+    # more rows than the GEMV serves: `linear` takes F.linear for that call
+    w = torch.randn(8, 64, device=DEV)
+    monkeypatch.setitem(linear.CHOICES, (8, 64, w.dtype), cfg)
+    monkeypatch.setattr(linear, "use_kernels", lambda x: True)
+    calls = []
+    import dlrt.kernels.skinny_gemm as sg
+    monkeypatch.setattr(sg, "skinny_gemm", lambda *a: calls.append(a) or torch.zeros(4, 8))
+    x8 = torch.randn(8, 64, device=DEV)
+    torch.testing.assert_close(linear.linear(x8, w), x8 @ w.T)
+    linear.linear(torch.randn(4, 64, device=DEV), w)
+    assert not calls[1:] and len(calls) == 1 and calls[0][0].shape == (4, 64)
+
+
 def test_skinny_gemm_rejects_bad_shapes():
     from dlrt.kernels.skinny_gemm import GemmConfig, skinny_gemm
 
@@ -171,3 +221,13 @@ def test_skinny_gemm_rejects_bad_shapes():
     with pytest.raises(ValueError, match="does not fit"):
         skinny_gemm(torch.zeros(2, 96, device=DEV), torch.zeros(8, 96, device=DEV),
                     GemmConfig(16, 64, 1))
+
+
+def test_gemm_candidates_fit_and_offer_the_gemv_for_few_rows():
+    from dlrt.kernels.gemm_select import candidates
+
+    for n, k in ((4096, 2048), (2048, 6144), (151936, 4096), (100, 512)):
+        four, eight = candidates(n, k, 132, rows=4), candidates(n, k, 132, rows=8)
+        assert four and all(c.fits(n, k) for c in four + eight)
+        assert {c.kind for c in four} == {"dot", "fma"}
+        assert {c.kind for c in eight} == {"dot"}

@@ -16,10 +16,8 @@ import pytest
 import torch
 
 from dlrt.kernels import pdl
-from dlrt.kernels.skinny_gemm import GemmConfig, prefetch_bytes
 
 P16, P32, I32, I64 = "*bf16", "*fp32", "*i32", "*i64"
-
 
 
 def _kernels() -> dict:
@@ -52,16 +50,18 @@ def _kernels() -> dict:
                                                     conf_ptr=P32), dict(SLICES=32)),
         "gemm": (skinny_gemm._gemm_kernel, dict(x_ptr=P16, w_ptr=P16, y_ptr=P16, part_ptr=P32,
                                                 M="i32", N="i32"),
-                 dict(K=4096, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, SPLIT_K=4, PRECISION="tf32",
-                      PREFETCH=2048)),
+                 dict(K=4096, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, SPLIT_K=4, PRECISION="tf32")),
+        "gemv": (skinny_gemm._gemv_kernel, dict(x_ptr=P16, w_ptr=P16, y_ptr=P16, N="i32"),
+                 dict(K=4096, ROWS=4, BLOCK_N=8, BLOCK_K=256)),
         "gemm_reduce": (skinny_gemm._reduce_kernel, dict(part_ptr=P32, y_ptr=P16, M="i32",
                                                          N="i32"),
                         dict(SPLIT_K=4, BLOCK_M=16, BLOCK=1024)),
     }
 
-NAMES = ["attention_merge", "attention_split", "gemm", "gemm_reduce", "greedy_merge",
+NAMES = ["attention_merge", "attention_split", "gemm", "gemm_reduce", "gemv", "greedy_merge",
          "greedy_slice", "qk_norm_rope", "rms_norm", "silu_mul"]
 PDL_OFF = ["rms_norm", "gemm"]
+WEIGHT_FIRST = ["gemv"]  # loads its first weight tile before the wait
 
 
 def _compile_all(out: Path) -> None:
@@ -107,49 +107,41 @@ def _body(ptx: str) -> list[str]:
     return [ln for ln in lines if ln and not ln.startswith("//")]
 
 
-@pytest.mark.parametrize("name", NAMES)
+def _loads(lines: list[str]) -> list[int]:
+    return [i for i, ln in enumerate(lines)
+            if re.match(r"ld\.global|cp\.async\.(ca|cg)|cp\.async\.bulk\.tensor", ln)]
+
+
+@pytest.mark.parametrize("name", sorted(set(NAMES) - set(WEIGHT_FIRST)))
 def test_no_global_load_before_wait(ptx_dir, name):
     lines = _body(_ptx(ptx_dir, name, True))
     waits = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
     assert waits, "PDL kernel never waits for its predecessor"
-    loads = [i for i, ln in enumerate(lines)
-             if re.match(r"ld\.global|cp\.async\.(ca|cg)|cp\.async\.bulk\.tensor", ln)]
+    loads = _loads(lines)
     assert loads and min(loads) > min(waits), f"{name} reads global memory before its wait"
     assert any(ln.startswith("griddepcontrol.launch_dependents") for ln in lines)
 
 
-def test_gemm_prefetches_its_weight_before_the_wait(ptx_dir):
-    lines = _body(_ptx(ptx_dir, "gemm", True))
+@pytest.mark.parametrize("name", ["gemm", "gemv"])
+def test_gemms_release_after_their_main_loop(ptx_dir, name):
+    lines = _body(_ptx(ptx_dir, name, True))
     wait = next(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
-    prefetch = [i for i, ln in enumerate(lines) if "cp.async.bulk.prefetch.L2" in ln]
-    assert prefetch and max(prefetch) < wait
-    # the GEMM releases its dependent after the main loop, not at its start
     release = next(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch"))
-    assert release > wait and any("mma" in ln for ln in lines[wait:release])
+    math = [i for i, ln in enumerate(lines) if re.match(r"(mma|wgmma|fma)\.", ln)]
+    assert math and wait < release and max(math) < release < len(lines)
+    if name == "gemv":  # the first weight tile is in flight before the wait, x only after it
+        assert 0 < len([i for i in _loads(lines) if i < wait]) < len(_loads(lines))
 
 
 @pytest.mark.parametrize("name", PDL_OFF)
 def test_pdl_off_emits_no_griddepcontrol(ptx_dir, name):
-    ptx = _ptx(ptx_dir, name, False)
-    assert "griddepcontrol" not in ptx and "prefetch.L2" not in ptx
+    assert "griddepcontrol" not in _ptx(ptx_dir, name, False)
 
 
 def test_enabled_only_for_cuda_tensors():
     x = torch.zeros(2)
     assert not pdl.enabled(x)
     assert pdl.launch_options(x) == {"PDL": False}
-
-
-def test_prefetch_bytes_respects_the_budget(monkeypatch):
-    cfg = GemmConfig(16, 256, 4)
-    monkeypatch.setenv("DLRT_GEMM_PREFETCH_MB", "16")
-    # small weight: each program prefetches its whole K range (K/4 bf16 = 2048 bytes per row)
-    assert prefetch_bytes(1024, 4096, 2, cfg) == 2048
-    # large weight: N * split * bytes stays within 16 MiB, a multiple of 16
-    b = prefetch_bytes(24576, 4096, 2, cfg)
-    assert b % 16 == 0 and 0 < b < 2048 and 24576 * 4 * b <= 16 << 20
-    monkeypatch.setenv("DLRT_GEMM_PREFETCH_MB", "0")
-    assert prefetch_bytes(1024, 4096, 2, cfg) == 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The fused-kernel forward equals the unfused one on whole models.
 
 On the CPU the layers take the PyTorch ops; here they are switched to the Triton kernels (run by
-the interpreter) to check the wiring: merged projections through the skinny GEMM (rows <= 16),
+the interpreter) to check the wiring: merged projections through the skinny GEMM (9 rows, "dot")
+or the GEMV (4 rows, "fma"),
 residual plumbing through the fused RMSNorm, q/k norm + RoPE + cache write, SiLU-and-mul.
 fp32 weights; logits within 1e-4 relative, and the cache holds the same K/V.
 """
@@ -24,12 +25,17 @@ def forward(llm: LLM, tokens: torch.Tensor, chunk_block: int | None):
     return logits, cache.k.clone(), cache.v.clone()
 
 
+GEMMS = {"dot": (9, GemmConfig(16, 16, 2)), "gemv": (4, GemmConfig(4, 32, 1, kind="fma"))}
+
+
+@pytest.mark.parametrize("gemm", sorted(GEMMS))
 @pytest.mark.parametrize("ckpt,chunk_block", [("tiny_sdar", 4), ("tiny_sdar_moe", 4),
                                               ("tiny_llada", None)])
-def test_fused_forward_matches_unfused(ckpt, chunk_block, request, monkeypatch):
+def test_fused_forward_matches_unfused(ckpt, chunk_block, gemm, request, monkeypatch):
     llm = LLM(request.getfixturevalue(ckpt), max_model_len=64)
     gen = torch.Generator().manual_seed(5)
-    tokens = torch.randint(0, llm.config.vocab_size, (9,), generator=gen)
+    n, cfg = GEMMS[gemm]
+    tokens = torch.randint(0, llm.config.vocab_size, (n,), generator=gen)
     ref = forward(llm, tokens, chunk_block)
     llm.runner.cache.k.zero_()
     llm.runner.cache.v.zero_()
@@ -37,12 +43,12 @@ def test_fused_forward_matches_unfused(ckpt, chunk_block, request, monkeypatch):
         monkeypatch.setattr(module, "use_kernels", lambda x: True)
     for p in llm.model.parameters():  # the layers' projections via the skinny GEMM
         if p.dim() == 2 and p.shape[1] % 32 == 0 and p.shape[0] <= 1024:
-            monkeypatch.setitem(linear.CHOICES, (*p.shape, p.dtype), GemmConfig(16, 16, 2))
+            monkeypatch.setitem(linear.CHOICES, (*p.shape, p.dtype), cfg)
     out = forward(llm, tokens, chunk_block)
     for a, b in zip(out, ref, strict=True):
         err = (a - b).abs().max() / b.abs().max()
         assert err < 1e-4, float(err)
-    assert ref[1][:, 0, 3:12].abs().sum() > 0  # the chunk's K/V were written
+    assert ref[1][:, 0, 3:3 + n].abs().sum() > 0  # the chunk's K/V were written
 
 
 @pytest.mark.parametrize("strategy", ["low_confidence_static", "low_confidence_dynamic",
