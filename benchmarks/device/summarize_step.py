@@ -1,5 +1,6 @@
-"""One line per bench-step row of the JSON records in a folder: model, DLRT_ env, context,
-device-loop round, floor ratio, stage breakdown, projections on Triton."""
+"""One line per bench-step row of the JSON records in a folder (model, DLRT_ env, context,
+device-loop round, floor ratio, stage breakdown, projections on Triton), then the HumanEval
+request summaries per execution mode."""
 import json
 import sys
 from pathlib import Path
@@ -16,3 +17,13 @@ for path in sorted(Path(sys.argv[1]).glob("step-*.json")):
               f"loop={row['device_loop_us']:.0f} bubble={row['host_bubble_us']:.0f} "
               f"floor={row['floor_us']:.0f} ratio={row['ratio_to_floor']:.3f} {stages} "
               f"triton_proj={tri}/{len(rec.get('projections', {}))}")
+
+for path in sorted(Path(sys.argv[1]).glob("humaneval-*.json")):
+    rec = json.loads(path.read_text())
+    for mode, res in rec["modes"].items():
+        s = res["summary"]
+        print(f"{rec['model'].split('/')[-1]:<14} humaneval {mode:<12} tps={s['mean_tps']:.1f} "
+              f"ms/round={s['mean_ms_per_round']:.3f} tpf={s['mean_tpf']:.3f} "
+              f"rounds/block={s['rounds_per_block']:.2f}")
+    for c in rec.get("compare", []):
+        print(f"{'':<14} compare {c}")

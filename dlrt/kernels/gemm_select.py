@@ -34,7 +34,8 @@ GEMV_BLOCKS = ((4, 512, 4), (8, 256, 4), (8, 512, 8), (16, 256, 8), (4, 1024, 8)
 def candidates(n: int, k: int, sms: int, rows: int = 16) -> list[GemmConfig]:
     """Configs for [N, K] at `rows` rows: "dot" with split-K grown until the grid covers the
     GPU about twice; the "fma" GEMV configs too when rows <= 4."""
-    out = [GemmConfig(bn, bk, 1, warps=w, kind="fma") for bn, bk, w in GEMV_BLOCKS
+    out = [GemmConfig(bn, bk, 1, stages=ahead, warps=w, kind="fma")
+           for bn, bk, w in GEMV_BLOCKS for ahead in (1, 2)
            if rows <= FMA_ROWS and k % bk == 0]
     for bn, bk in BLOCKS:
         tiles, split = -(-n // bn), 1

@@ -7,11 +7,11 @@ cuBLAS (`dlrt.kernels.gemm_select`):
 - "dot": each program streams a [BLOCK_N, K / SPLIT_K] slab of `w` (software-pipelined by
   Triton) against x padded to 16 rows with tensor-core dots; with SPLIT_K > 1 the partial sums
   go to a scratch buffer and a second kernel adds them in a fixed order (deterministic).
-- "fma" (M <= 4): a GEMV; each program owns BLOCK_N whole rows of `w`, keeps the next
-  [BLOCK_N, BLOCK_K] tile in flight while it multiplies the current one into one fp32
+- "fma" (M <= 4): a GEMV; each program owns BLOCK_N whole rows of `w`, keeps the next one or
+  two [BLOCK_N, BLOCK_K] tiles in flight while it multiplies the current one into one fp32
   accumulator per row of x (CUDA-core FMAs), and reduces over K once at the end. No split-K,
   no second kernel. Under programmatic dependent launch (`dlrt.kernels.pdl`) its first weight
-  tile is loaded before it waits for the kernel that produces x.
+  tiles are loaded before it waits for the kernel that produces x.
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ class GemmConfig:
     stages: int = 4
     warps: int = 4
     kind: str = "dot"  # "dot" (tensor cores, split-K) or "fma" (GEMV, M <= FMA_ROWS)
+    # stages: Triton's pipeline depth for "dot"; weight tiles loaded ahead (1 or 2) for "fma"
 
     def fits(self, n: int, k: int) -> bool:
         if self.kind == "fma":
-            return self.split_k == 1 and k % self.block_k == 0
+            return self.split_k == 1 and k % self.block_k == 0 and self.stages in (1, 2)
         return k % (self.split_k * self.block_k) == 0 and self.block_n <= max(16, n)
 
     def max_rows(self) -> int:
@@ -98,12 +99,17 @@ def _store_row(acc, y_ptr, m: tl.constexpr, n, N):
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K: tl.constexpr, ROWS: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr,
+                 PDL: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * K  # clamped: no load masks
     k = tl.arange(0, BLOCK_K)
     TILES: tl.constexpr = K // BLOCK_K
-    w_next = tl.load(rows + k[None, :])  # weights only: may run before the producer of x ends
+    # weights only: these loads may run before the producer of x ends
+    w_next = tl.load(rows + k[None, :])
+    w_after = w_next
+    if AHEAD > 1:
+        w_after = tl.load(rows + (tl.minimum(1, TILES - 1) * BLOCK_K + k)[None, :])
     pdl.wait(PDL)
     a0 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     a1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
@@ -112,8 +118,12 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K: tl.constexpr, ROWS: tl.constexpr,
     for t in range(0, TILES):
         w = w_next.to(tl.float32)
         kt = t * BLOCK_K + k
-        # next tile in flight while this one is multiplied (the last iteration reloads itself)
-        w_next = tl.load(rows + (tl.minimum(t + 1, TILES - 1) * BLOCK_K + k)[None, :])
+        # AHEAD tiles in flight while this one is multiplied (clamped at the last tile)
+        if AHEAD > 1:
+            w_next = w_after
+            w_after = tl.load(rows + (tl.minimum(t + 2, TILES - 1) * BLOCK_K + k)[None, :])
+        else:
+            w_next = tl.load(rows + (tl.minimum(t + 1, TILES - 1) * BLOCK_K + k)[None, :])
         a0 = _fma_row(a0, w, x_ptr, 0, kt, K)
         if ROWS > 1:
             a1 = _fma_row(a1, w, x_ptr, 1, kt, K)
@@ -151,7 +161,7 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, config: GemmConfig) -> torch.T
     if config.kind == "fma":
         _gemv_kernel[(triton.cdiv(n, config.block_n),)](
             x, w, y, n, K=k, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-            num_warps=config.warps, num_stages=1, **opts)
+            AHEAD=config.stages, num_warps=config.warps, num_stages=1, **opts)
         return y
     part = y
     if config.split_k > 1:

@@ -162,12 +162,15 @@ def test_skinny_gemm(case, dtype):
     assert torch.equal(out, again)  # deterministic
 
 
-# (M, N, K, block_n, block_k): GEMV configs; N not a multiple of block_n, one K tile, M 1..4
+# (M, N, K, block_n, block_k, tiles ahead): GEMV configs; N not a multiple of block_n, one and
+# two K tiles, M 1..4
 GEMV_CASES = [
-    (4, 100, 512, 8, 128),
-    (1, 37, 256, 16, 256),
-    (3, 64, 1024, 4, 256),
-    (2, 129, 384, 8, 128),
+    (4, 100, 512, 8, 128, 1),
+    (4, 100, 512, 8, 128, 2),
+    (1, 37, 256, 16, 256, 2),
+    (3, 64, 1024, 4, 256, 1),
+    (2, 129, 384, 8, 128, 2),
+    (4, 40, 256, 8, 128, 2),
 ]
 
 
@@ -176,11 +179,11 @@ GEMV_CASES = [
 def test_skinny_gemv(case, dtype):
     from dlrt.kernels.skinny_gemm import GemmConfig, skinny_gemm
 
-    m, n, k, bn, bk = case
-    gen = torch.Generator().manual_seed(m * n + k + 1)
+    m, n, k, bn, bk, ahead = case
+    gen = torch.Generator().manual_seed(m * n + k + ahead)
     x = torch.randn(m, k, generator=gen).to(DEV, dtype)
     w = torch.randn(n, k, generator=gen).to(DEV, dtype)
-    cfg = GemmConfig(bn, bk, 1, kind="fma")
+    cfg = GemmConfig(bn, bk, 1, stages=ahead, kind="fma")
     out = skinny_gemm(x, w, cfg)
     ref = (x.double() @ w.double().T)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
@@ -193,12 +196,12 @@ def test_skinny_gemv_rows_and_linear_fallback(monkeypatch):
     from dlrt.kernels.skinny_gemm import GemmConfig, skinny_gemm
     from dlrt.layers import linear
 
-    cfg = GemmConfig(8, 64, 1, kind="fma")
+    cfg = GemmConfig(8, 64, 1, stages=1, kind="fma")
     with pytest.raises(ValueError, match="M<=4"):
         skinny_gemm(torch.zeros(5, 64, device=DEV), torch.zeros(8, 64, device=DEV), cfg)
     with pytest.raises(ValueError, match="does not fit"):
         skinny_gemm(torch.zeros(2, 64, device=DEV), torch.zeros(8, 64, device=DEV),
-                    GemmConfig(8, 64, 2, kind="fma"))
+                    GemmConfig(8, 64, 2, stages=1, kind="fma"))
     # more rows than the GEMV serves: `linear` takes F.linear for that call
     w = torch.randn(8, 64, device=DEV)
     monkeypatch.setitem(linear.CHOICES, (8, 64, w.dtype), cfg)

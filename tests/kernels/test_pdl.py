@@ -52,7 +52,7 @@ def _kernels() -> dict:
                                                 M="i32", N="i32"),
                  dict(K=4096, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, SPLIT_K=4, PRECISION="tf32")),
         "gemv": (skinny_gemm._gemv_kernel, dict(x_ptr=P16, w_ptr=P16, y_ptr=P16, N="i32"),
-                 dict(K=4096, ROWS=4, BLOCK_N=8, BLOCK_K=256)),
+                 dict(K=4096, ROWS=4, BLOCK_N=8, BLOCK_K=256, AHEAD=2)),
         "gemm_reduce": (skinny_gemm._reduce_kernel, dict(part_ptr=P32, y_ptr=P16, M="i32",
                                                          N="i32"),
                         dict(SPLIT_K=4, BLOCK_M=16, BLOCK=1024)),

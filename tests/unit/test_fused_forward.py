@@ -25,7 +25,8 @@ def forward(llm: LLM, tokens: torch.Tensor, chunk_block: int | None):
     return logits, cache.k.clone(), cache.v.clone()
 
 
-GEMMS = {"dot": (9, GemmConfig(16, 16, 2)), "gemv": (4, GemmConfig(4, 32, 1, kind="fma"))}
+GEMMS = {"dot": (9, GemmConfig(16, 16, 2)),
+         "gemv": (4, GemmConfig(4, 32, 1, stages=2, kind="fma"))}
 
 
 @pytest.mark.parametrize("gemm", sorted(GEMMS))
