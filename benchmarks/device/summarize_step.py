@@ -20,7 +20,7 @@ for path in sorted(Path(sys.argv[1]).glob("step-*.json")):
 
 for path in sorted(Path(sys.argv[1]).glob("humaneval-*.json")):
     rec = json.loads(path.read_text())
-    for mode, res in rec["modes"].items():
+    for mode, res in rec.get("modes", {}).items():
         s = res["summary"]
         print(f"{rec['model'].split('/')[-1]:<14} humaneval {mode:<12} tps={s['mean_tps']:.1f} "
               f"ms/round={s['mean_ms_per_round']:.3f} tpf={s['mean_tpf']:.3f} "
