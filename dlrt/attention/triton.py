@@ -9,27 +9,26 @@ from __future__ import annotations
 import torch
 
 from dlrt.attention.backend import ForwardMeta
-from dlrt.kernels.paged_attention import paged_chunk_attention, split_scratch
+from dlrt.kernels.paged_attention import default_splits, paged_chunk_attention, split_scratch
 from dlrt.runtime.kv_cache import PagedKVCache
-
-SPLIT = 512  # keys per split of the context
 
 
 class TritonBackend:
     def __init__(self):
         self._scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def scratch(self, n: int, h_q: int, d: int, capacity: int, device):
+    def scratch(self, n: int, h_q: int, d: int, splits: int, device):
         """Split buffers for chunks of n tokens; allocated on first use (before capture)."""
-        key = (n, h_q, d, capacity, str(device))
+        key = (n, h_q, d, splits, str(device))
         if key not in self._scratch:
-            self._scratch[key] = split_scratch(n, h_q, d, capacity, SPLIT, device)
+            self._scratch[key] = split_scratch(n, h_q, d, splits, device)
         return self._scratch[key]
 
     def forward(self, layer: int, q: torch.Tensor, scale: float, meta: ForwardMeta,
                 cache: PagedKVCache) -> torch.Tensor:
         n, h_q, d = q.shape
+        splits = default_splits(cache.capacity, cache.k.shape[-2], q.device)
         return paged_chunk_attention(
             q.contiguous(), cache.k[layer], cache.v[layer], cache.page_table, meta.lens, scale,
-            meta.chunk_block, max_kv=cache.capacity, split=SPLIT,
-            scratch=self.scratch(n, h_q, d, cache.capacity, q.device))
+            meta.chunk_block, max_kv=cache.capacity, splits=splits,
+            scratch=self.scratch(n, h_q, d, splits, q.device))

@@ -8,8 +8,10 @@ prefix) or, inside the chunk, block(j) <= block(i) with blocks of CHUNK_BLOCK to
 the chunk start (CHUNK_BLOCK = 0: the whole chunk is visible, full bidirectional attention).
 
 GQA: one program serves all query heads of one KV head, so each K/V tile is read once per
-group. The context is cut into splits that run in parallel (so a block of 4 queries still fills
-the GPU); a second kernel merges the splits' partial softmax states. Algorithm: FlashAttention's
+group. The context is cut into a fixed number of splits that run in parallel (so a block of 4
+queries still fills the GPU); each split's length follows the context read from device memory
+(whole tiles of BLOCK_N keys), so short and long contexts alike spread over the splits. A second
+kernel merges the splits' partial softmax states. Algorithm: FlashAttention's
 online softmax (Dao et al., 2022) with split-K merging as in Flash-Decoding (Dao et al., 2023).
 """
 
@@ -54,12 +56,18 @@ def _tile(q, k_ptr, v_ptr, page_table_ptr, j0, hi, start, i, row_ok, kvh, m, s_s
 
 
 @triton.jit
+def _split_len(kv_len, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys per split for a context of kv_len: whole tiles, at least one."""
+    return tl.maximum(tl.cdiv(tl.cdiv(kv_len, SPLITS), BLOCK_N), 1) * BLOCK_N
+
+
+@triton.jit
 def _attn_split_kernel(
     q_ptr, k_ptr, v_ptr, page_table_ptr, lens_ptr,
     part_o_ptr, part_ml_ptr,
     scale, N,
     H_Q: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    CHUNK_BLOCK: tl.constexpr, SPLIT: tl.constexpr,
+    CHUNK_BLOCK: tl.constexpr, SPLITS: tl.constexpr, MAX_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     DYNAMIC_TRIPS: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -70,8 +78,9 @@ def _attn_split_kernel(
     split = tl.program_id(2)
     start = tl.load(lens_ptr)
     kv_len = tl.load(lens_ptr + 1)
-    lo = split * SPLIT
-    hi = tl.minimum(lo + SPLIT, kv_len)
+    span = _split_len(kv_len, SPLITS, BLOCK_N)
+    lo = split * span
+    hi = tl.minimum(lo + span, kv_len)
     if lo >= kv_len:  # a split past the context: the merge ignores it
         return
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # flattened (query i, head-in-group g)
@@ -84,8 +93,8 @@ def _attn_split_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     s_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    # NOTE: on the GPU the trip count follows the context (read from device memory), so a
-    # short context costs one tile, not SPLIT / BLOCK_N; the interpreter needs a static count.
+    # NOTE: on the GPU the trip count follows the context (read from device memory); the
+    # interpreter needs a static count (MAX_TILES: the split length at the largest context).
     # Keys past `hi` are masked either way.
     if DYNAMIC_TRIPS:
         for t in range(0, tl.cdiv(hi - lo, BLOCK_N)):
@@ -93,7 +102,7 @@ def _attn_split_kernel(
                                   i, row_ok, kvh, m, s_sum, acc, scale, H_KV, D, PAGE,
                                   CHUNK_BLOCK, BLOCK_N, PRECISION)
     else:
-        for t in range(0, SPLIT // BLOCK_N):
+        for t in range(0, MAX_TILES):
             m, s_sum, acc = _tile(q, k_ptr, v_ptr, page_table_ptr, lo + t * BLOCK_N, hi, start,
                                   i, row_ok, kvh, m, s_sum, acc, scale, H_KV, D, PAGE,
                                   CHUNK_BLOCK, BLOCK_N, PRECISION)
@@ -105,13 +114,13 @@ def _attn_split_kernel(
 
 @triton.jit
 def _attn_merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, out_ptr, NH,
-                       D: tl.constexpr, SPLIT: tl.constexpr, SPLITS_P2: tl.constexpr,
-                       PDL: tl.constexpr):
+                       D: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+                       BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     pdl.begin(PDL)
     row = tl.program_id(0)  # flattened (query, head)
     kv_len = tl.load(lens_ptr + 1)
     s = tl.arange(0, SPLITS_P2)
-    used = s * SPLIT < kv_len
+    used = (s < SPLITS) & (s * _split_len(kv_len, SPLITS, BLOCK_N) < kv_len)
     d = tl.arange(0, D)
     base = s * NH + row
     m = tl.load(part_ml_ptr + base * 2, mask=used, other=float("-inf"))
@@ -123,43 +132,55 @@ def _attn_merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, out_ptr, NH,
     tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty))
 
 
-def _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, split,
+def block_keys(max_kv: int, splits: int) -> int:
+    """Keys per tile (BLOCK_N): 64, or less when a split never holds 64 keys."""
+    return max(16, min(64, triton.next_power_of_2(triton.cdiv(max_kv, splits))))
+
+
+def _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, splits,
             out, scratch):
     n, h_q, d = q.shape
     _, page, h_kv, _ = k_cache.shape
     assert q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
     assert h_q % h_kv == 0 and d in (16, 32, 64, 128, 256), (h_q, h_kv, d)
-    assert split % 64 == 0 or split in (16, 32), split
     g = h_q // h_kv
-    num_splits = triton.cdiv(max_kv, split)
     block_m = 16 if n * g <= 16 else 64
-    block_n = min(64, split)
+    block_n = block_keys(max_kv, splits)
     part_o, part_ml = scratch
-    assert part_o.numel() >= num_splits * n * h_q * d
-    assert part_ml.numel() >= num_splits * n * h_q * 2
-    grid = (triton.cdiv(n * g, block_m), h_kv, num_splits)
+    assert part_o.numel() >= splits * n * h_q * d
+    assert part_ml.numel() >= splits * n * h_q * 2
+    grid = (triton.cdiv(n * g, block_m), h_kv, splits)
     opts = pdl.launch_options(q)
     _attn_split_kernel[grid](q, k_cache, v_cache, page_table, lens, part_o, part_ml, scale, n,
                              H_Q=h_q, H_KV=h_kv, D=d, PAGE=page, CHUNK_BLOCK=chunk_block or 0,
-                             SPLIT=split, BLOCK_M=block_m, BLOCK_N=block_n,
+                             SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n,
+                             MAX_TILES=triton.cdiv(triton.cdiv(max_kv, splits), block_n),
                              PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                              DYNAMIC_TRIPS=os.environ.get("TRITON_INTERPRET") != "1", **opts)
-    _attn_merge_kernel[(n * h_q,)](part_o, part_ml, lens, out, n * h_q, D=d, SPLIT=split,
-                                   SPLITS_P2=triton.next_power_of_2(num_splits), **opts)
+    _attn_merge_kernel[(n * h_q,)](part_o, part_ml, lens, out, n * h_q, D=d, SPLITS=splits,
+                                   SPLITS_P2=triton.next_power_of_2(splits), BLOCK_N=block_n,
+                                   **opts)
     return out
 
 
-def split_scratch(n: int, h_q: int, d: int, max_kv: int, split: int,
+def split_scratch(n: int, h_q: int, d: int, splits: int,
                   device) -> tuple[torch.Tensor, torch.Tensor]:
     """Scratch for partial results: ([splits, n, Hq, D] fp32, [splits, n, Hq, 2] fp32)."""
-    s = triton.cdiv(max_kv, split)
-    return (torch.empty(s * n * h_q * d, dtype=torch.float32, device=device),
-            torch.empty(s * n * h_q * 2, dtype=torch.float32, device=device))
+    return (torch.empty(splits * n * h_q * d, dtype=torch.float32, device=device),
+            torch.empty(splits * n * h_q * 2, dtype=torch.float32, device=device))
+
+
+def default_splits(max_kv: int, h_kv: int, device: torch.device) -> int:
+    """Splits of the context: about four programs per SM over the KV heads (at most 64), and
+    no more than there are tiles of 64 keys at the largest context."""
+    sms = (torch.cuda.get_device_properties(device).multi_processor_count
+           if device.type == "cuda" else 16)
+    return max(1, min(64, 4 * sms // h_kv, triton.cdiv(max_kv, 64)))
 
 
 def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           page_table: torch.Tensor, lens: torch.Tensor, scale: float,
-                          chunk_block: int | None, max_kv: int, split: int = 256,
+                          chunk_block: int | None, max_kv: int, splits: int = 16,
                           out: torch.Tensor | None = None,
                           scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
                           ) -> torch.Tensor:
@@ -172,7 +193,8 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         page_table: [num_pages] int32, page of each logical page index.
         lens: [2] int32 on the device: (start, kv_len) — chunk start and visible key count.
         scale: softmax scale. chunk_block: block-causal block length inside the chunk, or None.
-        max_kv: upper bound of kv_len (fixes the grid). split: keys per split (multiple of 16).
+        max_kv: upper bound of kv_len. splits: programs along the context (fixes the grid with
+            max_kv); each takes ceil(kv_len / splits) keys rounded up to whole tiles.
         out: optional [N, Hq, D] output; scratch: optional `split_scratch(...)` buffers.
     Returns:
         [N, Hq, D] in q.dtype. Rows of queries that see no key are undefined.
@@ -181,6 +203,6 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     if out is None:
         out = torch.empty_like(q)
     if scratch is None:
-        scratch = split_scratch(n, h_q, d, max_kv, split, q.device)
-    return _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, split,
+        scratch = split_scratch(n, h_q, d, splits, q.device)
+    return _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, splits,
                    out, scratch)

@@ -34,21 +34,21 @@ def reference(q, kc, vc, pt, start, kv_len, cb):
     return out.transpose(0, 1)
 
 
-CASES = [  # n, hq, hkv, d, page, start, chunk_block, split, valid
-    (4, 4, 2, 16, 16, 37, 4, 32, 4),
-    (5, 4, 4, 32, 8, 0, None, 16, 5),
-    (7, 8, 1, 16, 16, 50, 7, 16, 7),
-    (4, 2, 1, 64, 4, 3, 2, 16, 4),
-    (1, 4, 4, 16, 16, 64, 1, 32, 1),
-    (64, 2, 2, 16, 16, 17, 64, 64, 64),
-    (9, 4, 2, 128, 16, 100, 3, 64, 9),
-    (12, 4, 4, 16, 16, 0, None, 32, 9),  # canvas padding: 3 rows past kv_len
+CASES = [  # n, hq, hkv, d, page, start, chunk_block, splits, valid
+    (4, 4, 2, 16, 16, 37, 4, 3, 4),
+    (5, 4, 4, 32, 8, 0, None, 1, 5),
+    (7, 8, 1, 16, 16, 50, 7, 4, 7),
+    (4, 2, 1, 64, 4, 3, 2, 2, 4),
+    (1, 4, 4, 16, 16, 64, 1, 8, 1),  # more splits than the context fills
+    (64, 2, 2, 16, 16, 17, 64, 2, 64),
+    (9, 4, 2, 128, 16, 100, 3, 5, 9),
+    (12, 4, 4, 16, 16, 0, None, 4, 9),  # canvas padding: 3 rows past kv_len
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
 def test_kernel_matches_sdpa(case):
-    n, hq, hkv, d, ps, start, cb, split, valid = case
+    n, hq, hkv, d, ps, start, cb, splits, valid = case
     gen = torch.Generator().manual_seed(hash(case) % 2**31)
     pages = -(-(start + n + 40) // ps)
     kc = torch.randn(pages, ps, hkv, d, generator=gen).to(DEV)
@@ -58,7 +58,7 @@ def test_kernel_matches_sdpa(case):
     kv_len = start + valid
     lens = torch.tensor([start, kv_len], dtype=torch.int32, device=DEV)
     out = torch.full_like(q, float("nan"))  # poisoned: every row must be written
-    paged_chunk_attention(q, kc, vc, pt, lens, d**-0.5, cb, max_kv=pages * ps, split=split,
+    paged_chunk_attention(q, kc, vc, pt, lens, d**-0.5, cb, max_kv=pages * ps, splits=splits,
                           out=out)
     ref = reference(q, kc, vc, pt, start, kv_len, cb)
     rows = slice(0, valid)
@@ -78,7 +78,7 @@ def test_lengths_come_from_device_memory():
     outs = []
     for start in (5, 90):
         lens.copy_(torch.tensor([start, start + 4]))
-        outs.append(paged_chunk_attention(q, kc, vc, pt, lens, 0.25, 4, max_kv=128, split=32))
+        outs.append(paged_chunk_attention(q, kc, vc, pt, lens, 0.25, 4, max_kv=128, splits=4))
         ref = reference(q, kc, vc, pt, start, start + 4, 4)
         assert (outs[-1].double() - ref).norm() / ref.norm() < 1e-4
     assert (outs[0] - outs[1]).abs().max() > 1e-3
@@ -91,8 +91,19 @@ def test_bf16_on_gpu():
     vc = torch.randn_like(kc)
     pt = torch.randperm(600, device="cuda", generator=gen).to(torch.int32)
     q = torch.randn(4, 32, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
-    for start in (0, 1000, 4093, 9000):
+    for start, splits in ((0, 64), (1000, 64), (4093, 64), (9000, 64), (4093, 7), (9000, 1)):
         lens = torch.tensor([start, start + 4], dtype=torch.int32, device="cuda")
-        out = paged_chunk_attention(q, kc, vc, pt, lens, 128**-0.5, 4, max_kv=9600, split=512)
+        out = paged_chunk_attention(q, kc, vc, pt, lens, 128**-0.5, 4, max_kv=9600,
+                                    splits=splits)
         ref = reference(q, kc, vc, pt, start, start + 4, 4)
         assert (out.double() - ref).norm() / ref.norm() < 2e-2
+
+
+def test_split_choice():
+    from dlrt.kernels.paged_attention import block_keys, default_splits
+
+    cpu = torch.device("cpu")
+    assert default_splits(40960, 8, cpu) == 8  # 4 programs per "SM" (16 assumed) / 8 heads
+    assert default_splits(100, 8, cpu) == 2  # no more splits than 64-key tiles
+    assert default_splits(40960, 128, cpu) == 1
+    assert block_keys(10000, 4) == 64 and block_keys(128, 4) == 32 and block_keys(20, 8) == 16
