@@ -27,7 +27,7 @@ class TritonBackend:
     def forward(self, layer: int, q: torch.Tensor, scale: float, meta: ForwardMeta,
                 cache: PagedKVCache) -> torch.Tensor:
         n, h_q, d = q.shape
-        splits = default_splits(cache.capacity, cache.k.shape[-2], q.device)
+        splits = default_splits(cache.capacity, n, h_q, cache.k.shape[-2], q.device)
         return paged_chunk_attention(
             q.contiguous(), cache.k[layer], cache.v[layer], cache.page_table, meta.lens, scale,
             meta.chunk_block, max_kv=cache.capacity, splits=splits,

@@ -132,6 +132,10 @@ def _attn_merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, out_ptr, NH,
     tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty))
 
 
+def _block_rows(rows: int) -> int:
+    return 16 if rows <= 16 else 64
+
+
 def block_keys(max_kv: int, splits: int) -> int:
     """Keys per tile (BLOCK_N): 64, or less when a split never holds 64 keys."""
     return max(16, min(64, triton.next_power_of_2(triton.cdiv(max_kv, splits))))
@@ -144,7 +148,7 @@ def _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, s
     assert q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
     assert h_q % h_kv == 0 and d in (16, 32, 64, 128, 256), (h_q, h_kv, d)
     g = h_q // h_kv
-    block_m = 16 if n * g <= 16 else 64
+    block_m = _block_rows(n * g)
     block_n = block_keys(max_kv, splits)
     part_o, part_ml = scratch
     assert part_o.numel() >= splits * n * h_q * d
@@ -170,12 +174,14 @@ def split_scratch(n: int, h_q: int, d: int, splits: int,
             torch.empty(splits * n * h_q * 2, dtype=torch.float32, device=device))
 
 
-def default_splits(max_kv: int, h_kv: int, device: torch.device) -> int:
-    """Splits of the context: about four programs per SM over the KV heads (at most 64), and
-    no more than there are tiles of 64 keys at the largest context."""
+def default_splits(max_kv: int, n: int, h_q: int, h_kv: int, device: torch.device) -> int:
+    """Splits of the context for n queries: about four programs per SM over the KV heads and
+    the query tiles (at most 64 splits), and no more than there are tiles of 64 keys at the
+    largest context."""
     sms = (torch.cuda.get_device_properties(device).multi_processor_count
            if device.type == "cuda" else 16)
-    return max(1, min(64, 4 * sms // h_kv, triton.cdiv(max_kv, 64)))
+    q_tiles = triton.cdiv(n * (h_q // h_kv), _block_rows(n * (h_q // h_kv)))
+    return max(1, min(64, 4 * sms // (h_kv * q_tiles), triton.cdiv(max_kv, 64)))
 
 
 def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -103,7 +103,10 @@ def test_split_choice():
     from dlrt.kernels.paged_attention import block_keys, default_splits
 
     cpu = torch.device("cpu")
-    assert default_splits(40960, 8, cpu) == 8  # 4 programs per "SM" (16 assumed) / 8 heads
-    assert default_splits(100, 8, cpu) == 2  # no more splits than 64-key tiles
-    assert default_splits(40960, 128, cpu) == 1
+    # 4 programs per "SM" (16 assumed) over 8 KV heads, one tile of 4 x 4 query rows
+    assert default_splits(40960, 4, 32, 8, cpu) == 8
+    assert default_splits(100, 4, 32, 8, cpu) == 2  # no more splits than 64-key tiles
+    assert default_splits(40960, 4, 128, 128, cpu) == 1
+    assert default_splits(40960, 288, 32, 32, cpu) == 1  # a canvas: 5 query tiles per head
+    assert default_splits(40960, 288, 4, 1, cpu) == 3  # 18 query tiles: 64 // 18
     assert block_keys(10000, 4) == 64 and block_keys(128, 4) == 32 and block_keys(20, 8) == 16
