@@ -18,6 +18,7 @@ pytest.importorskip("triton")
 from dlrt.kernels.activation import silu_mul  # noqa: E402
 from dlrt.kernels.rms_norm import rms_norm  # noqa: E402
 from dlrt.kernels.rope import qk_norm_rope_write  # noqa: E402
+from dlrt.kernels.skinny_gemm import GemmConfig, skinny_gemm  # noqa: E402
 from dlrt.layers.norm import RMSNorm  # noqa: E402
 from dlrt.layers.rotary import RotaryEmbedding  # noqa: E402
 
@@ -136,64 +137,39 @@ def test_greedy_candidates(n, v, dtype):
     assert err < 1e-5, float(err)
 
 
-GEMM_CASES = [  # m, n, k, block_n, block_k, split_k
-    (1, 48, 256, 16, 128, 1),
-    (4, 100, 512, 32, 128, 2),
-    (16, 64, 1024, 64, 256, 4),
-    (7, 33, 384, 16, 128, 3),
+GEMM_CASES = [  # m, n, k, config: "dot" with split-K, then the GEMV ("fma", M <= 4)
+    (1, 48, 256, GemmConfig(16, 128, 1, stages=2)),
+    (4, 100, 512, GemmConfig(32, 128, 2, stages=2)),
+    (16, 64, 1024, GemmConfig(64, 256, 4, stages=2)),
+    (7, 33, 384, GemmConfig(16, 128, 3, stages=2)),
+    # GEMV: N not a multiple of block_n; one and several K tiles; one or two tiles ahead
+    (4, 100, 512, GemmConfig(8, 128, 1, stages=1, kind="fma")),
+    (4, 100, 512, GemmConfig(8, 128, 1, stages=2, kind="fma")),
+    (1, 37, 256, GemmConfig(16, 256, 1, stages=2, kind="fma")),
+    (3, 64, 1024, GemmConfig(4, 256, 1, stages=1, kind="fma")),
+    (2, 129, 384, GemmConfig(8, 128, 1, stages=2, kind="fma")),
+    (4, 40, 256, GemmConfig(8, 128, 1, stages=2, kind="fma")),
 ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", GEMM_CASES, ids=[str(c) for c in GEMM_CASES])
+@pytest.mark.parametrize("case", GEMM_CASES, ids=[str(c[:3]) + c[3].kind + str(c[3].stages)
+                                                  for c in GEMM_CASES])
 def test_skinny_gemm(case, dtype):
-    from dlrt.kernels.skinny_gemm import GemmConfig, skinny_gemm
-
-    m, n, k, bn, bk, sk = case
-    gen = torch.Generator().manual_seed(m * n + k)
+    """skinny_gemm on fresh random [m, k] x [n, k]^T against float64, twice (deterministic)."""
+    m, n, k, cfg = case
+    gen = torch.Generator().manual_seed(m * n + k + cfg.stages)
     x = torch.randn(m, k, generator=gen).to(DEV, dtype)
     w = torch.randn(n, k, generator=gen).to(DEV, dtype)
-    out = skinny_gemm(x, w, GemmConfig(bn, bk, sk, stages=2))
-    ref = (x.double() @ w.double().T)
-    tol = 1e-5 if dtype == torch.float32 else 1e-2
-    err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
-    assert err < tol, err
-    again = skinny_gemm(x, w, GemmConfig(bn, bk, sk, stages=2))
-    assert torch.equal(out, again)  # deterministic
-
-
-# (M, N, K, block_n, block_k, tiles ahead): GEMV configs; N not a multiple of block_n, one and
-# two K tiles, M 1..4
-GEMV_CASES = [
-    (4, 100, 512, 8, 128, 1),
-    (4, 100, 512, 8, 128, 2),
-    (1, 37, 256, 16, 256, 2),
-    (3, 64, 1024, 4, 256, 1),
-    (2, 129, 384, 8, 128, 2),
-    (4, 40, 256, 8, 128, 2),
-]
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", GEMV_CASES, ids=[str(c) for c in GEMV_CASES])
-def test_skinny_gemv(case, dtype):
-    from dlrt.kernels.skinny_gemm import GemmConfig, skinny_gemm
-
-    m, n, k, bn, bk, ahead = case
-    gen = torch.Generator().manual_seed(m * n + k + ahead)
-    x = torch.randn(m, k, generator=gen).to(DEV, dtype)
-    w = torch.randn(n, k, generator=gen).to(DEV, dtype)
-    cfg = GemmConfig(bn, bk, 1, stages=ahead, kind="fma")
     out = skinny_gemm(x, w, cfg)
     ref = (x.double() @ w.double().T)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
     assert out.shape == (m, n) and err < tol, err
-    assert torch.equal(out, skinny_gemm(x, w, cfg))  # deterministic
+    assert torch.equal(out, skinny_gemm(x, w, cfg))
 
 
 def test_skinny_gemv_rows_and_linear_fallback(monkeypatch):
-    from dlrt.kernels.skinny_gemm import GemmConfig, skinny_gemm
     from dlrt.layers import linear
 
     cfg = GemmConfig(8, 64, 1, stages=1, kind="fma")
@@ -216,8 +192,6 @@ def test_skinny_gemv_rows_and_linear_fallback(monkeypatch):
 
 
 def test_skinny_gemm_rejects_bad_shapes():
-    from dlrt.kernels.skinny_gemm import GemmConfig, skinny_gemm
-
     with pytest.raises(ValueError, match="M<=16"):
         skinny_gemm(torch.zeros(17, 64, device=DEV), torch.zeros(8, 64, device=DEV),
                     GemmConfig(16, 64, 1))
