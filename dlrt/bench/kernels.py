@@ -94,7 +94,8 @@ def run(llm, n: int) -> list[dict[str, Any]]:
             us = rec[f"{impl}_us"]
             if us is None:
                 continue
-            # times include the feeding norm (as in a layer); the bandwidth is over the rest
+            # times include the feeding norm (as in a layer); the bandwidth is over the rest,
+            # an upper bound under PDL, where the GEMV's first weight loads overlap the norm
             alone = us - rec.get("norm_us", 0.0)
             rows.append(dict(op="projection", shape=f"[{shape}]", impl=impl, us=us,
                              vs_reference=rec["cublas_us"] / us, GBps=nbytes / alone / 1e3,

@@ -167,6 +167,7 @@ def test_skinny_gemm(case, dtype):
     err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
     assert out.shape == (m, n) and err < tol, err
     assert torch.equal(out, skinny_gemm(x, w, cfg))
+    assert skinny_gemm(x[:0], w, cfg).shape == (0, n)  # no rows: nothing read or written
 
 
 def test_skinny_gemv_rows_and_linear_fallback(monkeypatch):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from dlrt.kernels.paged_attention import paged_chunk_attention  # noqa: E402
+from dlrt.kernels.paged_attention import paged_chunk_attention, split_scratch  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -58,8 +58,11 @@ def test_kernel_matches_sdpa(case):
     kv_len = start + valid
     lens = torch.tensor([start, kv_len], dtype=torch.int32, device=DEV)
     out = torch.full_like(q, float("nan"))  # poisoned: every row must be written
+    scratch = split_scratch(n, hq, d, splits, DEV)
+    for t in scratch:  # poisoned: the merge reads only the splits that were written
+        t.fill_(float("nan"))
     paged_chunk_attention(q, kc, vc, pt, lens, d**-0.5, cb, max_kv=pages * ps, splits=splits,
-                          out=out)
+                          out=out, scratch=scratch)
     ref = reference(q, kc, vc, pt, start, kv_len, cb)
     rows = slice(0, valid)
     err = (out[rows].double() - ref[rows]).norm() / ref[rows].norm()

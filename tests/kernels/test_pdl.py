@@ -120,6 +120,8 @@ def test_no_global_load_before_wait(ptx_dir, name):
     assert waits, "PDL kernel never waits for its predecessor"
     loads = _loads(lines)
     assert loads and min(loads) > min(waits), f"{name} reads global memory before its wait"
+    writes = [i for i, ln in enumerate(lines) if re.match(r"(st|atom|red)\.global", ln)]
+    assert not writes or min(writes) > min(waits), f"{name} writes before its wait"
     assert any(ln.startswith("griddepcontrol.launch_dependents") for ln in lines)
 
 
@@ -130,8 +132,10 @@ def test_gemms_release_after_their_main_loop(ptx_dir, name):
     release = next(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch"))
     math = [i for i, ln in enumerate(lines) if re.match(r"(mma|wgmma|fma)\.", ln)]
     assert math and wait < release and max(math) < release < len(lines)
-    if name == "gemv":  # the first weight tile is in flight before the wait, x only after it
-        assert 0 < len([i for i in _loads(lines) if i < wait]) < len(_loads(lines))
+    if name == "gemv":  # AHEAD=2 weight tiles in flight before the wait, x only after it:
+        # a [8, 256] bf16 tile over 128 threads is two 16-byte loads per thread
+        early = [lines[i] for i in _loads(lines) if i < wait]
+        assert len(early) == 4 and all(ln.startswith("ld.global.v4") for ln in early), early
 
 
 @pytest.mark.parametrize("name", PDL_OFF)
