@@ -16,6 +16,7 @@ from dlrt.runtime.kv_cache import PagedKVCache
 class TritonBackend:
     def __init__(self):
         self._scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._splits: dict[tuple, int] = {}
 
     def scratch(self, n: int, h_q: int, d: int, splits: int, device):
         """Split buffers for chunks of n tokens; allocated on first use (before capture)."""
@@ -27,7 +28,10 @@ class TritonBackend:
     def forward(self, layer: int, q: torch.Tensor, scale: float, meta: ForwardMeta,
                 cache: PagedKVCache) -> torch.Tensor:
         n, h_q, d = q.shape
-        splits = default_splits(cache.capacity, n, h_q, cache.k.shape[-2], q.device)
+        key = (cache.capacity, n, h_q, cache.k.shape[-2], q.device)
+        splits = self._splits.get(key)
+        if splits is None:  # a device query: once per shape, not per launch
+            splits = self._splits[key] = default_splits(*key)
         return paged_chunk_attention(
             q.contiguous(), cache.k[layer], cache.v[layer], cache.page_table, meta.lens, scale,
             meta.chunk_block, max_kv=cache.capacity, splits=splits,
