@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dlrt.errors import OptionError
+
 
 def cache_dir() -> Path:
     """DLRT_CACHE_DIR: where the embedded default model is made (default ~/.cache/dlrt)."""
@@ -35,7 +37,7 @@ def skinny_gemm() -> str:
     shape on the Triton GEMM (its fastest config), default: per-shape choice ('1')."""
     value = os.environ.get("DLRT_SKINNY_GEMM", "1")
     if value not in ("0", "1", "all"):
-        raise ValueError(f"DLRT_SKINNY_GEMM must be 0, 1 or all, got {value!r}")
+        raise OptionError(f"DLRT_SKINNY_GEMM must be 0, 1 or all, got {value!r}")
     return value
 
 
