@@ -29,6 +29,7 @@ import torch
 
 from dlrt import env
 from dlrt.bench.report import table, write_json
+from dlrt.kernels.gemm_select import event_us
 
 COLUMNS = ["context", "device_loop_us", "replay_us", "while_overhead_us", "host_loop_us",
            "host_bubble_us", "eager_us", "floor_us", "ratio_to_floor", "GBps"]
@@ -61,15 +62,7 @@ def copy_bandwidth(device, nbytes: int = 1 << 30) -> float:
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
     dst = torch.empty_like(src)
     dst.copy_(src)
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(10):
-        e0.record()
-        dst.copy_(src)
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1) / 1e3)
-    return 2 * nbytes / statistics.median(times)
+    return 2 * nbytes / (event_us(lambda: dst.copy_(src), reps=10) / 1e6)
 
 
 def round_bytes(llm, context: int, b: int) -> int:
@@ -133,19 +126,6 @@ class _Bench:
         pass
 
 
-def _time(fn, reps: int = 5) -> float:
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        e0.record()
-        fn()
-        e1.record()
-        torch.cuda.synchronize()
-        out.append(e0.elapsed_time(e1) * 1e3)
-    return statistics.median(out)
-
-
 def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict[str, Any]]:
     from dlrt.runtime.graphs import WhileGraph, capture_parts
 
@@ -192,13 +172,13 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
                 for _ in range(eager_rounds):
                     bench.body()
 
-            dev_us = _time(wg.launch) / rounds
-            rep_us = _time(replay) / rounds
-            host_us = _time(host) / rounds
-            eager_us = _time(eager, reps=2) / eager_rounds
+            dev_us = event_us(wg.launch) / rounds
+            rep_us = event_us(replay) / rounds
+            host_us = event_us(host) / rounds
+            eager_us = event_us(eager, reps=2) / eager_rounds
             extra = {}
             for stage, (graph, how) in stages.items():
-                us = _time(lambda g=graph: [g.replay() for _ in range(rounds)]) / rounds
+                us = event_us(lambda g=graph: [g.replay() for _ in range(rounds)]) / rounds
                 extra[f"{stage}_us"] = us - rep_us if how == "repeat" else rep_us - us
             extra["other_us"] = rep_us - sum(extra.values())
             nbytes = round_bytes(llm, ctx, program.b)

@@ -47,6 +47,21 @@ def candidates(n: int, k: int, sms: int, rows: int = 16) -> list[GemmConfig]:
     return out
 
 
+def event_us(fn, reps: int = 5) -> float:
+    """Median over `reps` calls of `fn`'s GPU time in microseconds (CUDA events, the device
+    idle before each call)."""
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        e0.record()
+        fn()
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3)
+    return statistics.median(times)
+
+
 def graph_us(fn, reps: int = 20) -> float:
     """Microseconds per call, replayed from a graph of `reps` calls (median of 5)."""
     stream = torch.cuda.Stream()
@@ -57,15 +72,7 @@ def graph_us(fn, reps: int = 20) -> float:
     with torch.cuda.graph(g, stream=stream):
         for _ in range(reps):
             fn()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        e0.record()
-        g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / reps)
-    return statistics.median(times)
+    return event_us(g.replay) / reps
 
 
 COLD_BYTES = 256 << 20  # cycle through this many bytes of weight copies: more than the L2
