@@ -15,24 +15,22 @@ from dlrt.runtime.kv_cache import PagedKVCache
 
 class TritonBackend:
     def __init__(self):
-        self._scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._splits: dict[tuple, int] = {}
+        # (capacity, n, Hq, Hkv, D, device) -> (context splits, their scratch buffers)
+        self._plans: dict[tuple, tuple[int, tuple[torch.Tensor, torch.Tensor]]] = {}
 
-    def scratch(self, n: int, h_q: int, d: int, splits: int, device):
-        """Split buffers for chunks of n tokens; allocated on first use (before capture)."""
-        key = (n, h_q, d, splits, str(device))
-        if key not in self._scratch:
-            self._scratch[key] = split_scratch(n, h_q, d, splits, device)
-        return self._scratch[key]
+    def plan(self, capacity: int, n: int, h_q: int, h_kv: int, d: int, device):
+        """Context splits and split buffers for chunks of n tokens: chosen and allocated on
+        first use (before capture), then reused by every launch of that shape."""
+        key = (capacity, n, h_q, h_kv, d, device)
+        if key not in self._plans:
+            splits = default_splits(capacity, n, h_q, h_kv, device)
+            self._plans[key] = splits, split_scratch(n, h_q, d, splits, device)
+        return self._plans[key]
 
     def forward(self, layer: int, q: torch.Tensor, scale: float, meta: ForwardMeta,
                 cache: PagedKVCache) -> torch.Tensor:
         n, h_q, d = q.shape
-        key = (cache.capacity, n, h_q, cache.k.shape[-2], q.device)
-        splits = self._splits.get(key)
-        if splits is None:  # a device query: once per shape, not per launch
-            splits = self._splits[key] = default_splits(*key)
+        splits, scratch = self.plan(cache.capacity, n, h_q, cache.k.shape[-2], d, q.device)
         return paged_chunk_attention(
             q.contiguous(), cache.k[layer], cache.v[layer], cache.page_table, meta.lens, scale,
-            meta.chunk_block, max_kv=cache.capacity, splits=splits,
-            scratch=self.scratch(n, h_q, d, splits, q.device))
+            meta.chunk_block, max_kv=cache.capacity, splits=splits, scratch=scratch)
