@@ -33,6 +33,13 @@ class RMSNorm(nn.Module):
         residual = x + residual
         return self.reference(residual), residual
 
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None):
+        """(y, residual) of `forward(x, residual)`; with no residual yet (the first layer) the
+        stream starts at x: (norm(x), x)."""
+        if residual is None:
+            return self(x), x
+        return self(x, residual)
+
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         h = x.float()

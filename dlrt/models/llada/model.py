@@ -36,10 +36,7 @@ class LLaDALlamaBlock(nn.Module):
 
     def forward(self, x, residual, rope, rotary, ctx):
         """(previous output, residual stream before it or None) -> (output, residual)."""
-        if residual is None:
-            h, residual = self.attn_norm(x), x
-        else:
-            h, residual = self.attn_norm(x, residual)
+        h, residual = self.attn_norm.add_norm(x, residual)
         h = self.attn_out(self.attn(self.qkv(h), *rope, rotary, ctx))
         h, residual = self.ff_norm(h, residual)
         return self.ff_out(silu_and_mul(self.ff_gate_up(h))), residual

@@ -53,10 +53,7 @@ class SDARDecoderLayer(nn.Module):
     def forward(self, x, residual, rope, rotary, ctx):
         """x: the previous layer's output [N, H]; residual: the stream before it (None at
         the first layer). Returns (this layer's output, residual); the sum is the stream."""
-        if residual is None:
-            h, residual = self.input_layernorm(x), x
-        else:
-            h, residual = self.input_layernorm(x, residual)
+        h, residual = self.input_layernorm.add_norm(x, residual)
         h = self.self_attn(h, rope, rotary, ctx)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
