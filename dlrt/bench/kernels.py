@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from dlrt.bench.report import table, write_json
 from dlrt.kernels.gemm_select import graph_us
@@ -28,6 +27,8 @@ def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], An
     from dlrt.kernels.activation import silu_mul
     from dlrt.kernels.rms_norm import rms_norm
     from dlrt.kernels.rope import qk_norm_rope_write
+    from dlrt.layers.attention import Attention
+    from dlrt.layers.mlp import silu_and_mul_reference
     from dlrt.layers.norm import RMSNorm
     from dlrt.layers.rotary import RotaryEmbedding
     from dlrt.runtime.kv_cache import PagedKVCache
@@ -39,14 +40,12 @@ def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], An
     norm = RMSNorm(h, c.rms_norm_eps).to(dev, dtype)
 
     def norm_ref(x, res):
-        res = x + res
-        return norm.reference(res), res
+        return norm.reference_add(x, res)
 
     gu = torch.randn(n, 2 * c.intermediate_size, dtype=dtype, device=dev)
 
     def silu_ref(gu):
-        g, u = gu.chunk(2, dim=-1)
-        return F.silu(g) * u
+        return silu_and_mul_reference(gu)
 
     qkv = torch.randn(n, (hq + 2 * hkv) * d, dtype=dtype, device=dev)
     cache = PagedKVCache(1, hkv, d, 4096, dtype, dev)
@@ -55,12 +54,10 @@ def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], An
     cos, sin = rotary.cos_sin(pos)
     qn, kn = RMSNorm(d, c.rms_norm_eps).to(dev, dtype), RMSNorm(d, c.rms_norm_eps).to(dev, dtype)
 
+    attn = Attention(0, hq, hkv, d)
+
     def rope_ref(qkv, cos, sin):
-        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-        q, k = qn.reference(q.reshape(n, hq, d)), kn.reference(k.reshape(n, hkv, d))
-        q, k = rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
-        cache.write(0, pos, k, v.reshape(n, hkv, d))
-        return q
+        return attn.reference_qkv(qkv, cos, sin, rotary, cache, pos, qn, kn)
 
     compiled = {f: torch.compile(f, dynamic=False) for f in (norm_ref, silu_ref, rope_ref)}
     return {

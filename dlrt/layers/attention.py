@@ -45,12 +45,14 @@ class Attention(nn.Module):
                 q_norm.eps if q_norm is not None else 0.0, cos, sin, ctx.meta.positions,
                 cache.k[layer], cache.v[layer], cache.page_table, rotary.full_precision)
         else:
-            q = self.reference_qkv(qkv, cos, sin, rotary, ctx, q_norm, k_norm)
+            q = self.reference_qkv(qkv, cos, sin, rotary, cache, ctx.meta.positions, q_norm,
+                                   k_norm)
         out = ctx.attend(layer, q, self.scale)  # [N, Hq, D]
         return out.reshape(out.shape[0], -1)
 
-    def reference_qkv(self, qkv, cos, sin, rotary, ctx, q_norm, k_norm) -> torch.Tensor:
-        """Unfused: returns q [N, Hq, D] after writing k/v into the cache."""
+    def reference_qkv(self, qkv, cos, sin, rotary, cache, positions, q_norm,
+                      k_norm) -> torch.Tensor:
+        """Unfused: returns q [N, Hq, D] after writing k/v into `cache` at `positions`."""
         n, d = qkv.shape[0], self.head_dim
         q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d,
                              self.num_kv_heads * d], dim=-1)
@@ -58,5 +60,5 @@ class Attention(nn.Module):
         if q_norm is not None:
             q, k = q_norm(q), k_norm(k)
         q, k = rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
-        ctx.cache.write(self.layer_id, ctx.meta.positions, k, v.reshape(n, -1, d))
+        cache.write(self.layer_id, positions, k, v.reshape(n, -1, d))
         return q

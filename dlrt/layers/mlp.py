@@ -13,6 +13,11 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if gate_up.dim() == 2 and use_kernels(gate_up):
         from dlrt.kernels.activation import silu_mul
         return silu_mul(gate_up)
+    return silu_and_mul_reference(gate_up)
+
+
+def silu_and_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    """The unfused ops of `silu_and_mul` (the CPU path and the kernel's reference)."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 

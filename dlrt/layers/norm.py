@@ -30,8 +30,7 @@ class RMSNorm(nn.Module):
             return y if residual is None else (y, residual)
         if residual is None:
             return self.reference(x)
-        residual = x + residual
-        return self.reference(residual), residual
+        return self.reference_add(x, residual)
 
     def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None):
         """(y, residual) of `forward(x, residual)`; with no residual yet (the first layer) the
@@ -39,6 +38,11 @@ class RMSNorm(nn.Module):
         if residual is None:
             return self(x), x
         return self(x, residual)
+
+    def reference_add(self, x: torch.Tensor, residual: torch.Tensor):
+        """The unfused residual add + norm: (norm(x + residual), x + residual)."""
+        residual = x + residual
+        return self.reference(residual), residual
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
