@@ -9,14 +9,16 @@ for path in sorted(Path(sys.argv[1]).glob("step-*.json")):
     rec = json.loads(path.read_text())
     env = " ".join(f"{k[5:]}={v}" for k, v in rec.get("env", {}).items() if k != "DLRT_COMMIT"
                    and k != "DLRT_CACHE_DIR")
-    tri = sum(1 for r in rec.get("projections", {}).values() if r.get("chosen") == "triton")
+    proj = rec.get("projections", {})
+    tri = sum(1 for r in proj.values() if r.get("chosen") == "triton")
+    layer = proj.pop("layer", {}).get("chosen", "-")
     for row in rec["rows"]:
         stages = " ".join(f"{k[:-3]}={row[k]:.0f}" for k in
                           ("attention_us", "gemm_us", "sampling_us", "other_us") if k in row)
         print(f"{rec['model'].split('/')[-1]:<14} {env:<42} ctx={row['context']:<6} "
               f"loop={row['device_loop_us']:.0f} bubble={row['host_bubble_us']:.0f} "
               f"floor={row['floor_us']:.0f} ratio={row['ratio_to_floor']:.3f} {stages} "
-              f"triton_proj={tri}/{len(rec.get('projections', {}))}")
+              f"triton_proj={tri}/{len(proj)} layer={layer}")
 
 for path in sorted(Path(sys.argv[1]).glob("humaneval-*.json")):
     rec = json.loads(path.read_text())

@@ -86,6 +86,12 @@ def run(llm, n: int) -> list[dict[str, Any]]:
                              vs_reference=ref / us, GBps=None))
     item = torch.empty((), dtype=llm.dtype).element_size()
     for shape, rec in llm.gemm_choices.items():
+        if shape == "layer":  # the dense layer's projections, classic vs fused GEMVs
+            for impl in ("classic", "fused"):
+                rows.append(dict(op="layer projections", shape="", impl=impl,
+                                 us=rec[f"{impl}_us"], vs_reference=rec["classic_us"]
+                                 / rec[f"{impl}_us"], GBps=None))
+            continue
         nbytes = item * int(shape.split(",")[0]) * int(shape.split(",")[1])
         for impl in ("cublas", "triton"):
             us = rec[f"{impl}_us"]

@@ -10,12 +10,13 @@ sampling, strategy, commit) is timed over many rounds with CUDA events in four w
 bubble of the classic design. The per-stage breakdown times variants of the replayed round:
 attention (the backend call per layer) and sampling (probabilities, candidates, remasking
 strategy: `denoise_round`) run twice, the extra time being their cost; the dense projections
-(every `dlrt.layers.linear.linear`: QKV, o_proj, gate-up, down, LM head) are skipped (outputs left
-uninitialised), the time saved being their cost (repeating them would read weights that fit in
-the 50 MB L2 from there). `other_us` is what remains (norms, RoPE + cache write, activations,
-embedding, state updates). The HBM floor is the bytes one round must read (weights it
-touches, the KV cache of the context) over the device-to-device copy bandwidth measured in the
-same run.
+(every `dlrt.layers.linear.linear`: QKV, o_proj, gate-up, down, LM head, and the GEMVs of fused
+layers, `dlrt.layers.gemv_layer`, with the norms, SiLU and residual adds inside them) are
+skipped (outputs left uninitialised), the time saved being their cost (repeating them would
+read weights that fit in the 50 MB L2 from there). `other_us` is what remains (norms, RoPE +
+cache write, activations, embedding, state updates). The HBM floor is the bytes one round must
+read (weights it touches, the KV cache of the context) over the device-to-device copy bandwidth
+measured in the same run.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ COLUMNS = ["context", "device_loop_us", "replay_us", "while_overhead_us", "host_
 STAGE_COLUMNS = ["context", "replay_us", "attention_us", "gemm_us", "sampling_us", "other_us"]
 
 
-def _skip_linear(x, weight, bias=None):
+def _skip_linear(x, weight, *args, **kwargs):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -146,14 +147,17 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
         wg = WhileGraph(bench.begin, bench.body, bench.end, bench.flag, pool)
         capture_s = time.perf_counter() - t0
         stages = {}
+        from dlrt.kernels import skinny_gemm
         from dlrt.layers import linear
         from dlrt.runtime import decoder
 
-        for stage, owner, attr, how in (
-                ("attention", llm.runner.backend, "forward", "repeat"),
-                ("gemm", linear, "linear", "skip"),
-                ("sampling", decoder, "denoise_round", "repeat")):
-            with variant(owner, attr, how):
+        for stage, patches, how in (
+                ("attention", [(llm.runner.backend, "forward")], "repeat"),
+                ("gemm", [(linear, "linear"), (skinny_gemm, "gemv")], "skip"),
+                ("sampling", [(decoder, "denoise_round")], "repeat")):
+            with contextlib.ExitStack() as patched:
+                for owner, attr in patches:
+                    patched.enter_context(variant(owner, attr, how))
                 stages[stage] = (capture_parts([bench.body], pool)[0], how)
         for ctx in contexts:
             bench.set_context(ctx)
@@ -268,6 +272,10 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     print(table(rows, STAGE_COLUMNS))
     print(table([summary], list(summary)))
     for shape, rec in llm.gemm_choices.items():
+        if shape == "layer":
+            print(f"dense layer projections: classic {rec['classic_us']:.1f} us, fused GEMVs "
+                  f"{rec['fused_us']:.1f} us -> {rec['chosen']}")
+            continue
         triton_us = rec["triton_us"]
         print(f"projection [{shape}] after a norm: cublas {rec['cublas_us']:.1f} us, triton "
               f"{triton_us if triton_us is None else round(triton_us, 1)} us -> "

@@ -21,21 +21,26 @@ import torch.nn.functional as F
 
 from dlrt import env
 from dlrt.kernels import pdl
+from dlrt.kernels.activation import silu_mul
 from dlrt.kernels.rms_norm import rms_norm
-from dlrt.kernels.skinny_gemm import FMA_ROWS, GemmConfig, skinny_gemm
+from dlrt.kernels.skinny_gemm import FMA_ROWS, GemmConfig, gemv, skinny_gemm
 
 log = logging.getLogger(__name__)
 
 BLOCKS = ((16, 256), (16, 512), (32, 256), (64, 256))  # (block_n, block_k) of "dot"
 # (block_n, block_k, warps) of the GEMV: 16 weight elements per thread and tile
-GEMV_BLOCKS = ((4, 512, 4), (8, 256, 4), (8, 512, 8), (16, 256, 8), (4, 1024, 8))
+GEMV_BLOCKS = ((4, 512, 4), (8, 256, 4), (8, 512, 8), (16, 256, 8), (16, 512, 8),
+               (4, 1024, 8))
+GEMV_AHEAD = (1, 2, 4)  # weight tiles in flight
+SMALL_GEMV_BLOCK = (8, 64, 1)  # for K that no block above divides (small test models)
 
 
 def candidates(n: int, k: int, sms: int, rows: int = 16) -> list[GemmConfig]:
     """Configs for [N, K] at `rows` rows: "dot" with split-K grown until the grid covers the
     GPU about twice; the "fma" GEMV configs too when rows <= 4."""
+    blocks = [b for b in GEMV_BLOCKS if k % b[1] == 0] or [SMALL_GEMV_BLOCK]
     out = [GemmConfig(bn, bk, 1, stages=ahead, warps=w, kind="fma")
-           for bn, bk, w in GEMV_BLOCKS for ahead in (1, 2)
+           for bn, bk, w in blocks for ahead in GEMV_AHEAD
            if rows <= FMA_ROWS and k % bk == 0]
     for bn, bk in BLOCKS:
         tiles, split = -(-n // bn), 1
@@ -105,6 +110,69 @@ def time_shape(w: torch.Tensor, rows: int) -> dict:
     return best
 
 
+def _copies(tensors: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...]]:
+    """`tensors` and clones of them, together more than the L2 cache (at most 4 sets)."""
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    return [tensors] + [tuple(t.clone() for t in tensors)
+                        for _ in range(min(3, COLD_BYTES // nbytes))]
+
+
+def time_layer(w, rows: int) -> dict:
+    """The projections of a dense layer (`dlrt.layers.gemv_layer.DenseWeights`) at `rows`
+    rows, classic against fused, each in one CUDA graph cycling through weight copies:
+
+    classic: add+RMSNorm, QKV, o_proj, add+RMSNorm, gate-up, SiLU-and-mul, down (cuBLAS or
+    Triton per shape as `linear.CHOICES` says, so call this after they are set);
+    fused: the four GEMVs of `gemv_layer.forward`, each with its fastest config, chosen by
+    timing every GEMV config on that projection in its fused form.
+
+    Returns {'classic_us', 'fused_us', 'configs': {role: GemmConfig fields}}: microseconds
+    per layer (attention excluded: it is the same in both)."""
+    from dlrt.layers.linear import linear
+
+    dev, dtype = w.qkv.device, w.qkv.dtype
+    hidden, inter = w.qkv.shape[1], w.down.shape[1]
+    x = torch.randn(rows, hidden, dtype=dtype, device=dev)
+    attn = torch.randn(rows, w.o.shape[1], dtype=dtype, device=dev)
+    gate_up = torch.randn(rows, 2 * inter, dtype=dtype, device=dev)
+    n1, n2 = w.attn_norm, w.mlp_norm
+    copies = _copies((w.qkv, w.o, w.gate_up, w.down))
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    roles = {  # role -> (index in a copy, fused call)
+        "qkv": (0, lambda c, g: gemv(x, c, g, norm=n1.weight, eps=n1.eps)),
+        "o": (1, lambda c, g: gemv(attn, c, g, residual=x)),
+        "gate_up": (2, lambda c, g: gemv(x, c, g, norm=n2.weight, eps=n2.eps)),
+        "down": (3, lambda c, g: gemv(gate_up, c, g, silu=True, residual=x)),
+    }
+    configs, per = {}, len(copies)
+    for role, (i, call) in roles.items():
+        best = None
+        for cfg in candidates(*copies[0][i].shape, sms, rows):
+            if cfg.kind != "fma":
+                continue
+            us = graph_us(lambda g=cfg, i=i, f=call: [f(c[i], g) for c in copies], reps=2)
+            if best is None or us < best[0]:
+                best = us, cfg
+        configs[role] = best[1]
+    residual = x.clone()
+
+    def classic(c):
+        h = rms_norm(x, n1.weight, n1.eps, residual)
+        linear(h, c[0])
+        h = rms_norm(linear(attn, c[1]), n2.weight, n2.eps, residual)
+        linear(silu_mul(linear(h, c[2])), c[3])
+
+    def fused(c):
+        gemv(x, c[0], configs["qkv"], norm=n1.weight, eps=n1.eps)
+        s = gemv(attn, c[1], configs["o"], residual=x)
+        gu = gemv(s, c[2], configs["gate_up"], norm=n2.weight, eps=n2.eps)
+        gemv(gu, c[3], configs["down"], silu=True, residual=s)
+
+    return dict(classic_us=graph_us(lambda: [classic(c) for c in copies], reps=2) / per,
+                fused_us=graph_us(lambda: [fused(c) for c in copies], reps=2) / per,
+                configs={role: asdict(cfg) for role, cfg in configs.items()})
+
+
 def triton_wins(rec: dict) -> bool:
     return rec["config"] is not None and rec["triton_us"] < MARGIN * rec["cublas_us"]
 
@@ -112,14 +180,17 @@ def triton_wins(rec: dict) -> bool:
 def _cache_path(w: torch.Tensor, rows: int):
     name = torch.cuda.get_device_name(w.device).replace(" ", "_")
     tag = "-pdl" if pdl.enabled(w) else ""
-    return env.cache_dir() / "gemm" / f"v4-{name}-{str(w.dtype)[6:]}-m{rows}{tag}.json"
+    return env.cache_dir() / "gemm" / f"v5-{name}-{str(w.dtype)[6:]}-m{rows}{tag}.json"
 
 
 def tune(model: torch.nn.Module, rows: int = 4, force: bool = False) -> dict[str, dict]:
     """Choose per dense weight shape of `model` (on CUDA) and fill `linear.CHOICES`;
-    `force` takes the fastest Triton config for every shape that has one.
+    `force` takes the fastest Triton config for every shape that has one, and the fused GEMV
+    layer (`dlrt.layers.gemv_layer`).
 
-    Returns {"N,K": timing record}. Weights of MoE experts and embeddings are not projections.
+    Returns {"N,K": timing record, "layer": record of `time_layer`}; the layer record only
+    when rows <= 4 and the model has dense layers. Weights of MoE experts and embeddings are
+    not projections.
     """
     from dlrt.layers import linear
 
@@ -144,5 +215,37 @@ def tune(model: torch.nn.Module, rows: int = 4, force: bool = False) -> dict[str
         rec["chosen"] = "triton" if triton else "cublas"
         linear.CHOICES[(w.shape[0], w.shape[1], w.dtype)] = \
             GemmConfig(**rec["config"]) if triton else None
+    _tune_layers(model, rows, force, {**cached, **records}, records, path)
     log.info("projection kernels: %s", {k: rec["chosen"] for k, rec in records.items()})
     return records
+
+
+def _tune_layers(model, rows, force, stored, records, path) -> None:
+    """Time the fused GEMV layer against the classic one (`time_layer`) and set
+    `LayerGEMVs` on every dense layer when it is faster; the record goes to records['layer']
+    and to the cache file, whose contents are `stored`."""
+    from dlrt.layers.gemv_layer import LayerGEMVs
+
+    layers = [(m, m.dense_weights()) for m in model.modules()
+              if callable(getattr(m, "dense_weights", None))]
+    layers = [(m, w) for m, w in layers if w is not None]
+    if rows > FMA_ROWS or not layers:
+        return
+    w = layers[0][1]
+    sms = torch.cuda.get_device_properties(w.qkv.device).multi_processor_count
+    if not all(any(c.kind == "fma" for c in candidates(*t.shape, sms, rows))
+               for t in (w.qkv, w.o, w.gate_up, w.down)):
+        return  # some projection has no GEMV config
+    key = "layer " + " ".join(f"{t.shape[0]},{t.shape[1]}" for t in (w.qkv, w.o, w.gate_up, w.down))
+    if key not in stored:
+        stored[key] = time_layer(w, rows)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(stored, indent=1))
+    rec = dict(stored[key])
+    fused = force or rec["fused_us"] < MARGIN * rec["classic_us"]
+    rec["chosen"] = "fused" if fused else "classic"
+    gemvs = LayerGEMVs(**{r: GemmConfig(**c) for r, c in rec["configs"].items()}) \
+        if fused else None
+    for m, _ in layers:
+        m.gemvs = gemvs
+    records["layer"] = rec

@@ -7,11 +7,14 @@ cuBLAS (`dlrt.kernels.gemm_select`):
 - "dot": each program streams a [BLOCK_N, K / SPLIT_K] slab of `w` (software-pipelined by
   Triton) against x padded to 16 rows with tensor-core dots; with SPLIT_K > 1 the partial sums
   go to a scratch buffer and a second kernel adds them in a fixed order (deterministic).
-- "fma" (M <= 4): a GEMV; each program owns BLOCK_N whole rows of `w`, keeps the next one or
-  two [BLOCK_N, BLOCK_K] tiles in flight while it multiplies the current one into one fp32
-  accumulator per row of x (CUDA-core FMAs), and reduces over K once at the end. No split-K,
-  no second kernel. Under programmatic dependent launch (`dlrt.kernels.pdl`) its first weight
-  tiles are loaded before it waits for the kernel that produces x.
+- "fma" (M <= 4): a GEMV (`gemv`); each program owns BLOCK_N whole rows of `w`, keeps the
+  next 1-4 [BLOCK_N, BLOCK_K] tiles in flight while it multiplies the current one into fp32
+  accumulators (CUDA-core FMAs; runs of 8 adjacent products summed inside a thread), and
+  reduces over K once at the end. No split-K, no second kernel. x is read in the weight
+  tile's layout (no shared-memory round trip). Under programmatic dependent launch
+  (`dlrt.kernels.pdl`) its first weight tiles are loaded before it waits for the kernel that
+  produces x. The small ops around a projection can run inside it: an RMSNorm or SiLU-and-mul
+  on its input, a residual add on its output (`dlrt.layers.gemv_layer`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dlrt.kernels import pdl
 
 MAX_ROWS = 16
 FMA_ROWS = 4  # the "fma" kernel keeps one accumulator per row of x
+VEC = 8  # the GEMV sums runs of VEC adjacent products inside a thread (16-byte bf16 loads)
 
 
 @dataclass(frozen=True)
@@ -36,11 +40,12 @@ class GemmConfig:
     stages: int = 4
     warps: int = 4
     kind: str = "dot"  # "dot" (tensor cores, split-K) or "fma" (GEMV, M <= FMA_ROWS)
-    # stages: Triton's pipeline depth for "dot"; weight tiles loaded ahead (1 or 2) for "fma"
+    # stages: Triton's pipeline depth for "dot"; weight tiles loaded ahead (1-4) for "fma"
 
     def fits(self, n: int, k: int) -> bool:
         if self.kind == "fma":
-            return self.split_k == 1 and k % self.block_k == 0 and self.stages in (1, 2)
+            return (self.split_k == 1 and k % self.block_k == 0 and self.block_k % VEC == 0
+                    and self.stages in (1, 2, 3, 4))
         return k % (self.split_k * self.block_k) == 0 and self.block_n <= max(16, n)
 
     def max_rows(self) -> int:
@@ -87,66 +92,183 @@ def _reduce_kernel(part_ptr, y_ptr, M, N, SPLIT_K: tl.constexpr, BLOCK_M: tl.con
 
 
 @triton.jit
-def _fma_row(acc, w, x_ptr, m: tl.constexpr, k, K: tl.constexpr):
-    x = tl.load(x_ptr + m * K + k).to(tl.float32)
-    return acc + w * x[None, :]
+def _x_tile(x_ptr, m: tl.constexpr, kt, z, K: tl.constexpr, g, rstd,
+            NORM: tl.constexpr, SILU: tl.constexpr):
+    """Row m of the GEMV's input at columns kt, as fp32 [BLOCK_N, BLOCK_K] (the same value
+    down every weight row: loaded in the weight tile's layout, so no layout conversion),
+    rounded as the unfused ops would round it: RMSNorm (`dlrt.kernels.rms_norm`) or
+    SiLU-and-mul (`dlrt.kernels.activation`) applied on the fly."""
+    dtype = x_ptr.dtype.element_ty
+    cols = kt[None, :] + z[:, None]
+    if SILU:  # x is [M, 2K] = [gate | up]
+        gate = tl.load(x_ptr + m * 2 * K + cols).to(tl.float32)
+        up = tl.load(x_ptr + m * 2 * K + K + cols).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        return (act * up).to(dtype).to(tl.float32)
+    x = tl.load(x_ptr + m * K + cols).to(tl.float32)
+    if NORM:
+        x = (x * rstd).to(dtype).to(tl.float32)
+        x = (g * x).to(dtype).to(tl.float32)
+    return x
 
 
 @triton.jit
-def _store_row(acc, y_ptr, m: tl.constexpr, n, N):
-    tl.store(y_ptr + m * N + n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n < N)
+def _rstd(x_ptr, m: tl.constexpr, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(x[m]^2) + eps) in fp32, as `dlrt.kernels.rms_norm` computes it."""
+    k = tl.arange(0, BLOCK_K)
+    ssq = tl.zeros([BLOCK_K], tl.float32)
+    for t in range(0, K // BLOCK_K):
+        x = tl.load(x_ptr + m * K + t * BLOCK_K + k).to(tl.float32)
+        ssq += x * x
+    return tl.math.rsqrt(tl.sum(ssq, axis=0) / K + eps)
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K: tl.constexpr, ROWS: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr,
-                 PDL: tl.constexpr):
+def _fma(acc, w, x, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_K // VEC] += w * x, summed over runs of VEC adjacent columns (each
+    run lies in one thread: no shuffles, and 1/VEC of the accumulator registers)."""
+    return acc + tl.sum(tl.reshape(w * x, [BLOCK_N, BLOCK_K // VEC, VEC]), axis=2)
+
+
+@triton.jit
+def _store_row(acc, y_ptr, res_ptr, m: tl.constexpr, n, N, RES: tl.constexpr):
+    y = tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty)
+    if RES:  # the residual add of the next norm, rounded as `x + residual`
+        r = tl.load(res_ptr + m * N + n, mask=n < N, other=0.0)
+        y = (y.to(tl.float32) + r.to(tl.float32)).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + m * N + n, y, mask=n < N)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, res_ptr, N, eps, K: tl.constexpr,
+                 ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 AHEAD: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr,
+                 RES: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * K  # clamped: no load masks
     k = tl.arange(0, BLOCK_K)
+    z = tl.zeros([BLOCK_N], tl.int32)
     TILES: tl.constexpr = K // BLOCK_K
-    # weights only: these loads may run before the producer of x ends
-    w_next = tl.load(rows + k[None, :])
-    w_after = w_next
+    # weights only: these loads may run before the producer of x ends (AHEAD tiles in flight)
+    w0 = tl.load(rows + k[None, :])
+    w1 = w0
+    w2 = w0
+    w3 = w0
     if AHEAD > 1:
-        w_after = tl.load(rows + (tl.minimum(1, TILES - 1) * BLOCK_K + k)[None, :])
+        w1 = tl.load(rows + (tl.minimum(1, TILES - 1) * BLOCK_K + k)[None, :])
+    if AHEAD > 2:
+        w2 = tl.load(rows + (tl.minimum(2, TILES - 1) * BLOCK_K + k)[None, :])
+    if AHEAD > 3:
+        w3 = tl.load(rows + (tl.minimum(3, TILES - 1) * BLOCK_K + k)[None, :])
     pdl.wait(PDL)
-    a0 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    a1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    a2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    a3 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for t in range(0, TILES):
-        w = w_next.to(tl.float32)
-        kt = t * BLOCK_K + k
-        # AHEAD tiles in flight while this one is multiplied (clamped at the last tile)
-        if AHEAD > 1:
-            w_next = w_after
-            w_after = tl.load(rows + (tl.minimum(t + 2, TILES - 1) * BLOCK_K + k)[None, :])
-        else:
-            w_next = tl.load(rows + (tl.minimum(t + 1, TILES - 1) * BLOCK_K + k)[None, :])
-        a0 = _fma_row(a0, w, x_ptr, 0, kt, K)
+    r0 = 1.0
+    r1 = 1.0
+    r2 = 1.0
+    r3 = 1.0
+    if NORM:
+        r0 = _rstd(x_ptr, 0, K, eps, BLOCK_K)
         if ROWS > 1:
-            a1 = _fma_row(a1, w, x_ptr, 1, kt, K)
+            r1 = _rstd(x_ptr, 1, K, eps, BLOCK_K)
         if ROWS > 2:
-            a2 = _fma_row(a2, w, x_ptr, 2, kt, K)
+            r2 = _rstd(x_ptr, 2, K, eps, BLOCK_K)
         if ROWS > 3:
-            a3 = _fma_row(a3, w, x_ptr, 3, kt, K)
+            r3 = _rstd(x_ptr, 3, K, eps, BLOCK_K)
+    a0 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
+    a1 = a0
+    a2 = a0
+    a3 = a0
+    for t in range(0, TILES):
+        w = w0.to(tl.float32)
+        kt = t * BLOCK_K + k
+        nxt = rows + (tl.minimum(t + AHEAD, TILES - 1) * BLOCK_K + k)[None, :]
+        if AHEAD == 1:  # keep AHEAD tiles in flight (clamped at the last tile)
+            w0 = tl.load(nxt)
+        elif AHEAD == 2:
+            w0 = w1
+            w1 = tl.load(nxt)
+        elif AHEAD == 3:
+            w0 = w1
+            w1 = w2
+            w2 = tl.load(nxt)
+        else:
+            w0 = w1
+            w1 = w2
+            w2 = w3
+            w3 = tl.load(nxt)
+        g = 1.0
+        if NORM:
+            g = tl.load(g_ptr + kt[None, :] + z[:, None]).to(tl.float32)
+        a0 = _fma(a0, w, _x_tile(x_ptr, 0, kt, z, K, g, r0, NORM, SILU), BLOCK_N, BLOCK_K, VEC)
+        if ROWS > 1:
+            a1 = _fma(a1, w, _x_tile(x_ptr, 1, kt, z, K, g, r1, NORM, SILU), BLOCK_N, BLOCK_K,
+                      VEC)
+        if ROWS > 2:
+            a2 = _fma(a2, w, _x_tile(x_ptr, 2, kt, z, K, g, r2, NORM, SILU), BLOCK_N, BLOCK_K,
+                      VEC)
+        if ROWS > 3:
+            a3 = _fma(a3, w, _x_tile(x_ptr, 3, kt, z, K, g, r3, NORM, SILU), BLOCK_N, BLOCK_K,
+                      VEC)
     pdl.release(PDL)
-    _store_row(a0, y_ptr, 0, n, N)
+    _store_row(a0, y_ptr, res_ptr, 0, n, N, RES)
     if ROWS > 1:
-        _store_row(a1, y_ptr, 1, n, N)
+        _store_row(a1, y_ptr, res_ptr, 1, n, N, RES)
     if ROWS > 2:
-        _store_row(a2, y_ptr, 2, n, N)
+        _store_row(a2, y_ptr, res_ptr, 2, n, N, RES)
     if ROWS > 3:
-        _store_row(a3, y_ptr, 3, n, N)
+        _store_row(a3, y_ptr, res_ptr, 3, n, N, RES)
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, config: GemmConfig, *,
+         norm: torch.Tensor | None = None, eps: float = 0.0, silu: bool = False,
+         residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The GEMV ("fma" config) with the small ops around a projection folded in:
+    y = prologue(x) @ w^T (+ residual).
+
+    Args:
+        x: [M <= 4, K] contiguous; with `silu`, [M, 2K] = [gate | up] of a fused gate-up
+            projection, and the input is silu(gate) * up (`dlrt.kernels.activation.silu_mul`).
+        w: [N, K] contiguous, x's dtype.
+        norm: RMSNorm weight [K]: the input is `rms_norm(x, norm, eps)`
+            (`dlrt.kernels.rms_norm`, same roundings); not with `silu`.
+        residual: [M, N]: y = (x @ w^T rounded) + residual, rounded as `a + residual` is.
+    Returns:
+        y: [M, N] in x.dtype, a new tensor. Each op is rounded to x.dtype where the unfused
+        ops round; only the order of the fp32 sums differs from them.
+    Raises:
+        ValueError: shapes or config that do not fit.
+    """
+    if config.kind != "fma":
+        raise ValueError(f"gemv needs an 'fma' config, got {config}")
+    if silu and norm is not None:
+        raise ValueError("gemv: norm and silu prologues do not combine")
+    m, (n, k) = x.shape[0], w.shape
+    if x.dim() != 2 or x.shape[1] != (2 * k if silu else k) or m > FMA_ROWS \
+            or not (x.is_contiguous() and w.is_contiguous()):
+        raise ValueError(f"gemv: x {tuple(x.shape)} and w {tuple(w.shape)} must be contiguous "
+                         f"[M<={FMA_ROWS}, {'2K' if silu else 'K'}] and [N, K]")
+    if not config.fits(n, k):
+        raise ValueError(f"gemv: {config} does not fit N={n}, K={k}")
+    if norm is not None and tuple(norm.shape) != (k,):
+        raise ValueError(f"gemv: norm weight {tuple(norm.shape)} is not [{k}]")
+    if residual is not None and (tuple(residual.shape) != (m, n) or not residual.is_contiguous()):
+        raise ValueError(f"gemv: residual {tuple(residual.shape)} is not a contiguous [{m}, {n}]")
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:  # the kernel always computes row 0
+        return y
+    _gemv_kernel[(triton.cdiv(n, config.block_n),)](
+        x, w, y, norm if norm is not None else w, residual if residual is not None else y, n,
+        float(eps), K=k, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        AHEAD=config.stages, NORM=norm is not None, SILU=silu, RES=residual is not None,
+        VEC=VEC, num_warps=config.warps, num_stages=1, **pdl.launch_options(x))
+    return y
 
 
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, config: GemmConfig) -> torch.Tensor:
     """x: [M, K], w: [N, K], both contiguous, same float dtype -> [M, N] in x.dtype.
 
-    M <= 16 for "dot" configs, M <= 4 for "fma" configs. fp32 inputs multiply in full fp32 (no
-    TF32). Raises ValueError on shapes the config does not fit (K must be a multiple of
-    split_k * block_k).
+    M <= 16 for "dot" configs, M <= 4 for "fma" configs (`gemv`). fp32 inputs multiply in full
+    fp32 (no TF32). Raises ValueError on shapes the config does not fit (K must be a multiple
+    of split_k * block_k).
     """
     m, k = x.shape
     n = w.shape[0]
@@ -156,15 +278,12 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, config: GemmConfig) -> torch.T
                          f"contiguous [M<={rows}, K] and [N, K]")
     if not config.fits(n, k):
         raise ValueError(f"skinny_gemm: {config} does not fit N={n}, K={k}")
+    if config.kind == "fma":
+        return gemv(x, w, config)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m == 0:  # the GEMV always computes row 0
+    if m == 0:
         return y
     opts = pdl.launch_options(x)
-    if config.kind == "fma":
-        _gemv_kernel[(triton.cdiv(n, config.block_n),)](
-            x, w, y, n, K=k, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-            AHEAD=config.stages, num_warps=config.warps, num_stages=1, **opts)
-        return y
     part = y
     if config.split_k > 1:
         part = torch.empty((config.split_k, MAX_ROWS, n), dtype=torch.float32, device=x.device)

@@ -4,6 +4,8 @@ The same checkpoint decoded greedily with the fused Triton kernels and with the 
 ops (DLRT_FUSED_KERNELS=0) commits the same tokens. fp32 weights, where the kernels' rounding
 differences (ulps of the fp32 statistics) cannot flip an argmax on these prompts; in bf16 a
 near-tie can flip, which `dlrt bench humaneval` reports rather than a test asserting it.
+With DLRT_SKINNY_GEMM=all every projection takes a Triton GEMM, and the dense SDAR model's
+rounds (4 rows) run its layers as fused GEMVs (`dlrt.layers.gemv_layer`).
 """
 
 from __future__ import annotations
@@ -18,10 +20,16 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("ckpt,decoder", [("tiny_sdar", None), ("tiny_sdar_moe", None),
                                           ("tiny_llada", "canvas"), ("tiny_llada", "dllm_var")])
 @pytest.mark.parametrize("mode", ["eager", "device_loop"])
-def test_fused_equals_unfused_greedy(ckpt, decoder, mode, request, monkeypatch):
+@pytest.mark.parametrize("projections", ["timed", "forced"])
+def test_fused_equals_unfused_greedy(ckpt, decoder, mode, projections, request, monkeypatch):
     kw = {"decoder": decoder} if decoder else {}
+    if projections == "forced":
+        monkeypatch.setenv("DLRT_SKINNY_GEMM", "all")
     llm = LLM(request.getfixturevalue(ckpt), device="cuda", dtype="float32",
               max_model_len=2048, **kw)
+    monkeypatch.delenv("DLRT_SKINNY_GEMM", raising=False)
+    if projections == "forced" and ckpt == "tiny_sdar":  # dense layers, 4-row blocks
+        assert llm.gemm_choices["layer"]["chosen"] == "fused"
     llm.set_execution_mode(mode)
     prompts = [[(13 * i + 5) % 1000 for i in range(n)] for n in (1, 7, 300)]
     opts = dict(max_new_tokens=24, temperature=0, block_length=4,

@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 from dlrt.kernels.activation import silu_mul  # noqa: E402
 from dlrt.kernels.rms_norm import rms_norm  # noqa: E402
 from dlrt.kernels.rope import qk_norm_rope_write  # noqa: E402
-from dlrt.kernels.skinny_gemm import GemmConfig, skinny_gemm  # noqa: E402
+from dlrt.kernels.skinny_gemm import GemmConfig, gemv, skinny_gemm  # noqa: E402
 from dlrt.layers.norm import RMSNorm  # noqa: E402
 from dlrt.layers.rotary import RotaryEmbedding  # noqa: E402
 
@@ -142,9 +142,12 @@ GEMM_CASES = [  # m, n, k, config: "dot" with split-K, then the GEMV ("fma", M <
     (4, 100, 512, GemmConfig(32, 128, 2, stages=2)),
     (16, 64, 1024, GemmConfig(64, 256, 4, stages=2)),
     (7, 33, 384, GemmConfig(16, 128, 3, stages=2)),
-    # GEMV: N not a multiple of block_n; one and several K tiles; one or two tiles ahead
+    # GEMV: N not a multiple of block_n; one and several K tiles; 1-4 tiles ahead (more
+    # than the K tiles too)
     (4, 100, 512, GemmConfig(8, 128, 1, stages=1, kind="fma")),
     (4, 100, 512, GemmConfig(8, 128, 1, stages=2, kind="fma")),
+    (4, 100, 512, GemmConfig(8, 64, 1, stages=3, kind="fma")),
+    (3, 70, 256, GemmConfig(16, 128, 1, stages=4, kind="fma")),
     (1, 37, 256, GemmConfig(16, 256, 1, stages=2, kind="fma")),
     (3, 64, 1024, GemmConfig(4, 256, 1, stages=1, kind="fma")),
     (2, 129, 384, GemmConfig(8, 128, 1, stages=2, kind="fma")),
@@ -168,6 +171,65 @@ def test_skinny_gemm(case, dtype):
     assert out.shape == (m, n) and err < tol, err
     assert torch.equal(out, skinny_gemm(x, w, cfg))
     assert skinny_gemm(x[:0], w, cfg).shape == (0, n)  # no rows: nothing read or written
+
+
+GEMV_FUSED_CASES = [  # m, n, k, config, prologue ("norm" / "silu" / None), residual
+    (4, 100, 256, GemmConfig(8, 64, 1, stages=2, kind="fma"), "norm", False),
+    (3, 37, 512, GemmConfig(16, 128, 1, stages=4, kind="fma"), "norm", True),
+    (1, 64, 128, GemmConfig(4, 128, 1, stages=1, kind="fma"), "silu", True),
+    (4, 129, 384, GemmConfig(8, 128, 1, stages=3, kind="fma"), "silu", False),
+    (2, 50, 192, GemmConfig(4, 64, 1, stages=2, kind="fma"), None, True),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", GEMV_FUSED_CASES, ids=[f"{c[:3]}-{c[4]}-res{int(c[5])}"
+                                                        for c in GEMV_FUSED_CASES])
+def test_gemv_prologue_and_residual_match_the_unfused_ops(case, dtype):
+    """gemv(norm=/silu=/residual=) against RMSNorm.reference / silu_and_mul_reference, the
+    product in float64 rounded to the dtype, and `+ residual`: fresh random inputs. fp32
+    within 1e-5 of the largest output; bf16 within 2 ulps (2^-7 relative) of it (the
+    reference rounds its product once, the GEMV sums in another order)."""
+    from dlrt.layers.mlp import silu_and_mul_reference
+
+    m, n, k, cfg, prologue, with_res = case
+    gen = torch.Generator().manual_seed(m * n + k)
+    x = torch.randn(m, 2 * k if prologue == "silu" else k, generator=gen).to(DEV, dtype) * 3
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(DEV, dtype)
+    res = torch.randn(m, n, generator=gen).to(DEV, dtype) if with_res else None
+    norm = RMSNorm(k, 1e-6).to(DEV, dtype)
+    norm.weight.data = torch.rand(k, generator=gen).to(DEV, dtype) + 0.5
+    if prologue == "norm":
+        h = norm.reference(x)
+    elif prologue == "silu":
+        h = silu_and_mul_reference(x)
+    else:
+        h = x
+    ref = (h.double() @ w.double().T).to(dtype)
+    if res is not None:
+        ref = ref + res
+    out = gemv(x, w, cfg, norm=norm.weight if prologue == "norm" else None, eps=norm.eps,
+               silu=prologue == "silu", residual=res)
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -6
+    err = ((out.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+    assert out.shape == (m, n) and err < tol, err
+    assert torch.equal(out, gemv(x, w, cfg, norm=norm.weight if prologue == "norm" else None,
+                                 eps=norm.eps, silu=prologue == "silu", residual=res))
+
+
+def test_gemv_rejects_what_does_not_fit():
+    cfg = GemmConfig(8, 64, 1, stages=2, kind="fma")
+    x, w = torch.zeros(2, 64, device=DEV), torch.zeros(8, 64, device=DEV)
+    with pytest.raises(ValueError, match="2K"):
+        gemv(x, w, cfg, silu=True)  # silu needs [M, 2K]
+    with pytest.raises(ValueError, match="norm weight"):
+        gemv(x, w, cfg, norm=torch.ones(32, device=DEV))
+    with pytest.raises(ValueError, match="residual"):
+        gemv(x, w, cfg, residual=torch.zeros(2, 4, device=DEV))
+    with pytest.raises(ValueError, match="do not combine"):
+        gemv(torch.zeros(2, 128, device=DEV), w, cfg, silu=True, norm=torch.ones(64, device=DEV))
+    with pytest.raises(ValueError, match="'fma'"):
+        gemv(x, w, GemmConfig(16, 64, 1))
 
 
 def test_skinny_gemv_rows_and_linear_fallback(monkeypatch):

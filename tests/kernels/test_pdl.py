@@ -18,6 +18,8 @@ import torch
 from dlrt.kernels import pdl
 
 P16, P32, I32, I64 = "*bf16", "*fp32", "*i32", "*i64"
+GEMV_ARGS = dict(x_ptr=P16, w_ptr=P16, y_ptr=P16, g_ptr=P16, res_ptr=P16, N="i32", eps="fp32")
+GEMV_CONSTS = dict(K=4096, ROWS=4, BLOCK_N=8, BLOCK_K=256, AHEAD=2, VEC=8)
 
 
 def _kernels() -> dict:
@@ -52,17 +54,22 @@ def _kernels() -> dict:
         "gemm": (skinny_gemm._gemm_kernel, dict(x_ptr=P16, w_ptr=P16, y_ptr=P16, part_ptr=P32,
                                                 M="i32", N="i32"),
                  dict(K=4096, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, SPLIT_K=4, PRECISION="tf32")),
-        "gemv": (skinny_gemm._gemv_kernel, dict(x_ptr=P16, w_ptr=P16, y_ptr=P16, N="i32"),
-                 dict(K=4096, ROWS=4, BLOCK_N=8, BLOCK_K=256, AHEAD=2)),
+        "gemv": (skinny_gemm._gemv_kernel, GEMV_ARGS,
+                 dict(GEMV_CONSTS, NORM=False, SILU=False, RES=False)),
+        "gemv_norm": (skinny_gemm._gemv_kernel, GEMV_ARGS,
+                      dict(GEMV_CONSTS, NORM=True, SILU=False, RES=True)),
+        "gemv_silu": (skinny_gemm._gemv_kernel, GEMV_ARGS,
+                      dict(GEMV_CONSTS, NORM=False, SILU=True, RES=True)),
         "gemm_reduce": (skinny_gemm._reduce_kernel, dict(part_ptr=P32, y_ptr=P16, M="i32",
                                                          N="i32"),
                         dict(SPLIT_K=4, BLOCK_M=16, BLOCK=1024)),
     }
 
-NAMES = ["attention_merge", "attention_split", "gemm", "gemm_reduce", "gemv", "greedy_merge",
-         "greedy_slice", "qk_norm_rope", "rms_norm", "silu_mul"]
+NAMES = ["attention_merge", "attention_split", "gemm", "gemm_reduce", "gemv", "gemv_norm",
+         "gemv_silu", "greedy_merge", "greedy_slice", "qk_norm_rope", "rms_norm", "silu_mul"]
 PDL_OFF = ["rms_norm", "gemm"]
-WEIGHT_FIRST = ["gemv"]  # loads its first weight tile before the wait
+GEMVS = ["gemv", "gemv_norm", "gemv_silu"]
+WEIGHT_FIRST = GEMVS  # load their first weight tiles before the wait
 
 
 def _compile_all(out: Path) -> None:
@@ -125,17 +132,31 @@ def test_no_global_load_before_wait(ptx_dir, name):
     assert any(ln.startswith("griddepcontrol.launch_dependents") for ln in lines)
 
 
-@pytest.mark.parametrize("name", ["gemm", "gemv"])
+@pytest.mark.parametrize("name", ["gemm"] + GEMVS)
 def test_gemms_release_after_their_main_loop(ptx_dir, name):
     lines = _body(_ptx(ptx_dir, name, True))
     wait = next(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
     release = next(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch"))
     math = [i for i, ln in enumerate(lines) if re.match(r"(mma|wgmma|fma)\.", ln)]
     assert math and wait < release and max(math) < release < len(lines)
-    if name == "gemv":  # AHEAD=2 weight tiles in flight before the wait, x only after it:
+    if name in GEMVS:  # AHEAD=2 weight tiles in flight before the wait, x only after it:
         # a [8, 256] bf16 tile over 128 threads is two 16-byte loads per thread
         early = [lines[i] for i in _loads(lines) if i < wait]
         assert len(early) == 4 and all(ln.startswith("ld.global.v4") for ln in early), early
+
+
+@pytest.mark.parametrize("name", GEMVS)
+def test_gemv_loops_have_no_barrier(ptx_dir, name):
+    """x is read in the weight tile's layout: no shared-memory layout conversion (and so no
+    bar.sync) inside any loop of the GEMV."""
+    lines = _ptx(ptx_dir, name, True).splitlines()
+    heads = [(i, ln.split(":")[0].strip()) for i, ln in enumerate(lines)
+             if "Loop Header" in ln]
+    assert heads
+    for start, label in heads:
+        back = re.compile(rf"bra(\.uni)?\s+{re.escape(label)};")
+        end = max(i for i, ln in enumerate(lines) if back.search(ln))
+        assert not [ln for ln in lines[start:end] if "bar.sync" in ln or "barrier" in ln], label
 
 
 @pytest.mark.parametrize("name", PDL_OFF)

@@ -11,6 +11,7 @@ from torch import nn
 
 from dlrt.attention import ForwardContext
 from dlrt.config import ModelConfig
+from dlrt.layers import gemv_layer
 from dlrt.layers import linear as lin
 from dlrt.layers.attention import Attention
 from dlrt.layers.linear import Linear, MergedLinear
@@ -33,9 +34,18 @@ class LLaDALlamaBlock(nn.Module):
                                                        "up_proj": c.intermediate_size})
         self.ff_out = Linear(c.intermediate_size, c.hidden_size)
         self.attn = Attention(layer_id, c.num_heads, c.num_kv_heads, c.head_dim)
+        self.gemvs: gemv_layer.LayerGEMVs | None = None  # set by gemm_select.tune
+
+    def dense_weights(self) -> gemv_layer.DenseWeights:
+        """The norms and weights of the fused GEMV layer."""
+        return gemv_layer.DenseWeights(self.attn_norm, self.qkv.weight, self.attn_out.weight,
+                                       self.ff_norm, self.ff_gate_up.weight, self.ff_out.weight)
 
     def forward(self, x, residual, rope, rotary, ctx):
         """(previous output, residual stream before it or None) -> (output, residual)."""
+        if gemv_layer.applies(self.gemvs, x):
+            return gemv_layer.forward(x, residual, self.dense_weights(), self.gemvs,
+                                      lambda qkv: self.attn(qkv, *rope, rotary, ctx))
         h, residual = self.attn_norm.add_norm(x, residual)
         h = self.attn_out(self.attn(self.qkv(h), *rope, rotary, ctx))
         h, residual = self.ff_norm(h, residual)
@@ -70,7 +80,7 @@ class LLaDAModelLM(nn.Module):
         rope = self.model.rotary_emb.cos_sin(positions)
         for block in t.blocks:
             x, residual = block(x, residual, rope, self.model.rotary_emb, ctx)
-        return t.ln_f(x, residual)[0]
+        return t.ln_f.add_norm(x, residual)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         t = self.model.transformer

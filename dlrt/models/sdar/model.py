@@ -12,6 +12,7 @@ from torch import nn
 
 from dlrt.attention import ForwardContext
 from dlrt.config import ModelConfig
+from dlrt.layers import gemv_layer
 from dlrt.layers.attention import Attention
 from dlrt.layers.linear import Linear, MergedLinear
 from dlrt.layers.mlp import SparseMoE, SwiGLU
@@ -33,8 +34,11 @@ class SDARAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 rotary: RotaryEmbedding, ctx: ForwardContext) -> torch.Tensor:
-        out = self.attn(self.qkv_proj(x), *rope, rotary, ctx, self.q_norm, self.k_norm)
-        return self.o_proj(out)
+        return self.o_proj(self.attend(self.qkv_proj(x), rope, rotary, ctx))
+
+    def attend(self, qkv, rope, rotary, ctx) -> torch.Tensor:
+        """qkv [N, (Hq + 2 Hkv) D] -> attention output [N, Hq D] (before o_proj)."""
+        return self.attn(qkv, *rope, rotary, ctx, self.q_norm, self.k_norm)
 
 
 class SDARDecoderLayer(nn.Module):
@@ -49,10 +53,23 @@ class SDARDecoderLayer(nn.Module):
             self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.gemvs: gemv_layer.LayerGEMVs | None = None  # set by gemm_select.tune
+
+    def dense_weights(self) -> gemv_layer.DenseWeights | None:
+        """The norms and weights of the fused GEMV layer; None for an MoE layer."""
+        if not isinstance(self.mlp, SwiGLU):
+            return None
+        a = self.self_attn
+        return gemv_layer.DenseWeights(self.input_layernorm, a.qkv_proj.weight, a.o_proj.weight,
+                                       self.post_attention_layernorm,
+                                       self.mlp.gate_up_proj.weight, self.mlp.down_proj.weight)
 
     def forward(self, x, residual, rope, rotary, ctx):
         """x: the previous layer's output [N, H]; residual: the stream before it (None at
         the first layer). Returns (this layer's output, residual); the sum is the stream."""
+        if gemv_layer.applies(self.gemvs, x):
+            return gemv_layer.forward(x, residual, self.dense_weights(), self.gemvs,
+                                      lambda qkv: self.self_attn.attend(qkv, rope, rotary, ctx))
         h, residual = self.input_layernorm.add_norm(x, residual)
         h = self.self_attn(h, rope, rotary, ctx)
         h, residual = self.post_attention_layernorm(h, residual)
@@ -72,7 +89,7 @@ class SDARModel(nn.Module):
         rope = self.rotary_emb.cos_sin(positions)
         for layer in self.layers:
             x, residual = layer(x, residual, rope, self.rotary_emb, ctx)
-        return self.norm(x, residual)[0]
+        return self.norm.add_norm(x, residual)[0]
 
 
 class SDARForCausalLM(nn.Module):
