@@ -28,9 +28,10 @@ from dlrt.kernels.skinny_gemm import FMA_ROWS, GemmConfig, gemv, skinny_gemm
 log = logging.getLogger(__name__)
 
 BLOCKS = ((16, 256), (16, 512), (32, 256), (64, 256))  # (block_n, block_k) of "dot"
-# (block_n, block_k, warps) of the GEMV: 16 weight elements per thread and tile
+# (block_n, block_k, warps) of the GEMV: 16 weight elements per thread and tile; then tiles
+# whose warps all lie along K (`GemmConfig.x_row`: what an RMSNorm or SiLU prologue needs)
 GEMV_BLOCKS = ((4, 512, 4), (8, 256, 4), (8, 512, 8), (16, 256, 8), (16, 512, 8),
-               (4, 1024, 8))
+               (4, 1024, 8), (4, 1024, 4), (8, 1024, 4), (4, 2048, 8), (8, 512, 2))
 GEMV_AHEAD = (1, 2, 4)  # weight tiles in flight
 SMALL_GEMV_BLOCK = (8, 64, 1)  # for K that no block above divides (small test models)
 
@@ -144,11 +145,12 @@ def time_layer(w, rows: int) -> dict:
         "gate_up": (2, lambda c, g: gemv(x, c, g, norm=n2.weight, eps=n2.eps)),
         "down": (3, lambda c, g: gemv(gate_up, c, g, silu=True, residual=x)),
     }
+    prologue = {"qkv", "gate_up", "down"}  # their GEMVs transform x: tiles with x_row only
     configs, per = {}, len(copies)
     for role, (i, call) in roles.items():
         best = None
         for cfg in candidates(*copies[0][i].shape, sms, rows):
-            if cfg.kind != "fma":
+            if cfg.kind != "fma" or (role in prologue and not cfg.x_row()):
                 continue
             us = graph_us(lambda g=cfg, i=i, f=call: [f(c[i], g) for c in copies], reps=2)
             if best is None or us < best[0]:

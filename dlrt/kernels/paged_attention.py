@@ -177,13 +177,15 @@ def split_scratch(n: int, h_q: int, d: int, splits: int,
 def default_splits(max_kv: int, n: int, h_q: int, h_kv: int, device: torch.device) -> int:
     """Splits of the context for n queries. One when the query tiles times the KV heads
     already cover the SMs (a LLaDA canvas); else about four programs per SM (at most 64
-    splits), and no more than there are tiles of 64 keys at the largest context."""
+    splits), and no more than there are tiles of 64 keys at the largest context; rounded down
+    to a power of two, so prefills of any prompt length compile few kernel variants."""
     sms = (torch.cuda.get_device_properties(device).multi_processor_count
            if device.type == "cuda" else 16)
     q_tiles = triton.cdiv(n * (h_q // h_kv), _block_rows(n * (h_q // h_kv)))
     if q_tiles * h_kv >= sms:
         return 1
-    return max(1, min(64, 4 * sms // (h_kv * q_tiles), triton.cdiv(max_kv, 64)))
+    splits = max(1, min(64, 4 * sms // (h_kv * q_tiles), triton.cdiv(max_kv, 64)))
+    return 1 << (splits.bit_length() - 1)
 
 
 def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

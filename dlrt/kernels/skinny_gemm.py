@@ -48,6 +48,11 @@ class GemmConfig:
                     and self.stages in (1, 2, 3, 4))
         return k % (self.split_k * self.block_k) == 0 and self.block_n <= max(16, n)
 
+    def x_row(self) -> bool:
+        """GEMV: every warp of the tile lies along K (32 threads of VEC bf16 each), so x is
+        read and transformed once per column, not once per weight row."""
+        return self.block_k % (32 * VEC * self.warps) == 0
+
     def max_rows(self) -> int:
         return FMA_ROWS if self.kind == "fma" else MAX_ROWS
 
@@ -93,13 +98,18 @@ def _reduce_kernel(part_ptr, y_ptr, M, N, SPLIT_K: tl.constexpr, BLOCK_M: tl.con
 
 @triton.jit
 def _x_tile(x_ptr, m: tl.constexpr, kt, z, K: tl.constexpr, g, rstd,
-            NORM: tl.constexpr, SILU: tl.constexpr):
-    """Row m of the GEMV's input at columns kt, as fp32 [BLOCK_N, BLOCK_K] (the same value
-    down every weight row: loaded in the weight tile's layout, so no layout conversion),
-    rounded as the unfused ops would round it: RMSNorm (`dlrt.kernels.rms_norm`) or
-    SiLU-and-mul (`dlrt.kernels.activation`) applied on the fly."""
+            NORM: tl.constexpr, SILU: tl.constexpr, X_ROW: tl.constexpr):
+    """Row m of the GEMV's input at columns kt in fp32, rounded as the unfused ops would
+    round it: RMSNorm (`dlrt.kernels.rms_norm`) or SiLU-and-mul (`dlrt.kernels.activation`)
+    applied on the fly. Either way it comes in the weight tile's layout, so the broadcast
+    needs no shared-memory layout conversion:
+    X_ROW: as [1, BLOCK_K] (the tile's warps all lie along K: each value computed once);
+    else as [BLOCK_N, BLOCK_K] with the same value down the rows (z: zeros [BLOCK_N])."""
     dtype = x_ptr.dtype.element_ty
-    cols = kt[None, :] + z[:, None]
+    if X_ROW:
+        cols = kt[None, :]
+    else:
+        cols = kt[None, :] + z[:, None]
     if SILU:  # x is [M, 2K] = [gate | up]
         gate = tl.load(x_ptr + m * 2 * K + cols).to(tl.float32)
         up = tl.load(x_ptr + m * 2 * K + K + cols).to(tl.float32)
@@ -113,21 +123,19 @@ def _x_tile(x_ptr, m: tl.constexpr, kt, z, K: tl.constexpr, g, rstd,
 
 
 @triton.jit
-def _rstd(x_ptr, m: tl.constexpr, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
-    """1 / sqrt(mean(x[m]^2) + eps) in fp32, as `dlrt.kernels.rms_norm` computes it."""
-    k = tl.arange(0, BLOCK_K)
-    ssq = tl.zeros([BLOCK_K], tl.float32)
-    for t in range(0, K // BLOCK_K):
-        x = tl.load(x_ptr + m * K + t * BLOCK_K + k).to(tl.float32)
-        ssq += x * x
-    return tl.math.rsqrt(tl.sum(ssq, axis=0) / K + eps)
+def _rstd(x_ptr, m: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, eps):
+    """1 / sqrt(mean(x[m]^2) + eps) in fp32, as `dlrt.kernels.rms_norm` computes it (the
+    whole row in one load: one memory latency, not one per tile)."""
+    k = tl.arange(0, K_P2)
+    x = tl.load(x_ptr + m * K + k, mask=k < K, other=0.0).to(tl.float32)
+    return tl.math.rsqrt(tl.sum(x * x, axis=0) / K + eps)
 
 
 @triton.jit
-def _fma(acc, w, x, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr):
+def _fma(acc, w, x, VEC: tl.constexpr):
     """acc [BLOCK_N, BLOCK_K // VEC] += w * x, summed over runs of VEC adjacent columns (each
     run lies in one thread: no shuffles, and 1/VEC of the accumulator registers)."""
-    return acc + tl.sum(tl.reshape(w * x, [BLOCK_N, BLOCK_K // VEC, VEC]), axis=2)
+    return acc + tl.sum(tl.reshape(w * x, [acc.shape[0], acc.shape[1], VEC]), axis=2)
 
 
 @triton.jit
@@ -141,9 +149,9 @@ def _store_row(acc, y_ptr, res_ptr, m: tl.constexpr, n, N, RES: tl.constexpr):
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, res_ptr, N, eps, K: tl.constexpr,
-                 ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 AHEAD: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr,
-                 RES: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr):
+                 K_P2: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, AHEAD: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr,
+                 RES: tl.constexpr, VEC: tl.constexpr, X_ROW: tl.constexpr, PDL: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * K  # clamped: no load masks
     k = tl.arange(0, BLOCK_K)
@@ -166,13 +174,13 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, res_ptr, N, eps, K: tl.constexpr,
     r2 = 1.0
     r3 = 1.0
     if NORM:
-        r0 = _rstd(x_ptr, 0, K, eps, BLOCK_K)
+        r0 = _rstd(x_ptr, 0, K, K_P2, eps)
         if ROWS > 1:
-            r1 = _rstd(x_ptr, 1, K, eps, BLOCK_K)
+            r1 = _rstd(x_ptr, 1, K, K_P2, eps)
         if ROWS > 2:
-            r2 = _rstd(x_ptr, 2, K, eps, BLOCK_K)
+            r2 = _rstd(x_ptr, 2, K, K_P2, eps)
         if ROWS > 3:
-            r3 = _rstd(x_ptr, 3, K, eps, BLOCK_K)
+            r3 = _rstd(x_ptr, 3, K, K_P2, eps)
     a0 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
     a1 = a0
     a2 = a0
@@ -197,17 +205,17 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, res_ptr, N, eps, K: tl.constexpr,
             w3 = tl.load(nxt)
         g = 1.0
         if NORM:
-            g = tl.load(g_ptr + kt[None, :] + z[:, None]).to(tl.float32)
-        a0 = _fma(a0, w, _x_tile(x_ptr, 0, kt, z, K, g, r0, NORM, SILU), BLOCK_N, BLOCK_K, VEC)
+            if X_ROW:
+                g = tl.load(g_ptr + kt[None, :]).to(tl.float32)
+            else:
+                g = tl.load(g_ptr + kt[None, :] + z[:, None]).to(tl.float32)
+        a0 = _fma(a0, w, _x_tile(x_ptr, 0, kt, z, K, g, r0, NORM, SILU, X_ROW), VEC)
         if ROWS > 1:
-            a1 = _fma(a1, w, _x_tile(x_ptr, 1, kt, z, K, g, r1, NORM, SILU), BLOCK_N, BLOCK_K,
-                      VEC)
+            a1 = _fma(a1, w, _x_tile(x_ptr, 1, kt, z, K, g, r1, NORM, SILU, X_ROW), VEC)
         if ROWS > 2:
-            a2 = _fma(a2, w, _x_tile(x_ptr, 2, kt, z, K, g, r2, NORM, SILU), BLOCK_N, BLOCK_K,
-                      VEC)
+            a2 = _fma(a2, w, _x_tile(x_ptr, 2, kt, z, K, g, r2, NORM, SILU, X_ROW), VEC)
         if ROWS > 3:
-            a3 = _fma(a3, w, _x_tile(x_ptr, 3, kt, z, K, g, r3, NORM, SILU), BLOCK_N, BLOCK_K,
-                      VEC)
+            a3 = _fma(a3, w, _x_tile(x_ptr, 3, kt, z, K, g, r3, NORM, SILU, X_ROW), VEC)
     pdl.release(PDL)
     _store_row(a0, y_ptr, res_ptr, 0, n, N, RES)
     if ROWS > 1:
@@ -257,9 +265,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemmConfig, *,
         return y
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
         x, w, y, norm if norm is not None else w, residual if residual is not None else y, n,
-        float(eps), K=k, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        float(eps), K=k, K_P2=triton.next_power_of_2(k) if norm is not None else 1, ROWS=m,
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         AHEAD=config.stages, NORM=norm is not None, SILU=silu, RES=residual is not None,
-        VEC=VEC, num_warps=config.warps, num_stages=1, **pdl.launch_options(x))
+        VEC=VEC, X_ROW=config.x_row(), num_warps=config.warps, num_stages=1,
+        **pdl.launch_options(x))
     return y
 
 

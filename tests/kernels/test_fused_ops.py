@@ -179,6 +179,10 @@ GEMV_FUSED_CASES = [  # m, n, k, config, prologue ("norm" / "silu" / None), resi
     (1, 64, 128, GemmConfig(4, 128, 1, stages=1, kind="fma"), "silu", True),
     (4, 129, 384, GemmConfig(8, 128, 1, stages=3, kind="fma"), "silu", False),
     (2, 50, 192, GemmConfig(4, 64, 1, stages=2, kind="fma"), None, True),
+    # tiles whose warps all lie along K: x read as one [1, BLOCK_K] row (GemmConfig.x_row)
+    (4, 33, 512, GemmConfig(4, 256, 1, stages=2, warps=1, kind="fma"), "norm", True),
+    (3, 20, 512, GemmConfig(8, 512, 1, stages=1, warps=2, kind="fma"), "silu", True),
+    (4, 40, 1024, GemmConfig(4, 512, 1, stages=4, warps=2, kind="fma"), None, False),
 ]
 
 

@@ -112,5 +112,6 @@ def test_split_choice():
     assert default_splits(40960, 4, 128, 128, cpu) == 1
     assert default_splits(40960, 288, 32, 32, cpu) == 1  # a canvas: 5 query tiles per head
     assert default_splits(40960, 288, 4, 1, cpu) == 1  # 18 query tiles cover the 16 SMs
-    assert default_splits(40960, 40, 4, 1, cpu) == 21  # 3 query tiles: 64 // 3
+    assert default_splits(40960, 40, 4, 1, cpu) == 16  # 3 query tiles: 64 // 3 = 21 -> 16
+    assert default_splits(300, 4, 32, 8, cpu) == 4  # 5 tiles of 64 keys -> 4
     assert block_keys(10000, 4) == 64 and block_keys(128, 4) == 32 and block_keys(20, 8) == 16

@@ -19,7 +19,7 @@ from dlrt.kernels import pdl
 
 P16, P32, I32, I64 = "*bf16", "*fp32", "*i32", "*i64"
 GEMV_ARGS = dict(x_ptr=P16, w_ptr=P16, y_ptr=P16, g_ptr=P16, res_ptr=P16, N="i32", eps="fp32")
-GEMV_CONSTS = dict(K=4096, ROWS=4, BLOCK_N=8, BLOCK_K=256, AHEAD=2, VEC=8)
+GEMV_CONSTS = dict(K=4096, K_P2=4096, ROWS=4, BLOCK_N=8, BLOCK_K=256, AHEAD=2, VEC=8, X_ROW=False)
 
 
 def _kernels() -> dict:
@@ -60,15 +60,19 @@ def _kernels() -> dict:
                       dict(GEMV_CONSTS, NORM=True, SILU=False, RES=True)),
         "gemv_silu": (skinny_gemm._gemv_kernel, GEMV_ARGS,
                       dict(GEMV_CONSTS, NORM=False, SILU=True, RES=True)),
+        "gemv_row": (skinny_gemm._gemv_kernel, GEMV_ARGS,  # 4 warps along K: x as one row
+                     dict(GEMV_CONSTS, BLOCK_N=4, BLOCK_K=1024, X_ROW=True, NORM=True,
+                          SILU=False, RES=True)),
         "gemm_reduce": (skinny_gemm._reduce_kernel, dict(part_ptr=P32, y_ptr=P16, M="i32",
                                                          N="i32"),
                         dict(SPLIT_K=4, BLOCK_M=16, BLOCK=1024)),
     }
 
 NAMES = ["attention_merge", "attention_split", "gemm", "gemm_reduce", "gemv", "gemv_norm",
-         "gemv_silu", "greedy_merge", "greedy_slice", "qk_norm_rope", "rms_norm", "silu_mul"]
+         "gemv_row", "gemv_silu", "greedy_merge", "greedy_slice", "qk_norm_rope", "rms_norm",
+         "silu_mul"]
 PDL_OFF = ["rms_norm", "gemm"]
-GEMVS = ["gemv", "gemv_norm", "gemv_silu"]
+GEMVS = ["gemv", "gemv_norm", "gemv_row", "gemv_silu"]
 WEIGHT_FIRST = GEMVS  # load their first weight tiles before the wait
 
 
@@ -140,9 +144,12 @@ def test_gemms_release_after_their_main_loop(ptx_dir, name):
     math = [i for i, ln in enumerate(lines) if re.match(r"(mma|wgmma|fma)\.", ln)]
     assert math and wait < release and max(math) < release < len(lines)
     if name in GEMVS:  # AHEAD=2 weight tiles in flight before the wait, x only after it:
-        # a [8, 256] bf16 tile over 128 threads is two 16-byte loads per thread
+        # a bf16 tile over 128 threads (4 warps) in 16-byte loads
+        c = _kernels()[name][2]
+        per_tile = c["BLOCK_N"] * c["BLOCK_K"] * 2 // 16 // 128
         early = [lines[i] for i in _loads(lines) if i < wait]
-        assert len(early) == 4 and all(ln.startswith("ld.global.v4") for ln in early), early
+        assert len(early) == 2 * per_tile, early
+        assert all(ln.startswith("ld.global.v4") for ln in early), early
 
 
 @pytest.mark.parametrize("name", GEMVS)
