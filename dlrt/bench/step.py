@@ -273,8 +273,9 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     print(table([summary], list(summary)))
     for shape, rec in llm.gemm_choices.items():
         if shape == "layer":
+            roles = " ".join(f"{r} {us:.1f}" for r, us in rec["role_us"].items())
             print(f"dense layer projections: classic {rec['classic_us']:.1f} us, fused GEMVs "
-                  f"{rec['fused_us']:.1f} us -> {rec['chosen']}")
+                  f"{rec['fused_us']:.1f} us ({roles}) -> {rec['chosen']}")
             continue
         triton_us = rec["triton_us"]
         print(f"projection [{shape}] after a norm: cublas {rec['cublas_us']:.1f} us, triton "

@@ -127,8 +127,9 @@ def time_layer(w, rows: int) -> dict:
     fused: the four GEMVs of `gemv_layer.forward`, each with its fastest config, chosen by
     timing every GEMV config on that projection in its fused form.
 
-    Returns {'classic_us', 'fused_us', 'configs': {role: GemmConfig fields}}: microseconds
-    per layer (attention excluded: it is the same in both)."""
+    Returns {'classic_us', 'fused_us', 'configs': {role: GemmConfig fields}, 'role_us':
+    {role: us of its fused GEMV alone}}: microseconds per layer (attention excluded: it is the
+    same in both)."""
     from dlrt.layers.linear import linear
 
     dev, dtype = w.qkv.device, w.qkv.dtype
@@ -146,7 +147,7 @@ def time_layer(w, rows: int) -> dict:
         "down": (3, lambda c, g: gemv(gate_up, c, g, silu=True, residual=x)),
     }
     prologue = {"qkv", "gate_up", "down"}  # their GEMVs transform x: tiles with x_row only
-    configs, per = {}, len(copies)
+    configs, role_us, per = {}, {}, len(copies)
     for role, (i, call) in roles.items():
         best = None
         for cfg in candidates(*copies[0][i].shape, sms, rows):
@@ -155,7 +156,7 @@ def time_layer(w, rows: int) -> dict:
             us = graph_us(lambda g=cfg, i=i, f=call: [f(c[i], g) for c in copies], reps=2)
             if best is None or us < best[0]:
                 best = us, cfg
-        configs[role] = best[1]
+        role_us[role], configs[role] = best[0] / per, best[1]
     residual = x.clone()
 
     def classic(c):
@@ -172,7 +173,7 @@ def time_layer(w, rows: int) -> dict:
 
     return dict(classic_us=graph_us(lambda: [classic(c) for c in copies], reps=2) / per,
                 fused_us=graph_us(lambda: [fused(c) for c in copies], reps=2) / per,
-                configs={role: asdict(cfg) for role, cfg in configs.items()})
+                configs={role: asdict(cfg) for role, cfg in configs.items()}, role_us=role_us)
 
 
 def triton_wins(rec: dict) -> bool:
