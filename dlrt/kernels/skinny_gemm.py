@@ -97,25 +97,34 @@ def _reduce_kernel(part_ptr, y_ptr, M, N, SPLIT_K: tl.constexpr, BLOCK_M: tl.con
 
 
 @triton.jit
-def _x_tile(x_ptr, m: tl.constexpr, kt, z, K: tl.constexpr, g, rstd,
-            NORM: tl.constexpr, SILU: tl.constexpr, X_ROW: tl.constexpr):
-    """Row m of the GEMV's input at columns kt in fp32, rounded as the unfused ops would
-    round it: RMSNorm (`dlrt.kernels.rms_norm`) or SiLU-and-mul (`dlrt.kernels.activation`)
-    applied on the fly. Either way it comes in the weight tile's layout, so the broadcast
-    needs no shared-memory layout conversion:
-    X_ROW: as [1, BLOCK_K] (the tile's warps all lie along K: each value computed once);
+def _x_load(x_ptr, m: tl.constexpr, t, k, z, K: tl.constexpr, BLOCK_K: tl.constexpr,
+            TILES: tl.constexpr, SILU: tl.constexpr, X_ROW: tl.constexpr):
+    """Raw tile t (clamped at the last) of input row m: (x, x), or (gate, up) for SILU, in
+    the weight tile's layout, so the broadcast needs no shared-memory layout conversion:
+    X_ROW: as [1, BLOCK_K] (the tile's warps all lie along K: each value loaded once);
     else as [BLOCK_N, BLOCK_K] with the same value down the rows (z: zeros [BLOCK_N])."""
-    dtype = x_ptr.dtype.element_ty
+    kt = tl.minimum(t, TILES - 1) * BLOCK_K + k
     if X_ROW:
         cols = kt[None, :]
     else:
         cols = kt[None, :] + z[:, None]
     if SILU:  # x is [M, 2K] = [gate | up]
-        gate = tl.load(x_ptr + m * 2 * K + cols).to(tl.float32)
-        up = tl.load(x_ptr + m * 2 * K + K + cols).to(tl.float32)
+        return tl.load(x_ptr + m * 2 * K + cols), tl.load(x_ptr + m * 2 * K + K + cols)
+    x = tl.load(x_ptr + m * K + cols)
+    return x, x
+
+
+@triton.jit
+def _x_value(a, b, g, rstd, NORM: tl.constexpr, SILU: tl.constexpr):
+    """The GEMV's input in fp32 from a raw tile (`_x_load`), rounded as the unfused ops round
+    it: RMSNorm (`dlrt.kernels.rms_norm`; g the norm weight, rstd the row's statistics) or
+    SiLU-and-mul (`dlrt.kernels.activation`)."""
+    dtype = a.dtype
+    if SILU:
+        gate = a.to(tl.float32)
         act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        return (act * up).to(dtype).to(tl.float32)
-    x = tl.load(x_ptr + m * K + cols).to(tl.float32)
+        return (act * b.to(tl.float32)).to(dtype).to(tl.float32)
+    x = a.to(tl.float32)
     if NORM:
         x = (x * rstd).to(dtype).to(tl.float32)
         x = (g * x).to(dtype).to(tl.float32)
@@ -185,9 +194,23 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, res_ptr, N, eps, K: tl.constexpr,
     a1 = a0
     a2 = a0
     a3 = a0
+    # the input's next tile is loaded one tile ahead too (it comes from L2, but a latency
+    # per tile is what a program of a few tiles cannot hide)
+    p0, q0 = _x_load(x_ptr, 0, 0, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
+    p1, q1 = p0, q0
+    p2, q2 = p0, q0
+    p3, q3 = p0, q0
+    if ROWS > 1:
+        p1, q1 = _x_load(x_ptr, 1, 0, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
+    if ROWS > 2:
+        p2, q2 = _x_load(x_ptr, 2, 0, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
+    if ROWS > 3:
+        p3, q3 = _x_load(x_ptr, 3, 0, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
+    g_next = 1.0
+    if NORM:
+        g_next, _ = _x_load(g_ptr, 0, 0, k, z, K, BLOCK_K, TILES, False, X_ROW)
     for t in range(0, TILES):
         w = w0.to(tl.float32)
-        kt = t * BLOCK_K + k
         nxt = rows + (tl.minimum(t + AHEAD, TILES - 1) * BLOCK_K + k)[None, :]
         if AHEAD == 1:  # keep AHEAD tiles in flight (clamped at the last tile)
             w0 = tl.load(nxt)
@@ -203,19 +226,25 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, res_ptr, N, eps, K: tl.constexpr,
             w1 = w2
             w2 = w3
             w3 = tl.load(nxt)
-        g = 1.0
+        g = g_next
         if NORM:
-            if X_ROW:
-                g = tl.load(g_ptr + kt[None, :]).to(tl.float32)
-            else:
-                g = tl.load(g_ptr + kt[None, :] + z[:, None]).to(tl.float32)
-        a0 = _fma(a0, w, _x_tile(x_ptr, 0, kt, z, K, g, r0, NORM, SILU, X_ROW), VEC)
+            g_next, _ = _x_load(g_ptr, 0, t + 1, k, z, K, BLOCK_K, TILES, False, X_ROW)
+            g = g.to(tl.float32)
+        x0 = _x_value(p0, q0, g, r0, NORM, SILU)
+        p0, q0 = _x_load(x_ptr, 0, t + 1, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
+        a0 = _fma(a0, w, x0, VEC)
         if ROWS > 1:
-            a1 = _fma(a1, w, _x_tile(x_ptr, 1, kt, z, K, g, r1, NORM, SILU, X_ROW), VEC)
+            x1 = _x_value(p1, q1, g, r1, NORM, SILU)
+            p1, q1 = _x_load(x_ptr, 1, t + 1, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
+            a1 = _fma(a1, w, x1, VEC)
         if ROWS > 2:
-            a2 = _fma(a2, w, _x_tile(x_ptr, 2, kt, z, K, g, r2, NORM, SILU, X_ROW), VEC)
+            x2 = _x_value(p2, q2, g, r2, NORM, SILU)
+            p2, q2 = _x_load(x_ptr, 2, t + 1, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
+            a2 = _fma(a2, w, x2, VEC)
         if ROWS > 3:
-            a3 = _fma(a3, w, _x_tile(x_ptr, 3, kt, z, K, g, r3, NORM, SILU, X_ROW), VEC)
+            x3 = _x_value(p3, q3, g, r3, NORM, SILU)
+            p3, q3 = _x_load(x_ptr, 3, t + 1, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
+            a3 = _fma(a3, w, x3, VEC)
     pdl.release(PDL)
     _store_row(a0, y_ptr, res_ptr, 0, n, N, RES)
     if ROWS > 1:
