@@ -118,6 +118,17 @@ def _copies(tensors: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...]]
                         for _ in range(min(3, COLD_BYTES // nbytes))]
 
 
+def role_candidates(role: str, w: torch.Tensor, sms: int, rows: int) -> list[GemmConfig]:
+    """The GEMV configs for weight w in the fused layer's `role` ('qkv', 'o', 'gate_up',
+    'down'). A role whose GEMV transforms its input (RMSNorm or SiLU prologue) takes the tiles
+    whose warps lie along K (`GemmConfig.x_row`), where it computes each value once, unless
+    none fits."""
+    fma = [c for c in candidates(*w.shape, sms, rows) if c.kind == "fma"]
+    if role == "o":
+        return fma
+    return [c for c in fma if c.x_row()] or fma
+
+
 def time_layer(w, rows: int) -> dict:
     """The projections of a dense layer (`dlrt.layers.gemv_layer.DenseWeights`) at `rows`
     rows, classic against fused, each in one CUDA graph cycling through weight copies:
@@ -146,13 +157,10 @@ def time_layer(w, rows: int) -> dict:
         "gate_up": (2, lambda c, g: gemv(x, c, g, norm=n2.weight, eps=n2.eps)),
         "down": (3, lambda c, g: gemv(gate_up, c, g, silu=True, residual=x)),
     }
-    prologue = {"qkv", "gate_up", "down"}  # their GEMVs transform x: tiles with x_row only
     configs, role_us, per = {}, {}, len(copies)
     for role, (i, call) in roles.items():
         best = None
-        for cfg in candidates(*copies[0][i].shape, sms, rows):
-            if cfg.kind != "fma" or (role in prologue and not cfg.x_row()):
-                continue
+        for cfg in role_candidates(role, copies[0][i], sms, rows):
             us = graph_us(lambda g=cfg, i=i, f=call: [f(c[i], g) for c in copies], reps=2)
             if best is None or us < best[0]:
                 best = us, cfg
@@ -236,8 +244,8 @@ def _tune_layers(model, rows, force, stored, records, path) -> None:
         return
     w = layers[0][1]
     sms = torch.cuda.get_device_properties(w.qkv.device).multi_processor_count
-    if not all(any(c.kind == "fma" for c in candidates(*t.shape, sms, rows))
-               for t in (w.qkv, w.o, w.gate_up, w.down)):
+    roles = {"qkv": w.qkv, "o": w.o, "gate_up": w.gate_up, "down": w.down}
+    if not all(role_candidates(r, t, sms, rows) for r, t in roles.items()):
         return  # some projection has no GEMV config
     key = "layer " + " ".join(f"{t.shape[0]},{t.shape[1]}" for t in (w.qkv, w.o, w.gate_up, w.down))
     if key not in stored:

@@ -275,3 +275,18 @@ def test_gemm_candidates_fit_and_offer_the_gemv_for_few_rows():
         assert four and all(c.fits(n, k) for c in four + eight)
         assert {c.kind for c in four} == {"dot", "fma"}
         assert {c.kind for c in eight} == {"dot"}
+
+
+def test_fused_layer_roles_get_row_tiles_where_one_fits():
+    """The GEMVs with a prologue take tiles whose warps lie along K when one fits K (real
+    models), else any GEMV config (small test models: K = 64); o_proj takes every GEMV."""
+    from dlrt.kernels.gemm_select import role_candidates
+
+    big, small = torch.empty(4096, 2048), torch.empty(64, 64)
+    for role in ("qkv", "gate_up", "down"):
+        row = role_candidates(role, big, 132, 4)
+        assert row and all(c.kind == "fma" and c.x_row() for c in row)
+        assert role_candidates(role, small, 132, 4)  # a fallback, not nothing
+        assert not role_candidates(role, big, 132, 8)  # more rows than the GEMV serves
+    o = role_candidates("o", big, 132, 4)
+    assert {c.x_row() for c in o} == {True, False}
