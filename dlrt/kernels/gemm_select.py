@@ -5,8 +5,10 @@ graph (as it runs in the block graph), reading its weight from HBM and fed by an
 (as in a layer, so the Triton GEMM's programmatic dependent launch can overlap its producer):
 cuBLAS (`F.linear`) against a few `GemmConfig`s of `dlrt.kernels.skinny_gemm`. The Triton
 kernel replaces cuBLAS for a shape when it is at least 3% faster. The choice is kept in
-`dlrt.layers.linear.CHOICES`; results are cached per device, dtype and PDL under
-DLRT_CACHE_DIR/gemm so later loads skip the timing.
+`dlrt.layers.linear.CHOICES`. Then, at <= 4 rows, a dense layer's projections as fused GEMVs
+(`dlrt.layers.gemv_layer`) are timed against the classic layer with those choices, and every
+dense layer takes the fused form when it is at least 3% faster. Results are cached per device,
+dtype, rows and PDL under DLRT_CACHE_DIR/gemm so later loads skip the timing.
 """
 
 from __future__ import annotations
