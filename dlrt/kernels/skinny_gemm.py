@@ -148,6 +148,17 @@ def _fma(acc, w, x, VEC: tl.constexpr):
 
 
 @triton.jit
+def _row_step(acc, w, p, q, g, rstd, x_ptr, m: tl.constexpr, t, k, z, K: tl.constexpr,
+              BLOCK_K: tl.constexpr, TILES: tl.constexpr, NORM: tl.constexpr,
+              SILU: tl.constexpr, X_ROW: tl.constexpr, VEC: tl.constexpr):
+    """Tile t of input row m: multiply its loaded raw tile (p, q) into acc, and load tile t+1.
+    Returns (acc, p, q)."""
+    x = _x_value(p, q, g, rstd, NORM, SILU)
+    p, q = _x_load(x_ptr, m, t + 1, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
+    return _fma(acc, w, x, VEC), p, q
+
+
+@triton.jit
 def _store_row(acc, y_ptr, res_ptr, m: tl.constexpr, n, N, RES: tl.constexpr):
     y = tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty)
     if RES:  # the residual add of the next norm, rounded as `x + residual`
@@ -230,21 +241,17 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, res_ptr, N, eps, K: tl.constexpr,
         if NORM:
             g_next, _ = _x_load(g_ptr, 0, t + 1, k, z, K, BLOCK_K, TILES, False, X_ROW)
             g = g.to(tl.float32)
-        x0 = _x_value(p0, q0, g, r0, NORM, SILU)
-        p0, q0 = _x_load(x_ptr, 0, t + 1, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
-        a0 = _fma(a0, w, x0, VEC)
+        a0, p0, q0 = _row_step(a0, w, p0, q0, g, r0, x_ptr, 0, t, k, z, K, BLOCK_K, TILES,
+                               NORM, SILU, X_ROW, VEC)
         if ROWS > 1:
-            x1 = _x_value(p1, q1, g, r1, NORM, SILU)
-            p1, q1 = _x_load(x_ptr, 1, t + 1, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
-            a1 = _fma(a1, w, x1, VEC)
+            a1, p1, q1 = _row_step(a1, w, p1, q1, g, r1, x_ptr, 1, t, k, z, K, BLOCK_K, TILES,
+                                   NORM, SILU, X_ROW, VEC)
         if ROWS > 2:
-            x2 = _x_value(p2, q2, g, r2, NORM, SILU)
-            p2, q2 = _x_load(x_ptr, 2, t + 1, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
-            a2 = _fma(a2, w, x2, VEC)
+            a2, p2, q2 = _row_step(a2, w, p2, q2, g, r2, x_ptr, 2, t, k, z, K, BLOCK_K, TILES,
+                                   NORM, SILU, X_ROW, VEC)
         if ROWS > 3:
-            x3 = _x_value(p3, q3, g, r3, NORM, SILU)
-            p3, q3 = _x_load(x_ptr, 3, t + 1, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
-            a3 = _fma(a3, w, x3, VEC)
+            a3, p3, q3 = _row_step(a3, w, p3, q3, g, r3, x_ptr, 3, t, k, z, K, BLOCK_K, TILES,
+                                   NORM, SILU, X_ROW, VEC)
     pdl.release(PDL)
     _store_row(a0, y_ptr, res_ptr, 0, n, N, RES)
     if ROWS > 1:
