@@ -241,15 +241,23 @@ def _tune_layers(model, rows, force, stored, records, path) -> None:
 
     layers = [(m, m.dense_weights()) for m in model.modules()
               if callable(getattr(m, "dense_weights", None))]
+    for m, _ in layers:
+        m.gemvs = None  # classic unless chosen below
     layers = [(m, w) for m, w in layers if w is not None]
     if rows > FMA_ROWS or not layers:
         return
+
+    def shapes(w):
+        return tuple(tuple(t.shape) for t in (w.qkv, w.o, w.gate_up, w.down))
+
     w = layers[0][1]
+    layers = [(m, lw) for m, lw in layers if shapes(lw) == shapes(w)]  # timed: these shapes
     sms = torch.cuda.get_device_properties(w.qkv.device).multi_processor_count
     roles = {"qkv": w.qkv, "o": w.o, "gate_up": w.gate_up, "down": w.down}
     if not all(role_candidates(r, t, sms, rows) for r, t in roles.items()):
         return  # some projection has no GEMV config
-    key = "layer " + " ".join(f"{t.shape[0]},{t.shape[1]}" for t in (w.qkv, w.o, w.gate_up, w.down))
+    # the classic time depends on the per-shape choices, which `force` changes
+    key = "layer " + " ".join(f"{a},{b}" for a, b in shapes(w)) + (" forced" if force else "")
     if key not in stored:
         stored[key] = time_layer(w, rows)
         path.parent.mkdir(parents=True, exist_ok=True)

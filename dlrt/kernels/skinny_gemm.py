@@ -43,6 +43,11 @@ class GemmConfig:
     # stages: Triton's pipeline depth for "dot"; weight tiles loaded ahead (1-4) for "fma"
 
     def fits(self, n: int, k: int) -> bool:
+        """Whether the config serves w [n, k]: K a positive multiple of the K tile (times
+        split_k), power-of-two tiles (Triton's aranges)."""
+        pow2 = all(v > 0 and v & (v - 1) == 0 for v in (self.block_n, self.block_k))
+        if not pow2 or k <= 0 or n <= 0:
+            return False
         if self.kind == "fma":
             return (self.split_k == 1 and k % self.block_k == 0 and self.block_k % VEC == 0
                     and self.stages in (1, 2, 3, 4))
@@ -279,23 +284,29 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemmConfig, *,
         y: [M, N] in x.dtype, a new tensor. Each op is rounded to x.dtype where the unfused
         ops round; only the order of the fp32 sums differs from them.
     Raises:
-        ValueError: shapes or config that do not fit.
+        ValueError: x, w, norm or residual of the wrong shape, strides, dtype or device, or a
+            config that does not fit w.
     """
     if config.kind != "fma":
         raise ValueError(f"gemv needs an 'fma' config, got {config}")
     if silu and norm is not None:
         raise ValueError("gemv: norm and silu prologues do not combine")
-    m, (n, k) = x.shape[0], w.shape
-    if x.dim() != 2 or x.shape[1] != (2 * k if silu else k) or m > FMA_ROWS \
-            or not (x.is_contiguous() and w.is_contiguous()):
+    bad = x.dim() != 2 or w.dim() != 2 or not (x.is_contiguous() and w.is_contiguous())
+    n, k = w.shape if w.dim() == 2 else (0, 0)
+    if bad or x.shape[1] != (2 * k if silu else k) or x.shape[0] > FMA_ROWS:
         raise ValueError(f"gemv: x {tuple(x.shape)} and w {tuple(w.shape)} must be contiguous "
                          f"[M<={FMA_ROWS}, {'2K' if silu else 'K'}] and [N, K]")
+    m = x.shape[0]
     if not config.fits(n, k):
         raise ValueError(f"gemv: {config} does not fit N={n}, K={k}")
-    if norm is not None and tuple(norm.shape) != (k,):
-        raise ValueError(f"gemv: norm weight {tuple(norm.shape)} is not [{k}]")
+    if norm is not None and (tuple(norm.shape) != (k,) or not norm.is_contiguous()):
+        raise ValueError(f"gemv: norm weight {tuple(norm.shape)} is not a contiguous [{k}]")
     if residual is not None and (tuple(residual.shape) != (m, n) or not residual.is_contiguous()):
         raise ValueError(f"gemv: residual {tuple(residual.shape)} is not a contiguous [{m}, {n}]")
+    for name, t in (("w", w), ("norm weight", norm), ("residual", residual)):
+        if t is not None and (t.dtype != x.dtype or t.device != x.device):
+            raise ValueError(f"gemv: {name} is {t.dtype} on {t.device}, x is {x.dtype} on "
+                             f"{x.device}")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:  # the kernel always computes row 0
         return y
@@ -316,9 +327,12 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, config: GemmConfig) -> torch.T
     fp32 (no TF32). Raises ValueError on shapes the config does not fit (K must be a multiple
     of split_k * block_k).
     """
+    rows = config.max_rows()
+    if x.dim() != 2 or w.dim() != 2:
+        raise ValueError(f"skinny_gemm: x {tuple(x.shape)} and w {tuple(w.shape)} must be "
+                         f"[M<={rows}, K] and [N, K]")
     m, k = x.shape
     n = w.shape[0]
-    rows = config.max_rows()
     if m > rows or w.shape[1] != k or not (x.is_contiguous() and w.is_contiguous()):
         raise ValueError(f"skinny_gemm: x {tuple(x.shape)} and w {tuple(w.shape)} must be "
                          f"contiguous [M<={rows}, K] and [N, K]")

@@ -74,7 +74,7 @@ def forward(x: torch.Tensor, residual: torch.Tensor | None, w: DenseWeights,
     projections (q/k norm, RoPE, K/V cache write, attention)."""
     from dlrt.kernels.skinny_gemm import gemv
 
-    s = x if residual is None else x + residual
+    s = (x if residual is None else x + residual).contiguous()
     qkv = gemv(s, w.qkv, gemvs.qkv, norm=w.attn_norm.weight, eps=w.attn_norm.eps)
     s = gemv(attend(qkv).contiguous(), w.o, gemvs.o, residual=s)
     gu = gemv(s, w.gate_up, gemvs.gate_up, norm=w.mlp_norm.weight, eps=w.mlp_norm.eps)
