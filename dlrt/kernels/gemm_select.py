@@ -87,6 +87,14 @@ COLD_BYTES = 256 << 20  # cycle through this many bytes of weight copies: more t
 MARGIN = 0.97  # the Triton kernel must be at least 3% faster to replace cuBLAS
 
 
+def _copies(tensors: tuple[torch.Tensor, ...], most: int) -> list[tuple[torch.Tensor, ...]]:
+    """`tensors` and up to `most` sets of clones of them: together more than COLD_BYTES (more
+    than the L2 cache), so each use streams them from HBM."""
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    return [tensors] + [tuple(t.clone() for t in tensors)
+                        for _ in range(min(most, COLD_BYTES // nbytes))]
+
+
 def time_shape(w: torch.Tensor, rows: int) -> dict:
     """{'cublas_us', 'triton_us', 'config', 'norm_us'} for weight w at `rows` rows: each time
     includes the feeding RMSNorm kernel, which `norm_us` times alone.
@@ -96,7 +104,7 @@ def time_shape(w: torch.Tensor, rows: int) -> dict:
     from there)."""
     x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
     norm_w = torch.ones(w.shape[1], dtype=w.dtype, device=w.device)
-    copies = [w] + [w.clone() for _ in range(min(15, COLD_BYTES // (w.numel() * w.element_size())))]
+    copies = [c for (c,) in _copies((w,), most=15)]
     sms = torch.cuda.get_device_properties(w.device).multi_processor_count
 
     def cycle(fn):  # each product fed by a norm kernel, as the projections of a layer are
@@ -111,13 +119,6 @@ def time_shape(w: torch.Tensor, rows: int) -> dict:
         if best["triton_us"] is None or us < best["triton_us"]:
             best.update(triton_us=us, config=asdict(cfg))
     return best
-
-
-def _copies(tensors: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...]]:
-    """`tensors` and clones of them, together more than the L2 cache (at most 4 sets)."""
-    nbytes = sum(t.numel() * t.element_size() for t in tensors)
-    return [tensors] + [tuple(t.clone() for t in tensors)
-                        for _ in range(min(3, COLD_BYTES // nbytes))]
 
 
 def role_candidates(role: str, w: torch.Tensor, sms: int, rows: int) -> list[GemmConfig]:
@@ -151,7 +152,7 @@ def time_layer(w, rows: int) -> dict:
     attn = torch.randn(rows, w.o.shape[1], dtype=dtype, device=dev)
     gate_up = torch.randn(rows, 2 * inter, dtype=dtype, device=dev)
     n1, n2 = w.attn_norm, w.mlp_norm
-    copies = _copies((w.qkv, w.o, w.gate_up, w.down))
+    copies = _copies((w.qkv, w.o, w.gate_up, w.down), most=3)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     roles = {  # role -> (index in a copy, fused call)
         "qkv": (0, lambda c, g: gemv(x, c, g, norm=n1.weight, eps=n1.eps)),
