@@ -16,7 +16,7 @@ import torch
 
 from dlrt import env
 from dlrt.attention import get_backend
-from dlrt.attention.backend import capturable
+from dlrt.attention.backend import capturable, check_device, check_model
 from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize
 from dlrt.config import ModelConfig
@@ -52,8 +52,9 @@ class LLM:
             (LLaDA weights, block decoding with KV cache and look-ahead); None = family default.
         mask_token_id: overrides the config's / tokenizer's mask token.
         max_model_len: context limit in tokens (default: the config's maximum).
-        attention_backend: "triton" (paged kernel; default on CUDA) or "sdpa" (reference;
-            default on CPU, eager only).
+        attention_backend: "triton" (paged kernel; default on CUDA), "flashinfer" (FlashInfer's
+            FA3/FA2 kernels, planned on the host once per block; bf16/fp16 on sm_80+),
+            "flashinfer-fa2" (FA2 only) or "sdpa" (reference; default on CPU, eager only).
         execution_mode: "device_loop" (one CUDA graph per block whose WHILE node runs the
             rounds; default on CUDA), "host_loop" (a graph per round, one sync per round) or
             "eager" (the only mode on CPU). All three give the same tokens.
@@ -79,14 +80,16 @@ class LLM:
                                   or ("triton" if cuda else "sdpa"))
         # NOTE: check before get_backend imports the kernels (Triton reads TRITON_INTERPRET
         # when a kernel is defined).
-        _check_backend(self.execution_mode, self.attention_backend, self.device)
+        _check_backend(self.execution_mode, self.attention_backend, self.device, self.dtype)
         backend = get_backend(self.attention_backend)
+        self.executor.host_planned = getattr(backend, "plans_on_host", False)
         if model is None:
             from dlrt.checkpoint.presets import default_model_path
 
             model = default_model_path()
         self.folder = CheckpointFolder.open(model, require_weights=load_format != "dummy")
         config = ModelConfig.from_hf(self.folder.hf_config)
+        check_model(self.attention_backend, config.head_dim)
         self.max_model_len = _context(config, max_model_len)
         self.decoder_name, self.decoder_defaults = decoder_for(
             config.family, decoder, config.block_size)
@@ -307,14 +310,17 @@ def _stop_holdback(text: TextStream, stops: tuple[str, ...]) -> int:
     return len(text) - hold
 
 
-def _check_backend(mode: str, backend: str, device: torch.device | None = None) -> None:
+def _check_backend(mode: str, backend: str, device: torch.device | None = None,
+                   dtype: torch.dtype | None = None) -> None:
+    if device is not None and dtype is not None:
+        check_device(backend, device, dtype)
     if backend == "triton" and device is not None and device.type != "cuda" \
             and os.environ.get("TRITON_INTERPRET") != "1":
         raise OptionError("attention backend 'triton' needs a CUDA device (on the CPU it runs "
                           "only in Triton's interpreter, TRITON_INTERPRET=1); use 'sdpa'")
     if mode != "eager" and not capturable(backend):
         raise OptionError(f"execution_mode {mode!r} needs a graph-capturable attention backend "
-                          f"(triton), not {backend!r}")
+                          f"(triton, flashinfer), not {backend!r}")
 
 
 def _device(device: str) -> torch.device:

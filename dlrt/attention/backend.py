@@ -35,8 +35,24 @@ class ForwardMeta:
     chunk_block: int | None
 
 
+@dataclass(frozen=True)
+class AttentionSpan:
+    """Host-side lengths of one forward: n queries, chunk_block (None = full attention), and
+    the (start, kv_len) its `lens` will hold. Host-planned backends plan from these."""
+
+    n: int
+    chunk_block: int | None
+    start: int
+    kv_len: int
+
+
 class AttentionBackend(Protocol):
-    """Computes attention for one layer of one forward."""
+    """Computes attention for one layer of one forward.
+
+    A backend whose kernels need a host-side plan per length sets `plans_on_host = True` and
+    implements `plan_block(spans, cache, num_q_heads)` (the forwards of the block about to be
+    launched) and `disarm()` (that block is launched).
+    """
 
     def forward(self, layer: int, q: torch.Tensor, scale: float, meta: ForwardMeta,
                 cache: PagedKVCache) -> torch.Tensor:
@@ -64,6 +80,8 @@ class ForwardContext:
 _BACKENDS = {
     "sdpa": ("dlrt.attention.sdpa", "SDPABackend", False, False),
     "triton": ("dlrt.attention.triton", "TritonBackend", True, False),
+    "flashinfer": ("dlrt.attention.flashinfer", "FlashInferBackend", True, True),
+    "flashinfer-fa2": ("dlrt.attention.flashinfer", "FlashInferFA2Backend", True, True),
 }
 
 
@@ -81,13 +99,44 @@ def capturable(name: str) -> bool:
     return _BACKENDS[name][2]
 
 
+def check_device(name: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Whether backend `name` can run on `device` in `dtype`.
+
+    Raises:
+        OptionError: unknown name, or what the backend needs is missing (says what to use).
+    """
+    _known(name)
+    if name.startswith("flashinfer"):
+        from dlrt.attention.flashinfer import kernel_for
+
+        kernel_for(device, "auto")
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise OptionError(f"attention backend {name!r} needs bfloat16 or float16, not "
+                              f"{dtype}; use 'triton' for {dtype}")
+
+
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
+
+
+def check_model(name: str, head_dim: int) -> None:
+    """Whether backend `name` has kernels for the model's head size.
+
+    Raises:
+        OptionError: FlashInfer and a head size it does not build (says what to use).
+    """
+    if name.startswith("flashinfer") and head_dim not in FLASHINFER_HEAD_DIMS:
+        raise OptionError(f"attention backend {name!r} has kernels for head_dim "
+                          f"{FLASHINFER_HEAD_DIMS}, not {head_dim}; use 'triton'")
+
+
 def _known(name: str) -> None:
     if name not in _BACKENDS:
         raise OptionError(f"unknown attention backend {name!r}; available: {backend_names()}")
 
 
 def get_backend(name: str) -> AttentionBackend:
-    """Instantiate the attention backend `name` ('sdpa' reference, 'triton' paged kernel).
+    """Instantiate the attention backend `name`: 'sdpa' (reference), 'triton' (paged
+    kernel), 'flashinfer' (FA3/FA2 kernels) or 'flashinfer-fa2'.
 
     Raises:
         OptionError: unknown backend name, or its requirements are not met (with the fix).

@@ -105,6 +105,9 @@ class _Bench:
         else:
             s.set_lens(context, context + b)
         s.set_request(b, 10**9, 0)
+        runner = self.llm.runner
+        if runner.plans_on_host:  # the round's forward at this context
+            runner.plan_attention(self.p.spans(*s.lens.tolist(), None))
         s.tokens.fill_(self.llm.config.mask_token_id)
         self.init_tokens.copy_(s.tokens)
 
@@ -283,7 +286,8 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
               f"{rec['chosen']}")
     name = f"step-{str(args.model).rstrip('/').split('/')[-1]}"
     path = write_json(name, dict(model=str(args.model), decoder=llm.decoder_name,
-                                 dtype=str(llm.dtype), options=options, rows=rows,
+                                 dtype=str(llm.dtype), attention=llm.attention_backend,
+                                 options=options, rows=rows,
                                  summary=summary, projections=llm.gemm_choices),
                       llm.device, args.out)
     print(f"wrote {path}")

@@ -74,7 +74,9 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="context limit in tokens (default: the config's maximum)")
     parser.add_argument("--attention-backend", default=None,
-                        help="triton (CUDA default) or sdpa (CPU default, eager only)")
+                        help="triton (CUDA default), flashinfer (FA3/FA2; planned on the host "
+                             "once per block), flashinfer-fa2, or sdpa (CPU default, eager "
+                             "only)")
     parser.add_argument("--execution-mode", default=None,
                         help="device_loop (CUDA default), host_loop or eager (CPU: the only "
                              "mode); all give the same tokens")

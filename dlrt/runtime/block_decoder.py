@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import torch
 
+from dlrt.attention.backend import AttentionSpan
 from dlrt.decoding.options import DecodingParams
 from dlrt.decoding.round import RoundSpec
 from dlrt.runtime.decoder import (
@@ -68,6 +69,13 @@ class BlockProgram(ProgramBase):
         logits = self.runner.forward(s.tokens, s.lens, self.b, rows=slice(None))  # [B, V]
         positions = s.lens[0].long() + self.runner.arange(self.b)
         commit_round(self.spec, s, logits, positions)
+
+    def spans(self, start: int, kv_len: int, begin) -> list[AttentionSpan]:
+        b = self.b
+        rounds = AttentionSpan(b, b, start, kv_len)
+        if begin == self.begin_folded:
+            return [AttentionSpan(2 * b, b, start - b, kv_len), rounds]
+        return [rounds]
 
     def end(self) -> None:
         """Keep the decided block for the next block's folded round 0; move to the next."""

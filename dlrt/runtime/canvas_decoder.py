@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
+from dlrt.attention.backend import AttentionSpan
 from dlrt.decoding.options import DecodingParams
 from dlrt.decoding.round import RoundSpec
 from dlrt.runtime.decoder import (
@@ -60,6 +61,9 @@ class CanvasProgram(ProgramBase):
 
     def buffers(self) -> list[torch.Tensor]:
         return [*self.state.tensors(), self.canvas, self.canvas_masked, self.lo]
+
+    def spans(self, start: int, kv_len: int, begin) -> list[AttentionSpan]:
+        return [AttentionSpan(self.size, None, start, kv_len)]
 
     def end(self) -> None:
         self.state.tokens.copy_(self.canvas.index_select(0, self.rows()))

@@ -14,6 +14,7 @@ from typing import Protocol
 
 import torch
 
+from dlrt.attention.backend import AttentionSpan
 from dlrt.decoding.options import DecoderDefaults, DecodingParams
 from dlrt.decoding.round import RoundSpec, denoise_round
 from dlrt.runtime.block_state import BlockState
@@ -43,6 +44,12 @@ class Program(Protocol):
 
     def buffers(self) -> list[torch.Tensor]:
         """Every device buffer the program mutates (saved around the warm-up before capture)."""
+        ...
+
+    def spans(self, start: int, kv_len: int,
+              begin: Callable[[], None] | None) -> list[AttentionSpan]:
+        """The forwards of one block launched with `state.lens == (start, kv_len)` and
+        `begin` (None: its rounds only), for backends that plan on the host."""
         ...
 
 
@@ -133,9 +140,10 @@ def run_blocks(executor, state: BlockState, launch: Callable[[int], None],
     between blocks (launch, read-back, detokenisation, streaming) overlaps the GPU's next
     block, and a block's state never waits on the host. A consumer that stops early (a stop
     id) leaves at most one launched block, whose positions are scratch. Eager mode runs the
-    blocks one after the other (nothing to overlap).
+    blocks one after the other (nothing to overlap), and so does a host-planned attention
+    backend (`Executor.launches_ahead`).
     """
-    ahead = executor.mode != "eager"
+    ahead = executor.launches_ahead
     launch(0)
     pending = state.readback_async()
     for k in range(n_blocks):

@@ -42,14 +42,30 @@ class Executor:
         self.device = device
         self._graphs: dict[tuple, object] = {}
         self._pool = None
+        self.host_planned = False  # the attention backend plans each block on the host
+
+    @property
+    def launches_ahead(self) -> bool:
+        """Whether block k+1 is launched before block k is read back: in the graph modes,
+        unless the attention backend plans each block on the host (its plan's host buffer
+        must not be rewritten before the previous block's copy of it ran)."""
+        return self.mode != "eager" and not self.host_planned
 
     def run_block(self, program, begin: Callable[[], None] | None = None) -> None:
         """Decide one block: begin (default `program.begin`), rounds, end. Asynchronous in
         the graph modes; the caller reads the block back (one sync)."""
         begin = begin or program.begin
         flag = program.state.flag
+        runner = program.runner
         with torch.inference_mode():
-            self._run(program, begin, flag)
+            if runner.plans_on_host:  # the block's lengths: one sync (nothing runs ahead)
+                start, kv_len = program.state.lens.tolist()
+                runner.plan_attention(program.spans(start, kv_len, begin))
+            try:
+                self._run(program, begin, flag)
+            finally:
+                if runner.plans_on_host:
+                    runner.backend.disarm()
 
     def _run(self, program, begin, flag) -> None:
         if self.mode == "eager":

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
+from dlrt.attention.backend import AttentionSpan
 from dlrt.decoding.options import DecodingParams
 from dlrt.decoding.round import RoundSpec
 from dlrt.runtime.decoder import (
@@ -71,6 +72,13 @@ class LookaheadProgram(ProgramBase):
         s = self.state
         logits = self.runner.forward(s.tokens, s.lens, None, rows=slice(None))
         commit_round(self.spec, s, logits, s.lens[0].long() + self.positions)
+
+    def spans(self, start: int, kv_len: int, begin) -> list[AttentionSpan]:
+        b = self.b
+        if begin == self.begin:  # the look-ahead forward, then rounds one block further
+            return [AttentionSpan(2 * b, None, start, kv_len + b),
+                    AttentionSpan(b, None, start + b, kv_len + b)]
+        return [AttentionSpan(b, None, start, kv_len)]
 
     def end(self) -> None:
         """Nothing: the next block's look-ahead writes this block's K/V."""

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from dlrt.attention import AttentionBackend, ForwardContext, ForwardMeta
+from dlrt.attention.backend import AttentionSpan
 from dlrt.runtime.kv_cache import PagedKVCache
 
 
@@ -25,6 +26,15 @@ class ModelRunner:
         if n not in self._aranges:
             self._aranges[n] = torch.arange(n, device=self.device)
         return self._aranges[n]
+
+    @property
+    def plans_on_host(self) -> bool:
+        """Whether the backend needs `plan_attention` before each block launch."""
+        return getattr(self.backend, "plans_on_host", False)
+
+    def plan_attention(self, spans: list[AttentionSpan]) -> None:
+        """Hand a host-planned backend the forwards of the block about to be launched."""
+        self.backend.plan_block(spans, self.cache, self.model.config.num_heads)
 
     def lens(self, start: int, kv_len: int) -> torch.Tensor:
         """A fresh (start, kv_len) int32 tensor on the device (eager callers)."""

@@ -1,4 +1,5 @@
-"""`run_blocks`: blocks in order, launched one ahead of their read-back in graph modes."""
+"""`run_blocks`: blocks in order, launched one ahead of their read-back in graph modes (not
+with a host-planned attention backend)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,14 @@ from types import SimpleNamespace
 import pytest
 
 from dlrt.runtime.decoder import run_blocks
+from dlrt.runtime.executor import Executor
+
+
+def _executor(mode: str, host_planned: bool = False) -> Executor:
+    """An executor in `mode` without a device (only its launch policy is used here)."""
+    ex = object.__new__(Executor)
+    ex.mode, ex.host_planned = mode, host_planned
+    return ex
 
 
 class FakeState:
@@ -21,9 +30,10 @@ class FakeState:
         return SimpleNamespace(wait=lambda: (self.log.append(f"wait {k}"), ([k], [0], 1))[1])
 
 
-@pytest.mark.parametrize("mode,ahead", [("device_loop", True), ("host_loop", True),
-                                        ("eager", False)])
-def test_order_and_lookahead(mode, ahead):
+@pytest.mark.parametrize("mode,planned,ahead", [
+    ("device_loop", False, True), ("host_loop", False, True), ("eager", False, False),
+    ("device_loop", True, False), ("host_loop", True, False)])
+def test_order_and_lookahead(mode, planned, ahead):
     log: list[str] = []
     state = FakeState(log)
 
@@ -32,7 +42,7 @@ def test_order_and_lookahead(mode, ahead):
         state.last = k
 
     got = []
-    for tokens, _, _ in run_blocks(SimpleNamespace(mode=mode), state, launch, 3):
+    for tokens, _, _ in run_blocks(_executor(mode, planned), state, launch, 3):
         log.append(f"yield {tokens[0]}")
         got.append(tokens[0])
     assert got == [0, 1, 2]
@@ -50,7 +60,7 @@ def test_stopping_early_leaves_at_most_one_block_launched():
         log.append(f"launch {k}")
         state.last = k
 
-    blocks = run_blocks(SimpleNamespace(mode="device_loop"), state, launch, 10)
+    blocks = run_blocks(_executor("device_loop"), state, launch, 10)
     next(blocks)
     blocks.close()
     assert [e for e in log if e.startswith("launch")] == ["launch 0", "launch 1"]

@@ -1,0 +1,115 @@
+"""The FlashInfer attention backend on the GPU (marked `gpu`; skipped without FlashInfer).
+
+- Kernels: each forward shape (block rounds over short and long contexts, folded rounds,
+  prefill chunks, a LLaDA canvas that takes the FA3 kernels on Hopper) against the SDPA
+  reference in fp32 on the same bf16 values; relative error < 1e-2 (bf16 output).
+- Decoding: device_loop, host_loop and eager commit identical tokens through it (SDAR block
+  decoding on and off a block boundary and over thousands of context tokens, seeded sampling,
+  LLaDA canvas, dLLM-Var), and one set of captured graphs serves every context length.
+Models: the tiny presets with head_dim 128 (FlashInfer builds 64/128/256).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_execution_modes import _assert_same, _llm, _run_modes
+
+from dlrt.attention.backend import AttentionSpan, ForwardMeta, get_backend
+from dlrt.attention.sdpa import SDPABackend
+from dlrt.checkpoint.make import make_checkpoint
+from dlrt.checkpoint.presets import preset
+from dlrt.runtime.kv_cache import PagedKVCache
+
+pytestmark = pytest.mark.gpu
+pytest.importorskip("flashinfer")
+
+BACKENDS = ("flashinfer", "flashinfer-fa2")
+
+
+def _head128(tmp_path_factory, name: str, **fields) -> str:
+    config, gen = preset(name)
+    config.update(fields)
+    src = tmp_path_factory.mktemp(f"{name}-src")
+    (src / "config.json").write_text(json.dumps(config))
+    (src / "generation_config.json").write_text(json.dumps(gen))
+    return str(make_checkpoint(src, tmp_path_factory.mktemp(name) / "ckpt", dtype="float32"))
+
+
+@pytest.fixture(scope="module")
+def sdar128(tmp_path_factory):
+    return _head128(tmp_path_factory, "tiny-sdar", head_dim=128)
+
+
+@pytest.fixture(scope="module")
+def llada128(tmp_path_factory):
+    return _head128(tmp_path_factory, "tiny-llada", d_model=512, n_heads=4, n_kv_heads=4)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("span,h_q,h_kv", [
+    (AttentionSpan(4, 4, 0, 4), 16, 8),
+    (AttentionSpan(4, 4, 37, 41), 16, 8),
+    (AttentionSpan(4, 4, 16380, 16384), 32, 8),
+    (AttentionSpan(8, 4, 3000, 3008), 16, 8),
+    (AttentionSpan(512, 4, 1024, 1536), 32, 8),
+    (AttentionSpan(256, None, 0, 240), 32, 32),
+])
+def test_forward_matches_sdpa(name, span, h_q, h_kv):
+    torch.manual_seed(span.kv_len)
+    d = 128
+    cache = PagedKVCache(2, h_kv, d, 16384 + 64, torch.bfloat16, "cuda")
+    cache.k.normal_()
+    cache.v.normal_()
+    q = torch.randn(span.n, h_q, d, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([span.start, span.kv_len], dtype=torch.int32, device="cuda")
+    meta = ForwardMeta(span.start + torch.arange(span.n, device="cuda"), lens, span.chunk_block)
+    got = get_backend(name).forward(1, q, d ** -0.5, meta, cache)
+    ref_cache = PagedKVCache(2, h_kv, d, 16384 + 64, torch.float32, "cuda")
+    ref_cache.k.copy_(cache.k)
+    ref_cache.v.copy_(cache.v)
+    want = SDPABackend().forward(1, q.float(), d ** -0.5, meta, ref_cache)
+    n = min(span.n, span.kv_len - span.start)  # canvas padding rows are never read
+    err = ((got[:n].float() - want[:n]).norm() / want[:n].norm()).item()
+    assert got.dtype == torch.bfloat16 and err < 1e-2, err
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "threshold"])
+@pytest.mark.parametrize("prompt_len", [6, 8, 3001])
+def test_sdar_modes_identical(sdar128, name, strategy, prompt_len):
+    llm = _llm(sdar128, attention_backend=name, max_model_len=4096)
+    prompt = [(7 * i + 11) % 150000 for i in range(prompt_len)]
+    out = _run_modes(llm, prompt, max_new_tokens=24, temperature=0,
+                     remasking_strategy=strategy, threshold=0.3)
+    _assert_same(out)
+    assert len(out["eager"][0]) == 24
+
+
+def test_seeded_sampling_and_graph_reuse(sdar128):
+    llm = _llm(sdar128, attention_backend="flashinfer", max_model_len=4096)
+    opts = dict(max_new_tokens=16, temperature=0.8, top_k=50, top_p=0.9, seed=7,
+                remasking_strategy="low_confidence_dynamic", threshold=0.3)
+    _assert_same(_run_modes(llm, list(range(500, 517)), **opts))
+    llm.set_execution_mode("device_loop")
+    captured = len(llm.executor._graphs)
+    for n in (37, 700, 2500):
+        llm.generate(list(range(n)), **opts)
+    assert len(llm.executor._graphs) == captured
+
+
+@pytest.mark.parametrize("block_length", [None, 8])
+def test_llada_canvas_modes_identical(llada128, block_length):
+    llm = _llm(llada128, attention_backend="flashinfer")
+    _assert_same(_run_modes(llm, list(range(300, 421)), max_new_tokens=140, temperature=0,
+                            block_length=block_length, remasking_strategy="low_confidence_dynamic",
+                            threshold=0.3))
+
+
+def test_dllm_var_modes_identical(llada128):
+    llm = _llm(llada128, attention_backend="flashinfer", decoder="dllm_var")
+    prompt = [(5 * i + 1) % 126000 for i in range(1000)]
+    _assert_same(_run_modes(llm, prompt, max_new_tokens=32, block_length=8, temperature=0,
+                            remasking_strategy="threshold", threshold=0.3))
