@@ -16,7 +16,7 @@ import torch
 
 from dlrt import env
 from dlrt.attention import get_backend
-from dlrt.attention.backend import capturable, check_device, check_model
+from dlrt.attention.backend import capturable, check_device, check_model, default_backend
 from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize
 from dlrt.config import ModelConfig
@@ -52,9 +52,10 @@ class LLM:
             (LLaDA weights, block decoding with KV cache and look-ahead); None = family default.
         mask_token_id: overrides the config's / tokenizer's mask token.
         max_model_len: context limit in tokens (default: the config's maximum).
-        attention_backend: "triton" (paged kernel; default on CUDA), "flashinfer" (FlashInfer's
-            FA3/FA2 kernels, planned on the host once per block; bf16/fp16 on sm_80+),
-            "flashinfer-fa2" (FA2 only) or "sdpa" (reference; default on CPU, eager only).
+        attention_backend: "triton" (paged kernel), "flashinfer" (FlashInfer's FA3/FA2 kernels,
+            planned on the host once per block; bf16/fp16 on sm_80+), "flashinfer-fa2" (FA2
+            only) or "sdpa" (reference, eager only). Default: `default_backend` (sdpa on CPU;
+            flashinfer for the canvas decoder on Hopper when installed; else triton).
         execution_mode: "device_loop" (one CUDA graph per block whose WHILE node runs the
             rounds; default on CUDA), "host_loop" (a graph per round, one sync per round) or
             "eager" (the only mode on CPU). All three give the same tokens.
@@ -76,23 +77,26 @@ class LLM:
         cuda = self.device.type == "cuda"
         self.execution_mode = execution_mode or ("device_loop" if cuda else "eager")
         self.executor = Executor(self.execution_mode, self.device)
-        self.attention_backend = (attention_backend or env.attention_backend()
-                                  or ("triton" if cuda else "sdpa"))
-        # NOTE: check before get_backend imports the kernels (Triton reads TRITON_INTERPRET
-        # when a kernel is defined).
-        _check_backend(self.execution_mode, self.attention_backend, self.device, self.dtype)
-        backend = get_backend(self.attention_backend)
-        self.executor.host_planned = getattr(backend, "plans_on_host", False)
+        asked = attention_backend or env.attention_backend()
+        if asked is not None:  # a bad backend fails before the checkpoint is opened
+            _check_backend(self.execution_mode, asked, self.device, self.dtype)
         if model is None:
             from dlrt.checkpoint.presets import default_model_path
 
             model = default_model_path()
         self.folder = CheckpointFolder.open(model, require_weights=load_format != "dummy")
         config = ModelConfig.from_hf(self.folder.hf_config)
-        check_model(self.attention_backend, config.head_dim)
         self.max_model_len = _context(config, max_model_len)
         self.decoder_name, self.decoder_defaults = decoder_for(
             config.family, decoder, config.block_size)
+        self.attention_backend = asked or default_backend(
+            self.device, self.dtype, self.decoder_name, config.head_dim)
+        check_model(self.attention_backend, config.head_dim)
+        # NOTE: check before get_backend imports the kernels (Triton reads TRITON_INTERPRET
+        # when a kernel is defined).
+        _check_backend(self.execution_mode, self.attention_backend, self.device, self.dtype)
+        backend = get_backend(self.attention_backend)
+        self.executor.host_planned = getattr(backend, "plans_on_host", False)
         self.tokenizer = load_tokenizer(self.folder.path)
         self.config = config.replace(mask_token_id=self._mask_token(config, mask_token_id))
         gen_eos = self.folder.generation_config.get("eos_token_id")

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from dlrt import LLM, OptionError
-from dlrt.attention.backend import AttentionSpan, ForwardMeta, check_model
+from dlrt.attention.backend import AttentionSpan, ForwardMeta, check_model, default_backend
 from dlrt.attention.flashinfer import kernel_for_rows, requests
 from dlrt.attention.sdpa import SDPABackend
 from dlrt.runtime.kv_cache import PagedKVCache
@@ -158,3 +158,23 @@ def test_flashinfer_needs_a_gpu_and_a_head_size_it_builds(tiny_sdar):
     check_model("triton", 16)
     with pytest.raises(OptionError, match="unknown attention backend"):
         LLM(tiny_sdar, attention_backend="flashinfer3")
+
+
+@pytest.mark.parametrize("decoder,capability,installed,head_dim,dtype,want", [
+    ("canvas", (9, 0), True, 128, torch.bfloat16, "flashinfer"),
+    ("block", (9, 0), True, 128, torch.bfloat16, "triton"),      # blocks of a few queries
+    ("dllm_var", (9, 0), True, 128, torch.bfloat16, "triton"),
+    ("canvas", (8, 0), True, 128, torch.bfloat16, "triton"),     # not measured off Hopper
+    ("canvas", (9, 0), False, 128, torch.bfloat16, "triton"),    # FlashInfer not installed
+    ("canvas", (9, 0), True, 16, torch.bfloat16, "triton"),      # no kernels for head_dim 16
+    ("canvas", (9, 0), True, 128, torch.float32, "triton"),
+])
+def test_default_backend(monkeypatch, decoder, capability, installed, head_dim, dtype, want):
+    import importlib.util
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        (object() if installed else None) if name == "flashinfer" else real(name, *a)))
+    assert default_backend(torch.device("cuda"), dtype, decoder, head_dim) == want
+    assert default_backend(torch.device("cpu"), dtype, decoder, head_dim) == "sdpa"
