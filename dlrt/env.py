@@ -18,7 +18,8 @@ def cache_dir() -> Path:
 
 
 def attention_backend() -> str | None:
-    """DLRT_ATTENTION_BACKEND: force an attention backend ('sdpa'); None = choose per device."""
+    """DLRT_ATTENTION_BACKEND: force an attention backend ('sdpa', 'triton', 'flashinfer',
+    'flashinfer-fa2'); None = choose per device and decoder (`default_backend`)."""
     return os.environ.get("DLRT_ATTENTION_BACKEND") or None
 
 

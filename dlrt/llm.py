@@ -79,7 +79,12 @@ class LLM:
         self.executor = Executor(self.execution_mode, self.device)
         asked = attention_backend or env.attention_backend()
         if asked is not None:  # a bad backend fails before the checkpoint is opened
-            _check_backend(self.execution_mode, asked, self.device, self.dtype)
+            try:
+                _check_backend(self.execution_mode, asked, self.device, self.dtype)
+            except OptionError as e:
+                if attention_backend is None:  # name where the choice came from
+                    raise OptionError(f"{e} (DLRT_ATTENTION_BACKEND={asked})") from e
+                raise
         if model is None:
             from dlrt.checkpoint.presets import default_model_path
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,6 +21,8 @@ import torch
 
 from dlrt.errors import OptionError
 from dlrt.runtime.kv_cache import PagedKVCache
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ def check_device(name: str, device: torch.device, dtype: torch.dtype) -> None:
     if name.startswith("flashinfer"):
         from dlrt.attention.flashinfer import kernel_for
 
-        kernel_for(device, "auto")
+        kernel_for(device, "auto", name)
         if dtype not in (torch.bfloat16, torch.float16):
             raise OptionError(f"attention backend {name!r} needs bfloat16 or float16, not "
                               f"{dtype}; use 'triton' for {dtype}")
@@ -143,7 +146,12 @@ def default_backend(device: torch.device, dtype: torch.dtype, decoder: str,
             and dtype in (torch.bfloat16, torch.float16) \
             and torch.cuda.get_device_capability(device)[0] == 9 \
             and importlib.util.find_spec("flashinfer") is not None:
-        return "flashinfer"
+        try:
+            importlib.import_module("flashinfer")
+            return "flashinfer"
+        except Exception as e:  # installed but broken (e.g. built for another torch)
+            log.warning("FlashInfer is installed but does not import (%s: %s); attention "
+                        "runs on 'triton'", type(e).__name__, e)
     return "triton"
 
 

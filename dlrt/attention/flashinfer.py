@@ -1,19 +1,21 @@
 """FlashInfer attention backend: `BatchPrefillWithPagedKVCacheWrapper` over the paged cache.
 
-Kernels ("flashinfer"): on Hopper (sm_90) FA3 for forwards whose packed query rows (tokens x
-query heads per KV head) fill at least one 128-row tile (prefill chunks, a LLaDA canvas), and
-FA2 for a block of a few queries: FA2 splits the context over CTAs (split-KV), FA3's persistent
-kernel gives each (query tile, KV head) one CTA over the whole context. Elsewhere (sm_80+), and
-always with "flashinfer-fa2": FA2.
+Kernels ("flashinfer"): on Hopper (sm_90) FA3 where each request has at least 128 queries (a
+LLaDA canvas), FA2 for blocks of a few queries: FA2 splits the context over CTAs (split-KV),
+while FA3's persistent kernel gives each (query tile, query head) one CTA over the whole
+context. Elsewhere (sm_80+), and always with "flashinfer-fa2": FA2. Block-causal prefill chunks
+of more than two blocks run on dlrt's Triton kernel (`dlrt.kernels.paged_attention`), which
+reads the cached prefix once per chunk; as FlashInfer requests (one per block) each block
+would read it again.
 
 FlashInfer divides the work on the host (`plan`) from the lengths, and its kernels then read
 that plan from device buffers. So this backend is *host-planned*: before a block is launched,
 the executor reads the block's lengths and `plan_block` plans every forward the block will run
 (`Program.spans`) into buffers that the captured graphs point at (FlashInfer's CUDA-graph
 mode). One graph still serves every context length; the price is one host plan per block, and
-blocks are not launched ahead of the previous block's read-back (a plan's host-to-device copy
-must not be overwritten by the next plan before it ran). Forwards outside a planned block
-(prefill, the first dLLM-Var block) are planned when they run (one host sync).
+since the lengths are read after the previous block ended (they advance on the device), a
+block is not queued ahead of the previous block's read-back. Forwards outside a planned block
+(the first dLLM-Var block, short prefills) are planned when they run (one host sync).
 
 A forward of N queries maps onto FlashInfer requests that all read the same pages
 (`requests`): full attention (chunk_block None) is one request of N queries over kv_len keys;
@@ -30,13 +32,14 @@ from dataclasses import dataclass
 import torch
 
 from dlrt.attention.backend import AttentionSpan, ForwardMeta
+from dlrt.attention.triton import TritonBackend
 from dlrt.errors import OptionError
 from dlrt.runtime.kv_cache import PagedKVCache
 
 log = logging.getLogger(__name__)
 
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's split-KV scratch (its recommended size)
-FA3_MIN_ROWS = 128           # packed query rows of one FA3 tile
+FA3_MIN_ROWS = 128           # query rows of one FA3 tile
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def requests(span: AttentionSpan, page_size: int, page_table: torch.Tensor) -> R
                     indices.to(torch.int32), torch.tensor(last, **i32))
 
 
-def kernel_for(device: torch.device, kernels: str) -> str:
+def kernel_for(device: torch.device, kernels: str, name: str = "flashinfer") -> str:
     """FlashInfer's kernel family for `device`: "fa3" on sm_90 when `kernels` is "auto",
     "fa2" on sm_80+.
 
@@ -93,23 +96,31 @@ def kernel_for(device: torch.device, kernels: str) -> str:
             message says what to use instead).
     """
     if device.type != "cuda":
-        raise OptionError("attention backend 'flashinfer' needs a CUDA GPU; use 'sdpa' on "
+        raise OptionError(f"attention backend {name!r} needs a CUDA GPU; use 'sdpa' on "
                           f"{device.type}")
     try:
         import flashinfer  # noqa: F401
-    except ImportError as e:
-        raise OptionError("attention backend 'flashinfer' needs FlashInfer: pip install "
-                          "flashinfer-python (or use attention_backend='triton')") from e
+    except Exception as e:  # not installed, or built for another torch / CUDA
+        raise OptionError(f"attention backend {name!r} needs FlashInfer, whose import failed "
+                          f"({type(e).__name__}: {e}): pip install flashinfer-python, or use "
+                          "attention_backend='triton'") from e
     major, minor = torch.cuda.get_device_capability(device)
     if major < 8:
-        raise OptionError(f"FlashInfer's attention kernels need sm_80 or newer; this GPU is "
-                          f"sm_{major}{minor}: use attention_backend='triton'")
+        raise OptionError(f"attention backend {name!r}: FlashInfer's kernels need sm_80 or "
+                          f"newer; this GPU is sm_{major}{minor}: use attention_backend='triton'")
     return "fa3" if kernels == "auto" and major == 9 else "fa2"
 
 
-def kernel_for_rows(family: str, n: int, h_q: int, h_kv: int) -> str:
-    """FA3 (when the family allows it) for at least 128 packed query rows, else FA2."""
-    return "fa3" if family == "fa3" and n * (h_q // h_kv) >= FA3_MIN_ROWS else "fa2"
+def kernel_for_span(family: str, span: AttentionSpan) -> str:
+    """FA3 (when the family allows it) where every request has at least 128 queries (FA3
+    tiles queries per head, so GQA groups do not fill its tiles), else FA2."""
+    per_request = min(span.n, span.chunk_block or span.n)
+    return "fa3" if family == "fa3" and per_request >= FA3_MIN_ROWS else "fa2"
+
+
+def on_triton(span: AttentionSpan) -> bool:
+    """Block-causal chunks of more than two blocks (prefill) go to the Triton kernel."""
+    return span.chunk_block is not None and span.n > 2 * span.chunk_block
 
 
 class FlashInferBackend:
@@ -118,6 +129,7 @@ class FlashInferBackend:
 
     plans_on_host = True
     kernels = "auto"
+    name = "flashinfer"
 
     def __init__(self):
         self._workspace: torch.Tensor | None = None
@@ -125,6 +137,7 @@ class FlashInferBackend:
         self._armed: dict[tuple, AttentionSpan] = {}
         self._eager: dict[str, tuple] = {}     # kernels -> (wrapper, span): unplanned forwards
         self._eager_key: str | None = None
+        self._triton = TritonBackend()             # prefill chunks (`on_triton`)
         self._host_table: torch.Tensor | None = None
         self._heads = None
 
@@ -132,7 +145,7 @@ class FlashInferBackend:
     def _setup(self, cache: PagedKVCache, h_q: int) -> None:
         if self._workspace is None:
             dev = cache.k.device
-            self._kind = kernel_for(dev, self.kernels)
+            self._kind = kernel_for(dev, self.kernels, self.name)
             self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
             self._host_table = cache.page_table.cpu()
             log.info("FlashInfer attention: %s kernels", self._kind)
@@ -177,7 +190,7 @@ class FlashInferBackend:
             self._armed[key] = span
             if key not in self._graph:
                 reqs = requests(span, cache.page_size, self._host_table)
-                kind = kernel_for_rows(self._kind, span.n, h_q, cache.k.shape[-2])
+                kind = kernel_for_span(self._kind, span)
                 self._graph[key] = (self._wrapper(reqs, cache, kind), None)
             wrapper, planned = self._graph[key]
             if planned != span:
@@ -193,7 +206,7 @@ class FlashInferBackend:
                 cache: PagedKVCache) -> torch.Tensor:
         n, h_q, _ = q.shape
         key = (n, meta.chunk_block)
-        if torch.cuda.is_current_stream_capturing():
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
             if key not in self._armed:
                 raise RuntimeError(f"FlashInfer forward {key} captured without a plan; the "
                                    "executor plans a block's forwards before capturing it")
@@ -205,6 +218,8 @@ class FlashInferBackend:
         else:
             if layer == 0 or self._eager_key is None:
                 self._plan_eager(n, h_q, meta, cache)
+            if self._eager_key == "triton":
+                return self._triton.forward(layer, q, scale, meta, cache)
             wrapper = self._eager[self._eager_key][0]
         return wrapper.run(q.contiguous(), (cache.k[layer], cache.v[layer]), q_scale=scale)
 
@@ -212,8 +227,11 @@ class FlashInferBackend:
         """Plan a forward outside a planned block (reads its lengths: one host sync)."""
         start, kv_len = meta.lens.tolist()
         span = AttentionSpan(n, meta.chunk_block, start, kv_len)
+        if on_triton(span):
+            self._eager_key = "triton"
+            return
         self._setup(cache, h_q)
-        kind = kernel_for_rows(self._kind, n, h_q, cache.k.shape[-2])
+        kind = kernel_for_span(self._kind, span)
         wrapper, planned = self._eager.get(kind, (None, None))
         if wrapper is None:
             wrapper = self._wrapper(None, cache, kind)
@@ -233,3 +251,4 @@ class FlashInferFA2Backend(FlashInferBackend):
     """The FA2 kernels on every GPU (Hopper included)."""
 
     kernels = "fa2"
+    name = "flashinfer-fa2"

@@ -47,8 +47,8 @@ class Executor:
     @property
     def launches_ahead(self) -> bool:
         """Whether block k+1 is launched before block k is read back: in the graph modes,
-        unless the attention backend plans each block on the host (its plan's host buffer
-        must not be rewritten before the previous block's copy of it ran)."""
+        unless the attention backend plans each block on the host (from lengths that block k
+        advances on the device, so block k+1 is planned after block k ended)."""
         return self.mode != "eager" and not self.host_planned
 
     def run_block(self, program, begin: Callable[[], None] | None = None) -> None:

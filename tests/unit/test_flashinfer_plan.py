@@ -10,28 +10,39 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from dlrt import LLM, OptionError
-from dlrt.attention.backend import AttentionSpan, ForwardMeta, check_model, default_backend
-from dlrt.attention.flashinfer import kernel_for_rows, requests
+from dlrt.attention import flashinfer as fi_backend
+from dlrt.attention.backend import (
+    AttentionSpan,
+    ForwardMeta,
+    check_device,
+    check_model,
+    default_backend,
+)
+from dlrt.attention.flashinfer import Requests, kernel_for_span, on_triton, requests
 from dlrt.attention.sdpa import SDPABackend
 from dlrt.runtime.kv_cache import PagedKVCache
 
 
-def _flashinfer_semantics(q, cache, layer, reqs, scale):
+def _flashinfer_semantics(q, k_pages, v_pages, reqs, scale):
     """Each request's queries attend, non-causally, to every key of its pages (the last page
-    up to last_page_len): FlashInfer's paged prefill, written out in PyTorch."""
+    up to last_page_len): FlashInfer's paged prefill, written out in PyTorch.
+    k_pages, v_pages: [num_pages, page_size, Hkv, D] (NHD)."""
     out = torch.empty_like(q)
-    page = cache.page_size
+    page = k_pages.shape[1]
     for r in range(reqs.batch):
         lo, hi = reqs.qo_indptr[r].item(), reqs.qo_indptr[r + 1].item()
         pages = reqs.kv_indices[reqs.kv_indptr[r]:reqs.kv_indptr[r + 1]].long()
         n_keys = (pages.numel() - 1) * page + reqs.last_page_len[r].item()
-        k = cache.k[layer][pages].reshape(-1, *cache.k.shape[-2:])[:n_keys]
-        v = cache.v[layer][pages].reshape(-1, *cache.v.shape[-2:])[:n_keys]
+        k = k_pages[pages].reshape(-1, *k_pages.shape[-2:])[:n_keys]
+        v = v_pages[pages].reshape(-1, *v_pages.shape[-2:])[:n_keys]
         g = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
         o = F.scaled_dot_product_attention(q[lo:hi].transpose(0, 1), k.transpose(0, 1),
@@ -58,7 +69,7 @@ def test_requests_reproduce_the_chunk_mask(span):
     cache.page_table = torch.randperm(cache.num_pages).to(torch.int32)
     q = torch.randn(span.n, h_q, d)
     reqs = requests(span, page, cache.page_table)
-    got = _flashinfer_semantics(q, cache, 1, reqs, 0.3)
+    got = _flashinfer_semantics(q, cache.k[1], cache.v[1], reqs, 0.3)
     lens = torch.tensor([span.start, span.kv_len], dtype=torch.int32)
     meta = ForwardMeta(span.start + torch.arange(span.n), lens, span.chunk_block)
     want = SDPABackend().forward(1, q, 0.3, meta, cache)
@@ -74,10 +85,15 @@ def test_requests_reject_lengths_outside_the_pages():
         requests(AttentionSpan(4, 4, 64, 68), 16, table)  # 68 keys > 4 pages of 16
 
 
-def test_fa3_only_for_full_query_tiles():
-    assert kernel_for_rows("fa3", 4, 32, 8) == "fa2"      # a block of 4: 16 packed rows
-    assert kernel_for_rows("fa3", 256, 32, 32) == "fa3"   # a LLaDA canvas
-    assert kernel_for_rows("fa2", 512, 32, 8) == "fa2"
+def test_fa3_only_where_every_request_fills_a_tile():
+    assert kernel_for_span("fa3", AttentionSpan(4, 4, 0, 4)) == "fa2"         # a block
+    assert kernel_for_span("fa3", AttentionSpan(64, None, 0, 60)) == "fa2"    # small canvas
+    assert kernel_for_span("fa3", AttentionSpan(256, None, 0, 240)) == "fa3"  # LLaDA canvas
+    assert kernel_for_span("fa3", AttentionSpan(512, 4, 0, 512)) == "fa2"     # 4 per request
+    assert kernel_for_span("fa3", AttentionSpan(512, 256, 0, 512)) == "fa3"
+    assert kernel_for_span("fa2", AttentionSpan(256, None, 0, 240)) == "fa2"
+    assert on_triton(AttentionSpan(512, 4, 0, 512)) and not on_triton(AttentionSpan(8, 4, 4, 12))
+    assert not on_triton(AttentionSpan(256, None, 0, 240))
 
 
 class RecordingBackend(SDPABackend):
@@ -162,6 +178,7 @@ def test_flashinfer_needs_a_gpu_and_a_head_size_it_builds(tiny_sdar):
 
 @pytest.mark.parametrize("decoder,capability,installed,head_dim,dtype,want", [
     ("canvas", (9, 0), True, 128, torch.bfloat16, "flashinfer"),
+    ("canvas", (9, 0), "broken", 128, torch.bfloat16, "triton"),  # found, but fails to import
     ("block", (9, 0), True, 128, torch.bfloat16, "triton"),      # blocks of a few queries
     ("dllm_var", (9, 0), True, 128, torch.bfloat16, "triton"),
     ("canvas", (8, 0), True, 128, torch.bfloat16, "triton"),     # not measured off Hopper
@@ -176,5 +193,88 @@ def test_default_backend(monkeypatch, decoder, capability, installed, head_dim, 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
         (object() if installed else None) if name == "flashinfer" else real(name, *a)))
+    # sys.modules[name] = None makes the import raise ImportError
+    monkeypatch.setitem(sys.modules, "flashinfer",
+                        types.ModuleType("flashinfer") if installed is True else None)
     assert default_backend(torch.device("cuda"), dtype, decoder, head_dim) == want
     assert default_backend(torch.device("cpu"), dtype, decoder, head_dim) == "sdpa"
+
+
+class FakePrefillWrapper:
+    """FlashInfer's `BatchPrefillWithPagedKVCacheWrapper` in PyTorch for the CPU: `plan`
+    stores the request layout in the wrapper's buffers (in CUDA-graph mode the buffers given at
+    construction, as FlashInfer does) and `run` reads it back from them, so a plan that is not
+    renewed for new lengths gives wrong attention."""
+
+    def __init__(self, workspace, layout, use_cuda_graph=False, qo_indptr_buf=None,
+                 paged_kv_indptr_buf=None, paged_kv_indices_buf=None,
+                 paged_kv_last_page_len_buf=None, backend="auto"):
+        assert layout == "NHD" and backend in ("fa2", "fa3")
+        self.graph = use_cuda_graph
+        self.bufs = (qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf,
+                     paged_kv_last_page_len_buf)
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, last_page_len, h_q, h_kv, d, page,
+             causal, sm_scale, q_data_type, kv_data_type):
+        assert not causal
+        layout = (qo_indptr, kv_indptr, kv_indices, last_page_len)
+        if self.graph:
+            for buf, t in zip(self.bufs, layout, strict=True):
+                buf[:t.numel()].copy_(t)
+        else:
+            self.bufs = tuple(t.clone() for t in layout)
+        self.sm_scale = sm_scale
+
+    def run(self, q, kv, q_scale):
+        return _flashinfer_semantics(q, kv[0], kv[1], Requests(*self.bufs),
+                                     self.sm_scale * q_scale)
+
+
+@pytest.fixture
+def fake_flashinfer(monkeypatch):
+    """FlashInferBackend on the CPU: the PyTorch stand-in above for FlashInfer's wrapper."""
+    module = types.ModuleType("flashinfer")
+    module.BatchPrefillWithPagedKVCacheWrapper = FakePrefillWrapper
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    monkeypatch.setattr(fi_backend, "kernel_for", lambda device, kernels, name: "fa2")
+
+
+def _tokens(llm, prompts, **options):
+    return [llm.generate(p, temperature=0, **options).token_ids for p in prompts]
+
+
+@pytest.mark.parametrize("preset,decoder,prompt_lens,options", [
+    ("sdar", None, [3, 8, 21, 45, 13], dict(max_new_tokens=12, block_length=4)),
+    ("llada", None, [21, 5], dict(max_new_tokens=28, block_length=8)),
+    ("llada", "dllm_var", [13, 40, 7], dict(max_new_tokens=24, block_length=8)),
+])
+def test_flashinfer_backend_decodes_like_sdpa(fake_flashinfer, tiny_sdar, tiny_llada, preset,
+                                              decoder, prompt_lens, options):
+    """One LLM, several requests of different lengths: every block re-plans its forwards,
+    prefills of over two blocks run on the Triton kernel; tokens equal the SDPA reference's."""
+    path = tiny_sdar if preset == "sdar" else tiny_llada
+    kw = dict(device="cpu", max_model_len=1024, decoder=decoder)
+    ref, fi = LLM(path, **kw), LLM(path, **kw)
+    fi.runner.backend = fi_backend.FlashInferBackend()
+    fi.executor.host_planned = True
+    for llm in (ref, fi):  # sharper distributions: greedy choices are far from ties
+        head = llm.model.lm_head.weight if hasattr(llm.model, "lm_head") else \
+            llm.model.model.transformer.ff_out.weight
+        head.data *= 50
+    prompts = [[(7 * i + 3 * n) % 120000 for i in range(n)] for n in prompt_lens]
+    assert _tokens(fi, prompts, **options) == _tokens(ref, prompts, **options)
+
+
+def test_flashinfer_checks(monkeypatch, tiny_sdar):
+    monkeypatch.setattr(fi_backend, "kernel_for", lambda device, kernels, name: "fa2")
+    with pytest.raises(OptionError, match="bfloat16 or float16"):
+        check_device("flashinfer", torch.device("cuda"), torch.float32)
+    monkeypatch.setenv("DLRT_ATTENTION_BACKEND", "warp")
+    with pytest.raises(OptionError, match="DLRT_ATTENTION_BACKEND=warp"):
+        LLM(tiny_sdar, device="cpu")
+    monkeypatch.delenv("DLRT_ATTENTION_BACKEND")
+    import dlrt.llm
+
+    monkeypatch.setattr(dlrt.llm, "check_device", lambda *a: None)
+    with pytest.raises(OptionError, match="head_dim"):  # tiny-sdar has head_dim 16
+        LLM(tiny_sdar, device="cpu", attention_backend="flashinfer")
