@@ -9,6 +9,8 @@ timeout 300 python3 -m pytest -q -x tests/e2e/test_flashinfer.py >> $LOG 2>&1
 tail -3 $LOG; echo "tests done at $(( $(date +%s) - t0 )) s"
 step --model $M/LLaDA-8B-Instruct $O --block-length 32 --context 256 >/dev/null
 step --model $M/LLaDA-8B-Instruct $O --attention-backend triton --block-length 32 --context 256 >/dev/null
+step --model $M/SDAR-1.7B-Chat $O --context 0 >/dev/null
+step --model $M/SDAR-1.7B-Chat $O --temperature 0.8 --top-k 50 --top-p 0.9 --context 0 >/dev/null
 grep "Error\|error:" $LOG | tail -8
 python3 benchmarks/device/summarize_step.py $OUT
 echo "total $(( $(date +%s) - t0 )) s"
