@@ -5,9 +5,11 @@
   reference in fp32 on the same bf16 values; relative error < 1e-2 (bf16 output).
 - Decoding: device_loop, host_loop and eager commit identical tokens through it (SDAR block
   decoding on and off a block boundary and over thousands of context tokens, seeded sampling,
-  LLaDA canvas, dLLM-Var); one set of captured graphs serves every context length, and its
-  greedy tokens equal the Triton backend's at each length (the lm_head is sharpened x50, so
-  bf16 differences between the kernels do not decide a choice).
+  LLaDA canvas, dLLM-Var); one set of captured graphs serves every context length, and after
+  requests of other lengths its greedy tokens equal a fresh LLM's (a stale plan would not).
+  Tokens are not compared with the Triton backend's: in bf16 the two kernels' rounding
+  differences can flip a near tie (one did at a 12th token); the CPU tests compare the
+  planning with the SDPA reference in fp32 through a PyTorch stand-in for FlashInfer.
 Models: the tiny presets with head_dim 128 (FlashInfer builds 64/128/256).
 """
 
@@ -90,19 +92,20 @@ def test_sdar_modes_identical(sdar128, name, strategy, prompt_len):
     assert len(out["eager"][0]) == 24
 
 
-def test_seeded_sampling_graph_reuse_and_triton_tokens(sdar128):
+def test_seeded_sampling_and_replanning(sdar128):
     llm = _llm(sdar128, attention_backend="flashinfer", max_model_len=4096)
     opts = dict(max_new_tokens=16, temperature=0.8, top_k=50, top_p=0.9, seed=7,
                 remasking_strategy="low_confidence_dynamic", threshold=0.3)
     _assert_same(_run_modes(llm, list(range(500, 517)), **opts))
     llm.set_execution_mode("device_loop")
     captured = len(llm.executor._graphs)
-    ref = _llm(sdar128, attention_backend="triton", max_model_len=4096)
     greedy = dict(max_new_tokens=16, temperature=0, remasking_strategy="low_confidence_static")
     for n in (37, 700, 2500):  # each block re-planned: the tokens follow the new lengths
         llm.generate(list(range(n)), **opts)
         prompt = [(3 * i + n) % 150000 for i in range(n)]
-        assert llm.generate(prompt, **greedy).token_ids == ref.generate(prompt, **greedy).token_ids
+        fresh = _llm(sdar128, attention_backend="flashinfer", max_model_len=4096)
+        assert llm.generate(prompt, **greedy).token_ids == \
+            fresh.generate(prompt, **greedy).token_ids  # same plans, same kernels: same bits
     assert len(llm.executor._graphs) == captured
 
 
