@@ -97,11 +97,11 @@ class LLM:
         self.attention_backend = asked or default_backend(
             self.device, self.dtype, self.decoder_name, config.head_dim)
         check_model(self.attention_backend, config.head_dim)
-        # NOTE: check before get_backend imports the kernels (Triton reads TRITON_INTERPRET
-        # when a kernel is defined).
-        _check_backend(self.execution_mode, self.attention_backend, self.device, self.dtype)
+        if asked is None:
+            # NOTE: check before get_backend imports the kernels (Triton reads
+            # TRITON_INTERPRET when a kernel is defined).
+            _check_backend(self.execution_mode, self.attention_backend, self.device, self.dtype)
         backend = get_backend(self.attention_backend)
-        self.executor.host_planned = getattr(backend, "plans_on_host", False)
         self.tokenizer = load_tokenizer(self.folder.path)
         self.config = config.replace(mask_token_id=self._mask_token(config, mask_token_id))
         gen_eos = self.folder.generation_config.get("eos_token_id")

@@ -114,12 +114,13 @@ def check_device(name: str, device: torch.device, dtype: torch.dtype) -> None:
         from dlrt.attention.flashinfer import kernel_for
 
         kernel_for(device, "auto", name)
-        if dtype not in (torch.bfloat16, torch.float16):
+        if dtype not in FLASHINFER_DTYPES:
             raise OptionError(f"attention backend {name!r} needs bfloat16 or float16, not "
                               f"{dtype}; use 'triton' for {dtype}")
 
 
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
+FLASHINFER_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def check_model(name: str, head_dim: int) -> None:
@@ -142,16 +143,16 @@ def default_backend(device: torch.device, dtype: torch.dtype, decoder: str,
     the Triton kernel took half FlashInfer's time on SDAR-1.7B and SDAR-8B)."""
     if device.type != "cuda":
         return "sdpa"
-    if decoder == "canvas" and head_dim in FLASHINFER_HEAD_DIMS \
-            and dtype in (torch.bfloat16, torch.float16) \
+    if decoder == "canvas" and head_dim in FLASHINFER_HEAD_DIMS and dtype in FLASHINFER_DTYPES \
             and torch.cuda.get_device_capability(device)[0] == 9 \
             and importlib.util.find_spec("flashinfer") is not None:
-        try:
-            importlib.import_module("flashinfer")
+        from dlrt.attention.flashinfer import kernel_for
+
+        try:  # installed, but it may not import (e.g. built for another torch)
+            kernel_for(device, "auto")
             return "flashinfer"
-        except Exception as e:  # installed but broken (e.g. built for another torch)
-            log.warning("FlashInfer is installed but does not import (%s: %s); attention "
-                        "runs on 'triton'", type(e).__name__, e)
+        except OptionError as e:
+            log.warning("%s; attention runs on 'triton'", e)
     return "triton"
 
 

@@ -167,13 +167,14 @@ class FlashInferBackend:
             paged_kv_last_page_len_buf=torch.empty(r, dtype=i32, device=dev),
             backend=kind)
 
-    def _plan(self, wrapper, span: AttentionSpan) -> Requests:
+    def _requests(self, span: AttentionSpan) -> Requests:
+        return requests(span, self._heads[3], self._host_table)
+
+    def _plan(self, wrapper, reqs: Requests) -> None:
         h_q, h_kv, d, page, dtype = self._heads
-        reqs = requests(span, page, self._host_table)
         wrapper.plan(reqs.qo_indptr, reqs.kv_indptr, reqs.kv_indices, reqs.last_page_len,
                      h_q, h_kv, d, page, causal=False, sm_scale=1.0, q_data_type=dtype,
                      kv_data_type=dtype)
-        return reqs
 
     def plan_block(self, spans: list[AttentionSpan], cache: PagedKVCache, h_q: int) -> None:
         """Plan every forward of the block about to be launched (host; before capture too).
@@ -188,13 +189,12 @@ class FlashInferBackend:
             if key in self._armed and self._armed[key] != span:
                 raise ValueError(f"one block plans {key} twice: {self._armed[key]} and {span}")
             self._armed[key] = span
-            if key not in self._graph:
-                reqs = requests(span, cache.page_size, self._host_table)
-                kind = kernel_for_span(self._kind, span)
-                self._graph[key] = (self._wrapper(reqs, cache, kind), None)
-            wrapper, planned = self._graph[key]
+            wrapper, planned = self._graph.get(key, (None, None))
             if planned != span:
-                self._plan(wrapper, span)
+                reqs = self._requests(span)
+                if wrapper is None:  # buffers sized by this shape's request count
+                    wrapper = self._wrapper(reqs, cache, kernel_for_span(self._kind, span))
+                self._plan(wrapper, reqs)
                 self._graph[key] = (wrapper, span)
 
     def disarm(self) -> None:
@@ -236,7 +236,7 @@ class FlashInferBackend:
         if wrapper is None:
             wrapper = self._wrapper(None, cache, kind)
         if planned != span:
-            self._plan(wrapper, span)
+            self._plan(wrapper, self._requests(span))
         self._eager[kind] = (wrapper, span)
         self._eager_key = kind
 

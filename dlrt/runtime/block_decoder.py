@@ -117,7 +117,7 @@ class BlockDecoder(DecoderBase):
                                  [False] * len(fixed) + [True] * first)
             self.executor.run_block(prog, begin=prog.begin if k == 0 else prog.begin_folded)
 
-        for k, (tokens, commits, rounds) in enumerate(run_blocks(self.executor, state, launch,
-                                                                   n_blocks)):
+        blocks = run_blocks(self.executor, self.runner, state, launch, n_blocks)
+        for k, (tokens, commits, rounds) in enumerate(blocks):
             yield block_result(tokens, commits, rounds, skip=len(fixed) if k == 0 else 0,
                                extra_forwards=-(-start // step) if k == 0 else 0)

@@ -102,6 +102,6 @@ class CanvasDecoder(DecoderBase):
                 state.set_request(length, params.denoising_steps, params.sampling.seed)
             self.executor.run_block(prog)
 
-        for k, (tokens, commits, rounds) in enumerate(run_blocks(self.executor, state, launch,
-                                                                   len(starts))):
+        blocks = run_blocks(self.executor, self.runner, state, launch, len(starts))
+        for k, (tokens, commits, rounds) in enumerate(blocks):
             yield block_result(tokens, commits, rounds, keep=min(b, total - starts[k]))

@@ -131,7 +131,7 @@ def commit_round(spec: RoundSpec, state: BlockState, logits: torch.Tensor,
     state.update_flag()
 
 
-def run_blocks(executor, state: BlockState, launch: Callable[[int], None],
+def run_blocks(executor, runner, state: BlockState, launch: Callable[[int], None],
                n_blocks: int) -> Iterator[tuple[list[int], list[int], int]]:
     """Run blocks 0..n_blocks-1 (`launch(k)` enqueues block k) and yield each one's read-back
     (tokens, commit rounds, rounds run), in order.
@@ -143,7 +143,7 @@ def run_blocks(executor, state: BlockState, launch: Callable[[int], None],
     blocks one after the other (nothing to overlap), and so does a host-planned attention
     backend (`Executor.launches_ahead`).
     """
-    ahead = executor.launches_ahead
+    ahead = executor.launches_ahead(runner)
     launch(0)
     pending = state.readback_async()
     for k in range(n_blocks):

@@ -42,14 +42,12 @@ class Executor:
         self.device = device
         self._graphs: dict[tuple, object] = {}
         self._pool = None
-        self.host_planned = False  # the attention backend plans each block on the host
 
-    @property
-    def launches_ahead(self) -> bool:
+    def launches_ahead(self, runner) -> bool:
         """Whether block k+1 is launched before block k is read back: in the graph modes,
-        unless the attention backend plans each block on the host (from lengths that block k
-        advances on the device, so block k+1 is planned after block k ended)."""
-        return self.mode != "eager" and not self.host_planned
+        unless the runner's attention backend plans each block on the host (from lengths that
+        block k advances on the device, so block k+1 is planned after block k ended)."""
+        return self.mode != "eager" and not runner.plans_on_host
 
     def run_block(self, program, begin: Callable[[], None] | None = None) -> None:
         """Decide one block: begin (default `program.begin`), rounds, end. Asynchronous in

@@ -103,5 +103,6 @@ class LookaheadDecoder(DecoderBase):
             self.executor.run_block(prog, begin=prog.flag_only if k == 0 else prog.begin)
 
         n_blocks = -(-params.max_new_tokens // b)
-        for tokens, commits, rounds in run_blocks(self.executor, prog.state, launch, n_blocks):
+        blocks = run_blocks(self.executor, self.runner, prog.state, launch, n_blocks)
+        for tokens, commits, rounds in blocks:
             yield block_result(tokens, commits, rounds, extra_forwards=0)

@@ -133,7 +133,6 @@ def _record(path, prompt_len, **kw):
                                                           if k == "decoder"})
     rec = RecordingBackend()
     llm.runner.backend = rec
-    llm.executor.host_planned = True
     options = {k: v for k, v in kw.items() if k != "decoder"}
     llm.generate(list(range(100, 100 + prompt_len)), temperature=0, **options)
     return rec
@@ -256,7 +255,6 @@ def test_flashinfer_backend_decodes_like_sdpa(fake_flashinfer, tiny_sdar, tiny_l
     kw = dict(device="cpu", max_model_len=1024, decoder=decoder)
     ref, fi = LLM(path, **kw), LLM(path, **kw)
     fi.runner.backend = fi_backend.FlashInferBackend()
-    fi.executor.host_planned = True
     for llm in (ref, fi):  # sharper distributions: greedy choices are far from ties
         head = llm.model.lm_head.weight if hasattr(llm.model, "lm_head") else \
             llm.model.model.transformer.ff_out.weight

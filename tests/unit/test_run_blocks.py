@@ -11,11 +11,15 @@ from dlrt.runtime.decoder import run_blocks
 from dlrt.runtime.executor import Executor
 
 
-def _executor(mode: str, host_planned: bool = False) -> Executor:
+def _executor(mode: str) -> Executor:
     """An executor in `mode` without a device (only its launch policy is used here)."""
     ex = object.__new__(Executor)
-    ex.mode, ex.host_planned = mode, host_planned
+    ex.mode = mode
     return ex
+
+
+def _runner(host_planned: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(plans_on_host=host_planned)
 
 
 class FakeState:
@@ -42,7 +46,7 @@ def test_order_and_lookahead(mode, planned, ahead):
         state.last = k
 
     got = []
-    for tokens, _, _ in run_blocks(_executor(mode, planned), state, launch, 3):
+    for tokens, _, _ in run_blocks(_executor(mode), _runner(planned), state, launch, 3):
         log.append(f"yield {tokens[0]}")
         got.append(tokens[0])
     assert got == [0, 1, 2]
@@ -60,7 +64,7 @@ def test_stopping_early_leaves_at_most_one_block_launched():
         log.append(f"launch {k}")
         state.last = k
 
-    blocks = run_blocks(_executor("device_loop"), state, launch, 10)
+    blocks = run_blocks(_executor("device_loop"), _runner(), state, launch, 10)
     next(blocks)
     blocks.close()
     assert [e for e in log if e.startswith("launch")] == ["launch 0", "launch 1"]
