@@ -3,7 +3,9 @@
 Every op runs at the round's shapes (N = block length rows) inside a CUDA graph that calls it
 `reps` times; the graph is replayed and the time per call taken from CUDA events, so launch
 overhead is excluded the way it is in the block graph. Small ops are compared with the
-unfused PyTorch reference and with `torch.compile` of that reference, in the same run.
+unfused PyTorch reference and with `torch.compile` of that reference, in the same run; so are
+the round's candidate draws over the vocabulary (greedy, and sampling with temperature, top-k
+and top-p: the fused kernels against `dlrt.decoding.sampling`).
 Projections: cuBLAS (`F.linear`) against the skinny Triton GEMM for every weight shape, as
 timed when the model was loaded (`dlrt.kernels.gemm_select`), with the achieved bandwidth
 (weight bytes read / time) against the copy bandwidth of `bench step`.
@@ -24,9 +26,13 @@ COLUMNS = ["op", "shape", "impl", "us", "vs_reference", "GBps"]
 
 def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], Any]]]:
     """op name -> {impl: closure} over fresh random inputs at the model's shapes."""
+    from dlrt.decoding import rng
+    from dlrt.decoding.sampling import SamplingSpec, candidates, probabilities
     from dlrt.kernels.activation import silu_mul
+    from dlrt.kernels.greedy import greedy_candidates
     from dlrt.kernels.rms_norm import rms_norm
     from dlrt.kernels.rope import qk_norm_rope_write
+    from dlrt.kernels.sampling import sample_candidates
     from dlrt.layers.attention import Attention
     from dlrt.layers.mlp import silu_and_mul_reference
     from dlrt.layers.norm import RMSNorm
@@ -59,8 +65,28 @@ def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], An
     def rope_ref(qkv, cos, sin):
         return attn.reference_qkv(qkv, cos, sin, rotary, cache, pos, qn, kn)
 
-    compiled = {f: torch.compile(f, dynamic=False) for f in (norm_ref, silu_ref, rope_ref)}
-    return {
+    logits = torch.randn(n, c.vocab_size, dtype=dtype, device=dev) * 3
+    sample_specs = {"greedy": SamplingSpec(0.0, 0, 1.0, 1),
+                    "sample T0.8,k50,p0.9": SamplingSpec(0.8, 50, 0.9, 1),
+                    "sample T1,p0.95": SamplingSpec(1.0, 0, 0.95, 1)}
+
+    def draw_ref(logits, spec):
+        return candidates(probabilities(logits, spec), spec, 2, pos)
+
+    def draw_kernel(logits, spec):
+        if spec.temperature == 0:
+            return greedy_candidates(logits)
+        keys = rng.position_keys(spec.seed, rng.SAMPLE_STREAM, 2, pos)
+        return sample_candidates(logits, spec.temperature, spec.top_k, spec.top_p, keys)
+
+    compiled = {f: torch.compile(f, dynamic=False)
+                for f in (norm_ref, silu_ref, rope_ref, draw_ref)}
+    draws = {f"{name} [{n},{c.vocab_size}]": dict(
+        triton=lambda spec=spec: draw_kernel(logits, spec),
+        reference=lambda spec=spec: draw_ref(logits, spec),
+        compiled=lambda spec=spec: compiled[draw_ref](logits, spec))
+        for name, spec in sample_specs.items()}
+    return draws | {
         f"rms_norm+residual [{n},{h}]": dict(
             triton=lambda: rms_norm(x, norm.weight, c.rms_norm_eps, res),
             reference=lambda: norm_ref(x, res), compiled=lambda: compiled[norm_ref](x, res)),
@@ -82,8 +108,9 @@ def run(llm, n: int) -> list[dict[str, Any]]:
         ref = graph_us(impls["reference"])
         for impl, fn in impls.items():
             us = graph_us(fn)
-            rows.append(dict(op=op.split(" ")[0], shape=op.split(" ")[1], impl=impl, us=us,
-                             vs_reference=ref / us, GBps=None))
+            name, shape = op.rsplit(" ", 1)
+            rows.append(dict(op=name, shape=shape, impl=impl, us=us, vs_reference=ref / us,
+                             GBps=None))
     item = torch.empty((), dtype=llm.dtype).element_size()
     for shape, rec in llm.gemm_choices.items():
         if shape == "layer":  # the dense layer's projections, classic vs fused GEMVs

@@ -24,8 +24,10 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def _key(seed, stream: int, round_idx, positions: torch.Tensor) -> torch.Tensor:
-    """[n] int64 key per position. seed/round_idx: int or 0-d int64 tensor."""
+def position_keys(seed, stream: int, round_idx, positions: torch.Tensor) -> torch.Tensor:
+    """[n] int64 key in [0, 2^32) per position; column c's uniform hashes key + c * golden
+    (`uniform` here, the same in `dlrt.kernels.sampling`). seed/round_idx: int or 0-d int64
+    tensor."""
     s = torch.as_tensor(seed, dtype=torch.int64, device=positions.device)
     # NOTE: seeds below 2^32 hash as before; the high bits are folded in (mix32(0) == 0).
     k = mix32((s ^ mix32(s >> 32)) & _M32)
@@ -37,5 +39,6 @@ def _key(seed, stream: int, round_idx, positions: torch.Tensor) -> torch.Tensor:
 def uniform(seed, stream: int, round_idx, positions: torch.Tensor, width: int) -> torch.Tensor:
     """Uniform floats in (0, 1), [n, width] fp32, one per (position, column)."""
     cols = torch.arange(width, dtype=torch.int64, device=positions.device)
-    h = mix32((_key(seed, stream, round_idx, positions)[:, None] + cols[None, :] * _GOLDEN) & _M32)
+    keys = position_keys(seed, stream, round_idx, positions)
+    h = mix32((keys[:, None] + cols[None, :] * _GOLDEN) & _M32)
     return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))

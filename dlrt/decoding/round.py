@@ -1,8 +1,9 @@
 """One denoising round after the forward: candidates, confidences, remasking strategy, commit.
 
 Pure tensor code with fixed shapes (no `.item()`, no data-dependent Python branches), shared by
-every decoder and execution mode so they commit the same tokens. Greedy rounds on CUDA take the
-argmax and its probability straight from the logits (`dlrt.kernels.greedy`).
+every decoder and execution mode so they commit the same tokens. Rounds on CUDA take the
+candidates and confidences straight from the logits: greedy from `dlrt.kernels.greedy`, sampled
+from `dlrt.kernels.sampling` (except strategies that need the entropy of the probabilities).
 """
 
 from __future__ import annotations
@@ -46,10 +47,17 @@ def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
     seed = spec.sampling.seed if seed is None else seed
     steps = spec.steps if steps is None else steps
     ent = None
-    if (spec.sampling.temperature == 0 and spec.strategy.name not in NEEDS_ENTROPY
-            and logits.dim() == 2 and use_kernels(logits)):
-        from dlrt.kernels.greedy import greedy_candidates
-        cand, conf = greedy_candidates(logits.contiguous())  # no fp32 [n, V] probabilities
+    s = spec.sampling
+    if spec.strategy.name not in NEEDS_ENTROPY and logits.dim() == 2 and use_kernels(logits):
+        # no fp32 [n, V] probabilities
+        if s.temperature == 0:
+            from dlrt.kernels.greedy import greedy_candidates
+            cand, conf = greedy_candidates(logits.contiguous())
+        else:
+            from dlrt.kernels.sampling import sample_candidates
+            keys = rng.position_keys(seed, rng.SAMPLE_STREAM, round_idx, positions)
+            cand, conf = sample_candidates(logits.contiguous(), s.temperature, s.top_k,
+                                           s.top_p, keys)
     else:
         probs = probabilities(logits, spec.sampling)  # [n, V] fp32
         cand, conf = candidates(probs, spec.sampling, round_idx, positions, seed)

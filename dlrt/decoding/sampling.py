@@ -4,6 +4,8 @@ Greedy (temperature 0): candidate = argmax, confidence = max probability. Sampli
 are divided by the temperature, filtered by top-k then top-p (SDAR `generate.py` order), and
 the candidate is drawn by the Gumbel-max trick with counter-based noise (`dlrt.decoding.rng`),
 which samples the same distribution as `torch.multinomial`; confidence = its probability.
+This is the reference; CUDA rounds take the same draw from `dlrt.kernels.sampling` (no sort,
+no [n, V] probabilities).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ def _filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    # stable: of the logits tied at the cut, the lowest token ids are kept first (what a
+    # stable CUDA sort gives the reference; dlrt.kernels.sampling keeps the same ones)
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
     cum = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
     drop_sorted = cum > p
     drop_sorted[..., 1:] = drop_sorted[..., :-1].clone()  # keep the token that crosses p

@@ -41,3 +41,22 @@ def test_fused_equals_unfused_greedy(ckpt, decoder, mode, projections, request, 
     unfused = [llm.generate(p, **opts).token_ids for p in prompts]
     assert fused == unfused
     assert all(len(t) == 24 for t in fused)
+
+
+@pytest.mark.parametrize("mode", ["eager", "device_loop"])
+def test_fused_equals_unfused_sampling(tiny_sdar, mode, monkeypatch):
+    """Seeded sampling (temperature, top-k, top-p): the fused draw (`dlrt.kernels.sampling`)
+    commits the tokens of the PyTorch reference draw on the same noise."""
+    llm = LLM(tiny_sdar, device="cuda", dtype="float32", max_model_len=2048)
+    llm.set_execution_mode(mode)
+    prompts = [[(13 * i + 5) % 1000 for i in range(n)] for n in (1, 7, 300)]
+    runs = {}
+    for fused in ("1", "0"):
+        monkeypatch.setenv("DLRT_FUSED_KERNELS", fused)
+        if fused == "0" and mode != "eager":
+            llm.set_execution_mode("eager")
+        runs[fused] = [[llm.generate(p, max_new_tokens=24, block_length=4, temperature=t,
+                                     top_k=k, top_p=q, seed=11, ignore_eos=True).token_ids
+                        for t, k, q in ((0.8, 50, 0.9), (1.2, 0, 0.95), (0.7, 0, 1.0))]
+                       for p in prompts]
+    assert runs["1"] == runs["0"]

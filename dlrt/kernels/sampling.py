@@ -1,0 +1,298 @@
+"""Sampled candidates from logits without sorting the vocabulary (temperature, top-k, top-p).
+
+The same draw as `dlrt.decoding.sampling` (SDAR `generate.py` order: logits / T, top-k, top-p,
+softmax, then the exponential race with counter-based noise, `dlrt.decoding.rng`), without the
+fp32 [n, V] probabilities, the full-vocabulary sort of top-p or the int64 noise tensors.
+
+Both filters are thresholds on the logit:
+  - top-k keeps every logit >= the k-th largest (ties at the k-th value all kept, as the
+    reference's `logits < kth` does);
+  - top-p keeps every logit > t and, of the logits equal to t, the first ones in token-id
+    order while the mass before each stays <= p (the reference's cumulative sum over a stable
+    sort), where t is the smallest logit whose strictly larger logits hold mass <= p.
+Each threshold is found by a radix search over the 32-bit order-preserving key of the fp32
+logit: 8 passes, each fixing 4 bits by summing, for 16 probe keys, the count (top-k) or the
+softmax mass (top-p) of the logits above each probe. A pass is one launch over (row, vocabulary
+slice) programs that write partial sums; the next launch merges them to fix the digit, so the
+row is spread over the GPU and no launch waits on another inside a kernel. The last launch
+draws the race (argmax of p_v / -log u_v over the kept tokens) per slice and a merge picks the
+first best token id, as `torch.argmax` does.
+
+Numerics: fp32 throughout. Which tokens survive is exact except where a cumulative mass lies
+within fp32 rounding of p; the race's winner can differ from the reference only where two
+scores are within a few ulps (exp/log approximations).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dlrt.kernels import pdl
+
+DIGIT_BITS = 4  # bits fixed per pass (16 probes)
+PASSES = 32 // DIGIT_BITS
+BLOCK = 256
+
+
+@triton.jit
+def _key(x):
+    """fp32 -> uint32 with the same order (-0.0 and 0.0 share a key)."""
+    x = tl.where(x == 0.0, 0.0, x)
+    b = x.to(tl.uint32, bitcast=True)
+    return tl.where((b >> 31) != 0, b ^ 0xFFFFFFFF, b | 0x80000000)
+
+
+@triton.jit
+def _value(k):
+    """Inverse of `_key`."""
+    b = tl.where((k >> 31) != 0, k ^ 0x80000000, k ^ 0xFFFFFFFF)
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mix32(x):
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _row_max(stats_ptr, row, SLICES: tl.constexpr):
+    return tl.max(tl.load(stats_ptr + row * SLICES + tl.arange(0, SLICES)), axis=0)
+
+
+@triton.jit
+def _search(part_ptr, row, n, first, passes, target, SLICES: tl.constexpr):
+    """Merge the partial sums of `passes` finished passes (from pass index `first`): the key
+    prefix they fixed and f(prefix), the sum at the chosen probe of the last one."""
+    d16 = tl.arange(0, 16)
+    sl = tl.arange(0, SLICES)
+    prefix = tl.zeros([], tl.uint32)
+    f = tl.zeros([], tl.float32)
+    for i in tl.static_range(8):  # passes past `passes` leave the prefix as it is
+        base = ((first + i) * n + row) * SLICES
+        done = i < passes
+        acc = tl.sum(tl.load(part_ptr + (base + sl[:, None]) * 16 + d16[None, :], mask=done,
+                             other=0.0), axis=0)
+        d = tl.min(tl.where(acc <= target, d16, 15), axis=0)  # 15 always qualifies
+        f = tl.where(done, tl.sum(tl.where(d16 == d, acc, 0.0), axis=0), f)
+        prefix = tl.where(done, prefix | (d.to(tl.uint32) << (28 - 4 * i)), prefix)
+    return prefix, f
+
+
+@triton.jit
+def _thresholds(stats_ptr, part_ptr, zk_ptr, row, n, kk, top_p, passes,
+                SLICES: tl.constexpr, USE_K: tl.constexpr, USE_P: tl.constexpr):
+    """(row max, top-k key, top-p prefix key, f at it, p * Z) from the finished passes;
+    `passes` counts the top-p passes done."""
+    lmax = _row_max(stats_ptr, row, SLICES)
+    t_k = tl.zeros([], tl.uint32)
+    if USE_K:
+        t_k, _f = _search(part_ptr, row, n, 0, 8, kk, SLICES)
+    t_p = tl.zeros([], tl.uint32)
+    f = tl.zeros([], tl.float32)
+    pz = tl.zeros([], tl.float32)
+    if USE_P:
+        pz = top_p * tl.sum(tl.load(zk_ptr + row * SLICES + tl.arange(0, SLICES)), axis=0)
+        t_p, f = _search(part_ptr, row, n, 8 if USE_K else 0, passes, pz, SLICES)
+    return lmax, t_k, t_p, f, pz
+
+
+@triton.jit
+def _max_kernel(logits_ptr, stats_ptr, V, SLICE: tl.constexpr, SLICES: tl.constexpr,
+                BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.begin(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    sl = tl.program_id(1)
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    for t in range(0, SLICE // BLOCK):
+        v = sl * SLICE + t * BLOCK + tl.arange(0, BLOCK)
+        m = tl.maximum(m, tl.load(logits_ptr + row * V + v, mask=v < V,
+                                  other=float("-inf")).to(tl.float32))
+    tl.store(stats_ptr + row * SLICES + sl, tl.max(m, axis=0))
+
+
+@triton.jit
+def _pass_kernel(logits_ptr, stats_ptr, part_ptr, zk_ptr, ties_ptr, V, n, inv_t, kk, top_p, j,
+                 SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr,
+                 MASS: tl.constexpr, USE_K: tl.constexpr, PDL: tl.constexpr):
+    """Pass j of one search: partial sums over one slice, for 16 probes, of the count (MASS
+    False: top-k) or of exp((l - max) / T) over the top-k survivors (MASS: top-p) of the
+    logits whose key exceeds the probe. The first top-p pass also sums the survivors' mass, the
+    last one counts the logits equal to each probe (ties at the top-p cut)."""
+    pdl.begin(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    sl = tl.program_id(1)
+    d16 = tl.arange(0, 16)
+    if MASS:
+        lmax, t_k, prefix, _f, _pz = _thresholds(stats_ptr, part_ptr, zk_ptr, row, n, kk, top_p,
+                                                 j, SLICES, USE_K, True)
+        out = (8 if USE_K else 0) + j
+    else:
+        lmax = 0.0
+        t_k = tl.zeros([], tl.uint32)
+        prefix, _f = _search(part_ptr, row, n, 0, j, kk, SLICES)
+        out = j
+    shift = tl.zeros([], tl.uint32) + (28 - 4 * j)
+    probes = prefix | (d16.to(tl.uint32) << shift) | ((tl.full([], 1, tl.uint32) << shift) - 1)
+    acc = tl.zeros([16], tl.float32)
+    z = tl.zeros([BLOCK], tl.float32)
+    ties = tl.zeros([16], tl.float32)
+    for t in range(0, SLICE // BLOCK):
+        v = sl * SLICE + t * BLOCK + tl.arange(0, BLOCK)
+        inb = v < V
+        x = tl.load(logits_ptr + row * V + v, mask=inb, other=float("-inf")).to(tl.float32)
+        key = _key(x)
+        if MASS:
+            ok = inb
+            if USE_K:
+                ok = ok & (key >= t_k)
+            w = tl.where(ok, tl.exp((x - lmax) * inv_t), 0.0)
+            z += w
+            if j == 7:
+                ties += tl.sum(tl.where(ok[:, None] & (key[:, None] == probes[None, :]), 1.0,
+                                        0.0), axis=0)
+        else:
+            w = tl.where(inb, 1.0, 0.0)
+        acc += tl.sum(tl.where(key[:, None] > probes[None, :], w[:, None], 0.0), axis=0)
+    tl.store(part_ptr + ((out * n + row) * SLICES + sl) * 16 + d16, acc)
+    if MASS:
+        if j == 0:
+            tl.store(zk_ptr + row * SLICES + sl, tl.sum(z, axis=0))
+        if j == 7:
+            tl.store(ties_ptr + (row * SLICES + sl) * 16 + d16, ties)
+
+
+@triton.jit
+def _race_kernel(logits_ptr, keys_ptr, stats_ptr, part_ptr, zk_ptr, ties_ptr, race_ptr,
+                 race_idx_ptr, V, n, inv_t, kk, top_p,
+                 SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr,
+                 USE_K: tl.constexpr, USE_P: tl.constexpr, PDL: tl.constexpr):
+    """Per slice: the kept tokens' race winner (score w / -log u, first id on ties), its
+    weight and the kept mass."""
+    pdl.begin(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    sl = tl.program_id(1)
+    lmax, t_k, t_p, f, pz = _thresholds(stats_ptr, part_ptr, zk_ptr, row, n, kk, top_p, 8,
+                                        SLICES, USE_K, USE_P)
+    keep_ties = tl.zeros([], tl.float32)  # how many logits equal to t_p are kept
+    seen = tl.zeros([], tl.float32)  # of those, how many lie in earlier slices
+    if USE_P:
+        w_t = tl.exp((_value(t_p) - lmax) * inv_t)
+        keep_ties = tl.floor((pz - f) / w_t) + 1.0
+        s_all = tl.arange(0, SLICES)
+        digit = (t_p & 15).to(tl.int32)
+        tie_counts = tl.load(ties_ptr + (row * SLICES + s_all) * 16 + digit)
+        seen = tl.sum(tl.where(s_all < sl, tie_counts, 0.0), axis=0)
+    key0 = tl.load(keys_ptr + row).to(tl.uint32)
+    best = tl.full([BLOCK], -1.0, tl.float32)
+    best_w = tl.zeros([BLOCK], tl.float32)
+    idx = tl.zeros([BLOCK], tl.int32)
+    z = tl.zeros([BLOCK], tl.float32)
+    for t in range(0, SLICE // BLOCK):
+        v = sl * SLICE + t * BLOCK + tl.arange(0, BLOCK)
+        inb = v < V
+        x = tl.load(logits_ptr + row * V + v, mask=inb, other=float("-inf")).to(tl.float32)
+        key = _key(x)
+        kept = inb
+        if USE_K:
+            kept = kept & (key >= t_k)
+        if USE_P:
+            tie = kept & (key == t_p)
+            rank = seen + tl.cumsum(tie.to(tl.float32), axis=0) - 1.0
+            seen += tl.sum(tie.to(tl.float32), axis=0)
+            kept = kept & ((key > t_p) | (tie & (rank < keep_ties)))
+        w = tl.where(kept, tl.exp((x - lmax) * inv_t), 0.0)
+        z += w
+        h = _mix32(key0 + v.to(tl.uint32) * 0x9E3779B9)
+        u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        score = tl.where(kept, w / -tl.log(u), -1.0)
+        better = score > best  # strict: the earlier id wins ties
+        idx = tl.where(better, v, idx)
+        best_w = tl.where(better, w, best_w)
+        best = tl.where(better, score, best)
+    top = tl.max(best, axis=0)
+    first = tl.min(tl.where(best == top, idx, 2147483647), axis=0)
+    out = row * SLICES + sl
+    tl.store(race_ptr + out * 3, top)
+    tl.store(race_ptr + out * 3 + 1,
+             tl.max(tl.where((idx == first) & (best == top), best_w, 0.0), axis=0))
+    tl.store(race_ptr + out * 3 + 2, tl.sum(z, axis=0))
+    tl.store(race_idx_ptr + out, first)
+
+
+@triton.jit
+def _pick_kernel(race_ptr, race_idx_ptr, ids_ptr, conf_ptr, SLICES: tl.constexpr,
+                 PDL: tl.constexpr):
+    pdl.begin(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.arange(0, SLICES)
+    score = tl.load(race_ptr + (row * SLICES + s) * 3)
+    w = tl.load(race_ptr + (row * SLICES + s) * 3 + 1)
+    z = tl.sum(tl.load(race_ptr + (row * SLICES + s) * 3 + 2), axis=0)
+    idx = tl.load(race_idx_ptr + row * SLICES + s)
+    top = tl.max(score, axis=0)
+    first = tl.min(tl.where(score == top, idx, 2147483647), axis=0)
+    w_first = tl.max(tl.where(idx == first, w, 0.0), axis=0)
+    tl.store(ids_ptr + row, first.to(tl.int64))
+    tl.store(conf_ptr + row, w_first / z)
+
+
+def _slices(n: int, v: int) -> int:
+    """Vocabulary slices per row: about 256 programs in all, at least one BLOCK each."""
+    target = max(1, 256 // n)
+    return min(64, 1 << (target.bit_length() - 1), triton.next_power_of_2(triton.cdiv(v, BLOCK)))
+
+
+def sample_candidates(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                      keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sampled (candidate ids [n] int64, confidences [n] fp32) of logits [n, V].
+
+    Args:
+        logits: [n, V] contiguous, any float dtype (computed in fp32).
+        temperature: > 0. top_k: 0 = off. top_p: in (0, 1], 1 = off.
+        keys: [n] int64 noise key per row, `rng.position_keys(seed, rng.SAMPLE_STREAM, round,
+            positions)`; column v's uniform is the one `rng.uniform` gives.
+    Raises:
+        ValueError: logits not a contiguous 2-D tensor, keys not [n], or an option out of range.
+    """
+    if logits.dim() != 2 or not logits.is_contiguous():
+        raise ValueError(f"sample_candidates expects contiguous [n, V] logits, got "
+                         f"{tuple(logits.shape)}")
+    n, v = logits.shape
+    if keys.shape != (n,):
+        raise ValueError(f"keys must be [{n}], got {tuple(keys.shape)}")
+    if not temperature > 0 or top_k < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"need temperature > 0, top_k >= 0, top_p in (0, 1]; got "
+                         f"{temperature}, {top_k}, {top_p}")
+    dev = logits.device
+    use_k, use_p = top_k > 0, top_p < 1.0
+    slices = _slices(n, v)
+    slice_len = triton.cdiv(triton.cdiv(v, slices), BLOCK) * BLOCK
+    f32 = dict(dtype=torch.float32, device=dev)
+    stats = torch.empty(n * slices, **f32)
+    part = torch.empty((8 * use_k + 8 * use_p) * n * slices * 16 or 1, **f32)
+    zk = torch.empty(n * slices, **f32)
+    ties = torch.empty(n * slices * 16, **f32)
+    race = torch.empty(n * slices * 3, **f32)
+    race_idx = torch.empty(n * slices, dtype=torch.int32, device=dev)
+    ids = torch.empty(n, dtype=torch.int64, device=dev)
+    conf = torch.empty(n, **f32)
+    kk = float(min(top_k, v) - 1)
+    common = dict(SLICE=slice_len, SLICES=slices, BLOCK=BLOCK, num_warps=4,
+                  **pdl.launch_options(logits))
+    grid = (n, slices)
+    _max_kernel[grid](logits, stats, v, **common)
+    for mass, on in ((False, use_k), (True, use_p)):
+        for j in range(PASSES if on else 0):
+            _pass_kernel[grid](logits, stats, part, zk, ties, v, n, 1.0 / temperature, kk,
+                               top_p, j, MASS=mass, USE_K=use_k, **common)
+    _race_kernel[grid](logits, keys, stats, part, zk, ties, race, race_idx, v, n,
+                       1.0 / temperature, kk, top_p, USE_K=use_k, USE_P=use_p, **common)
+    _pick_kernel[(n,)](race, race_idx, ids, conf, SLICES=slices, num_warps=1,
+                       **pdl.launch_options(logits))
+    return ids, conf
