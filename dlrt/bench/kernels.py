@@ -70,13 +70,15 @@ def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], An
                     "sample T0.8,k50,p0.9": SamplingSpec(0.8, 50, 0.9, 1),
                     "sample T1,p0.95": SamplingSpec(1.0, 0, 0.95, 1)}
 
+    seed = torch.tensor(1, device=dev)  # from device memory, as in the block graph
+
     def draw_ref(logits, spec):
-        return candidates(probabilities(logits, spec), spec, 2, pos)
+        return candidates(probabilities(logits, spec), spec, 2, pos, seed)
 
     def draw_kernel(logits, spec):
         if spec.temperature == 0:
             return greedy_candidates(logits)
-        keys = rng.position_keys(spec.seed, rng.SAMPLE_STREAM, 2, pos)
+        keys = rng.position_keys(seed, rng.SAMPLE_STREAM, 2, pos)
         return sample_candidates(logits, spec.temperature, spec.top_k, spec.top_p, keys)
 
     compiled = {f: torch.compile(f, dynamic=False)

@@ -13,13 +13,14 @@ Both filters are thresholds on the logit:
 Each threshold is found by a radix search over the 32-bit order-preserving key of the fp32
 logit: 8 passes, each fixing 4 bits by summing, for 16 probe keys, the count (top-k) or the
 softmax mass (top-p) of the logits above each probe. A pass is one launch over (row, vocabulary
-slice) programs that write partial sums; the next launch merges them to fix the digit, so the
-row is spread over the GPU and no launch waits on another inside a kernel. The last launch
-draws the race (argmax of p_v / -log u_v over the kept tokens) per slice and a merge picks the
-first best token id, as `torch.argmax` does.
+slice) programs that add their sums into the row's in fixed point (int64 atomics: the total
+does not depend on the order programs finish in); every program of the next launch reads them
+to fix the digit, so the row is spread over the GPU and no program waits on another. The last
+launch draws the race (argmax of p_v / -log u_v over the kept tokens) per slice and a merge
+picks the first best token id, as `torch.argmax` does.
 
-Numerics: fp32 throughout. Which tokens survive is exact except where a cumulative mass lies
-within fp32 rounding of p; the race's winner can differ from the reference only where two
+Numerics: fp32 per element, the row sums in 2^-32 fixed point. Which tokens survive is exact
+except where a cumulative mass lies within fp32 rounding of p; the race's winner can differ from the reference only where two
 scores are within a few ulps (exp/log approximations).
 """
 
@@ -31,9 +32,10 @@ import triton.language as tl
 
 from dlrt.kernels import pdl
 
-DIGIT_BITS = 4  # bits fixed per pass (16 probes)
-PASSES = 32 // DIGIT_BITS
-BLOCK = 256
+PASSES = 8  # 4 bits of the 32-bit key fixed per pass (16 probes)
+BLOCK = 256  # logits per program per step
+NUM_WARPS = 4
+SCALE: tl.constexpr = tl.constexpr(2.0**32)  # fixed point of the row sums (exact for counts)
 
 
 @triton.jit
@@ -66,18 +68,16 @@ def _row_max(stats_ptr, row, SLICES: tl.constexpr):
 
 
 @triton.jit
-def _search(part_ptr, row, n, first, passes, target, SLICES: tl.constexpr):
-    """Merge the partial sums of `passes` finished passes (from pass index `first`): the key
-    prefix they fixed and f(prefix), the sum at the chosen probe of the last one."""
+def _search(acc_ptr, row, first, passes, target):
+    """The key prefix fixed by `passes` finished passes (from pass index `first`) and f(prefix),
+    the sum at the chosen probe of the last one (fp64, in units of the search)."""
     d16 = tl.arange(0, 16)
-    sl = tl.arange(0, SLICES)
     prefix = tl.zeros([], tl.uint32)
-    f = tl.zeros([], tl.float32)
+    f = tl.zeros([], tl.float64)
     for i in tl.static_range(8):  # passes past `passes` leave the prefix as it is
-        base = ((first + i) * n + row) * SLICES
         done = i < passes
-        acc = tl.sum(tl.load(part_ptr + (base + sl[:, None]) * 16 + d16[None, :], mask=done,
-                             other=0.0), axis=0)
+        acc = tl.load(acc_ptr + (row * 16 + first + i) * 16 + d16, mask=done, other=0)
+        acc = acc.to(tl.float64) * (1.0 / SCALE)
         d = tl.min(tl.where(acc <= target, d16, 15), axis=0)  # 15 always qualifies
         f = tl.where(done, tl.sum(tl.where(d16 == d, acc, 0.0), axis=0), f)
         prefix = tl.where(done, prefix | (d.to(tl.uint32) << (28 - 4 * i)), prefix)
@@ -85,26 +85,27 @@ def _search(part_ptr, row, n, first, passes, target, SLICES: tl.constexpr):
 
 
 @triton.jit
-def _thresholds(stats_ptr, part_ptr, zk_ptr, row, n, kk, top_p, passes,
+def _thresholds(stats_ptr, acc_ptr, zk_ptr, row, kk, top_p, passes,
                 SLICES: tl.constexpr, USE_K: tl.constexpr, USE_P: tl.constexpr):
     """(row max, top-k key, top-p prefix key, f at it, p * Z) from the finished passes;
-    `passes` counts the top-p passes done."""
+    `passes` counts the top-p passes done. Counts are scaled like masses (exact in int64)."""
     lmax = _row_max(stats_ptr, row, SLICES)
     t_k = tl.zeros([], tl.uint32)
     if USE_K:
-        t_k, _f = _search(part_ptr, row, n, 0, 8, kk, SLICES)
+        t_k, _f = _search(acc_ptr, row, 0, 8, kk)
     t_p = tl.zeros([], tl.uint32)
-    f = tl.zeros([], tl.float32)
-    pz = tl.zeros([], tl.float32)
+    f = tl.zeros([], tl.float64)
+    pz = tl.zeros([], tl.float64)
     if USE_P:
-        pz = top_p * tl.sum(tl.load(zk_ptr + row * SLICES + tl.arange(0, SLICES)), axis=0)
-        t_p, f = _search(part_ptr, row, n, 8 if USE_K else 0, passes, pz, SLICES)
+        pz = top_p * tl.load(zk_ptr + row).to(tl.float64) * (1.0 / SCALE)
+        t_p, f = _search(acc_ptr, row, 8 if USE_K else 0, passes, pz)
     return lmax, t_k, t_p, f, pz
 
 
 @triton.jit
-def _max_kernel(logits_ptr, stats_ptr, V, SLICE: tl.constexpr, SLICES: tl.constexpr,
-                BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _max_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, V, SLICE: tl.constexpr,
+                SLICES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Slice maxima; the first slice of a row also zeroes the row's search sums."""
     pdl.begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     sl = tl.program_id(1)
@@ -114,34 +115,40 @@ def _max_kernel(logits_ptr, stats_ptr, V, SLICE: tl.constexpr, SLICES: tl.conste
         m = tl.maximum(m, tl.load(logits_ptr + row * V + v, mask=v < V,
                                   other=float("-inf")).to(tl.float32))
     tl.store(stats_ptr + row * SLICES + sl, tl.max(m, axis=0))
+    if sl == 0:
+        tl.store(acc_ptr + row * 256 + tl.arange(0, 256), tl.zeros([256], tl.int64))
+        tl.store(zk_ptr + row, tl.zeros([], tl.int64))
 
 
 @triton.jit
-def _pass_kernel(logits_ptr, stats_ptr, part_ptr, zk_ptr, ties_ptr, V, n, inv_t, kk, top_p, j,
+def _pass_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, V, inv_t, kk, top_p, j,
                  SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr,
                  MASS: tl.constexpr, USE_K: tl.constexpr, PDL: tl.constexpr):
-    """Pass j of one search: partial sums over one slice, for 16 probes, of the count (MASS
-    False: top-k) or of exp((l - max) / T) over the top-k survivors (MASS: top-p) of the
-    logits whose key exceeds the probe. The first top-p pass also sums the survivors' mass, the
-    last one counts the logits equal to each probe (ties at the top-p cut)."""
+    """Pass j of one search: for 16 probes, the count (MASS False: top-k) or the mass
+    exp((l - max) / T) of the top-k survivors (MASS: top-p) of the slice's logits whose key
+    exceeds the probe, added to the row's sums in fixed point (int64 atomics, so the sums do
+    not depend on the order the programs finish in). The first top-p pass also sums the
+    survivors' mass; the last one stores the slice's count of logits equal to each probe
+    (ties at the top-p cut)."""
     pdl.begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     sl = tl.program_id(1)
     d16 = tl.arange(0, 16)
     if MASS:
-        lmax, t_k, prefix, _f, _pz = _thresholds(stats_ptr, part_ptr, zk_ptr, row, n, kk, top_p,
+        lmax, t_k, prefix, _f, _pz = _thresholds(stats_ptr, acc_ptr, zk_ptr, row, kk, top_p,
                                                  j, SLICES, USE_K, True)
         out = (8 if USE_K else 0) + j
     else:
         lmax = 0.0
         t_k = tl.zeros([], tl.uint32)
-        prefix, _f = _search(part_ptr, row, n, 0, j, kk, SLICES)
+        prefix, _f = _search(acc_ptr, row, 0, j, kk)
         out = j
     shift = tl.zeros([], tl.uint32) + (28 - 4 * j)
     probes = prefix | (d16.to(tl.uint32) << shift) | ((tl.full([], 1, tl.uint32) << shift) - 1)
-    acc = tl.zeros([16], tl.float32)
+    # [probe, element] sums, reduced once after the loop
+    acc = tl.zeros([16, BLOCK], tl.float32)
+    ties = tl.zeros([16, BLOCK], tl.float32)
     z = tl.zeros([BLOCK], tl.float32)
-    ties = tl.zeros([16], tl.float32)
     for t in range(0, SLICE // BLOCK):
         v = sl * SLICE + t * BLOCK + tl.arange(0, BLOCK)
         inb = v < V
@@ -154,22 +161,22 @@ def _pass_kernel(logits_ptr, stats_ptr, part_ptr, zk_ptr, ties_ptr, V, n, inv_t,
             w = tl.where(ok, tl.exp((x - lmax) * inv_t), 0.0)
             z += w
             if j == 7:
-                ties += tl.sum(tl.where(ok[:, None] & (key[:, None] == probes[None, :]), 1.0,
-                                        0.0), axis=0)
+                ties += tl.where(ok[None, :] & (key[None, :] == probes[:, None]), 1.0, 0.0)
         else:
             w = tl.where(inb, 1.0, 0.0)
-        acc += tl.sum(tl.where(key[:, None] > probes[None, :], w[:, None], 0.0), axis=0)
-    tl.store(part_ptr + ((out * n + row) * SLICES + sl) * 16 + d16, acc)
+        acc += tl.where(key[None, :] > probes[:, None], w[None, :], 0.0)
+    sums = (tl.sum(acc, axis=1) * SCALE).to(tl.int64)
+    tl.atomic_add(acc_ptr + (row * 16 + out) * 16 + d16, sums, sem="relaxed")
     if MASS:
         if j == 0:
-            tl.store(zk_ptr + row * SLICES + sl, tl.sum(z, axis=0))
+            tl.atomic_add(zk_ptr + row, (tl.sum(z, axis=0) * SCALE).to(tl.int64), sem="relaxed")
         if j == 7:
-            tl.store(ties_ptr + (row * SLICES + sl) * 16 + d16, ties)
+            tl.store(ties_ptr + (row * SLICES + sl) * 16 + d16, tl.sum(ties, axis=1))
 
 
 @triton.jit
-def _race_kernel(logits_ptr, keys_ptr, stats_ptr, part_ptr, zk_ptr, ties_ptr, race_ptr,
-                 race_idx_ptr, V, n, inv_t, kk, top_p,
+def _race_kernel(logits_ptr, keys_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, race_ptr,
+                 race_idx_ptr, V, inv_t, kk, top_p,
                  SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr,
                  USE_K: tl.constexpr, USE_P: tl.constexpr, PDL: tl.constexpr):
     """Per slice: the kept tokens' race winner (score w / -log u, first id on ties), its
@@ -177,12 +184,12 @@ def _race_kernel(logits_ptr, keys_ptr, stats_ptr, part_ptr, zk_ptr, ties_ptr, ra
     pdl.begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     sl = tl.program_id(1)
-    lmax, t_k, t_p, f, pz = _thresholds(stats_ptr, part_ptr, zk_ptr, row, n, kk, top_p, 8,
+    lmax, t_k, t_p, f, pz = _thresholds(stats_ptr, acc_ptr, zk_ptr, row, kk, top_p, 8,
                                         SLICES, USE_K, USE_P)
-    keep_ties = tl.zeros([], tl.float32)  # how many logits equal to t_p are kept
+    keep_ties = tl.zeros([], tl.float64)  # how many logits equal to t_p are kept
     seen = tl.zeros([], tl.float32)  # of those, how many lie in earlier slices
     if USE_P:
-        w_t = tl.exp((_value(t_p) - lmax) * inv_t)
+        w_t = tl.exp((_value(t_p) - lmax) * inv_t).to(tl.float64)
         keep_ties = tl.floor((pz - f) / w_t) + 1.0
         s_all = tl.arange(0, SLICES)
         digit = (t_p & 15).to(tl.int32)
@@ -275,23 +282,23 @@ def sample_candidates(logits: torch.Tensor, temperature: float, top_k: int, top_
     slice_len = triton.cdiv(triton.cdiv(v, slices), BLOCK) * BLOCK
     f32 = dict(dtype=torch.float32, device=dev)
     stats = torch.empty(n * slices, **f32)
-    part = torch.empty((8 * use_k + 8 * use_p) * n * slices * 16 or 1, **f32)
-    zk = torch.empty(n * slices, **f32)
+    acc = torch.empty(n * 256, dtype=torch.int64, device=dev)  # [row, pass, probe]
+    zk = torch.empty(n, dtype=torch.int64, device=dev)
     ties = torch.empty(n * slices * 16, **f32)
     race = torch.empty(n * slices * 3, **f32)
     race_idx = torch.empty(n * slices, dtype=torch.int32, device=dev)
     ids = torch.empty(n, dtype=torch.int64, device=dev)
     conf = torch.empty(n, **f32)
     kk = float(min(top_k, v) - 1)
-    common = dict(SLICE=slice_len, SLICES=slices, BLOCK=BLOCK, num_warps=4,
+    common = dict(SLICE=slice_len, SLICES=slices, BLOCK=BLOCK, num_warps=NUM_WARPS,
                   **pdl.launch_options(logits))
     grid = (n, slices)
-    _max_kernel[grid](logits, stats, v, **common)
+    _max_kernel[grid](logits, stats, acc, zk, v, **common)
     for mass, on in ((False, use_k), (True, use_p)):
         for j in range(PASSES if on else 0):
-            _pass_kernel[grid](logits, stats, part, zk, ties, v, n, 1.0 / temperature, kk,
-                               top_p, j, MASS=mass, USE_K=use_k, **common)
-    _race_kernel[grid](logits, keys, stats, part, zk, ties, race, race_idx, v, n,
+            _pass_kernel[grid](logits, stats, acc, zk, ties, v, 1.0 / temperature, kk, top_p, j,
+                               MASS=mass, USE_K=use_k, **common)
+    _race_kernel[grid](logits, keys, stats, acc, zk, ties, race, race_idx, v,
                        1.0 / temperature, kk, top_p, USE_K=use_k, USE_P=use_p, **common)
     _pick_kernel[(n,)](race, race_idx, ids, conf, SLICES=slices, num_warps=1,
                        **pdl.launch_options(logits))
