@@ -20,8 +20,8 @@ launch draws the race (argmax of p_v / -log u_v over the kept tokens) per slice 
 picks the first best token id, as `torch.argmax` does.
 
 Numerics: fp32 per element, the row sums in 2^-32 fixed point. Which tokens survive is exact
-except where a cumulative mass lies within fp32 rounding of p; the race's winner can differ from the reference only where two
-scores are within a few ulps (exp/log approximations).
+except where a cumulative mass lies within fp32 rounding of p; the race's winner can differ
+from the reference only where two scores are within a few ulps (exp/log approximations).
 """
 
 from __future__ import annotations
