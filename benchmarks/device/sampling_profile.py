@@ -8,7 +8,6 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from dlrt.decoding import rng
 from dlrt.decoding.sampling import SamplingSpec, candidates, probabilities
 from dlrt.kernels import sampling as ks
 from dlrt.kernels.gemm_select import graph_us
@@ -21,31 +20,30 @@ head = (torch.randn(v, 2048, device="cuda", generator=g) * 0.05).bfloat16()
 logits = h @ head.T
 pos = torch.arange(100, 100 + n, device="cuda")
 seed = torch.tensor(5, device="cuda")
-keys = rng.position_keys(seed, rng.SAMPLE_STREAM, 1, pos)
 rows = []
 specs = [(0.8, 50, 0.9), (1.0, 0, 0.95), (0.8, 50, 1.0), (1.0, 0, 1.0)]
 for t, k, p in specs:
     spec = SamplingSpec(t, k, p, 5)
     ref = graph_us(lambda s=spec: candidates(probabilities(logits, s), s, 1, pos, seed), reps=5)
-    for block, warps in ((256, 4), (128, 4), (512, 4), (256, 8)):
+    for block, warps in ((512, 4), (1024, 4), (1024, 8), (256, 4)):
         ks.BLOCK, ks.NUM_WARPS = block, warps
-        us = graph_us(lambda a=(t, k, p): ks.sample_candidates(logits, *a, keys))
-        ids, _ = ks.sample_candidates(logits, t, k, p, keys)
+        us = graph_us(lambda a=(t, k, p): ks.sample_candidates(logits, *a, seed, 1, pos))
+        ids, _ = ks.sample_candidates(logits, t, k, p, seed, 1, pos)
         rid, _ = candidates(probabilities(logits, spec), spec, 1, pos, seed)
         rows.append(dict(spec=f"T{t},k{k},p{p}", block=block, warps=warps, kernel_us=us,
                          reference_us=ref, same_ids=bool(torch.equal(ids, rid))))
 for r in rows:
     print(f"{r['spec']:18s} block={r['block']:4d} warps={r['warps']} kernel={r['kernel_us']:8.1f}"
           f" us  reference={r['reference_us']:8.1f} us  same_ids={r['same_ids']}", flush=True)
-ks.BLOCK, ks.NUM_WARPS = 256, 4
+ks.BLOCK, ks.NUM_WARPS = 512, 4
 greedy = graph_us(lambda: greedy_candidates(logits))
 print(f"greedy kernels (2 launches): {greedy:.1f} us")
 for _ in range(3):
-    ks.sample_candidates(logits, 0.8, 50, 0.9, keys)
+    ks.sample_candidates(logits, 0.8, 50, 0.9, seed, 1, pos)
 torch.cuda.synchronize()
 with profile(activities=[ProfilerActivity.CUDA]) as prof:
     for _ in range(10):
-        ks.sample_candidates(logits, 0.8, 50, 0.9, keys)
+        ks.sample_candidates(logits, 0.8, 50, 0.9, seed, 1, pos)
     torch.cuda.synchronize()
 kern = []
 for e in prof.key_averages():

@@ -26,7 +26,6 @@ COLUMNS = ["op", "shape", "impl", "us", "vs_reference", "GBps"]
 
 def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], Any]]]:
     """op name -> {impl: closure} over fresh random inputs at the model's shapes."""
-    from dlrt.decoding import rng
     from dlrt.decoding.sampling import SamplingSpec, candidates, probabilities
     from dlrt.kernels.activation import silu_mul
     from dlrt.kernels.greedy import greedy_candidates
@@ -70,16 +69,17 @@ def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], An
                     "sample T0.8,k50,p0.9": SamplingSpec(0.8, 50, 0.9, 1),
                     "sample T1,p0.95": SamplingSpec(1.0, 0, 0.95, 1)}
 
-    seed = torch.tensor(1, device=dev)  # from device memory, as in the block graph
+    # from device memory, as in the block graph
+    seed, round_idx = torch.tensor(1, device=dev), torch.tensor(2, device=dev)
 
     def draw_ref(logits, spec):
-        return candidates(probabilities(logits, spec), spec, 2, pos, seed)
+        return candidates(probabilities(logits, spec), spec, round_idx, pos, seed)
 
     def draw_kernel(logits, spec):
         if spec.temperature == 0:
             return greedy_candidates(logits)
-        keys = rng.position_keys(seed, rng.SAMPLE_STREAM, 2, pos)
-        return sample_candidates(logits, spec.temperature, spec.top_k, spec.top_p, keys)
+        return sample_candidates(logits, spec.temperature, spec.top_k, spec.top_p, seed,
+                                 round_idx, pos)
 
     compiled = {f: torch.compile(f, dynamic=False)
                 for f in (norm_ref, silu_ref, rope_ref, draw_ref)}

@@ -55,9 +55,8 @@ def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
             cand, conf = greedy_candidates(logits.contiguous())
         else:
             from dlrt.kernels.sampling import sample_candidates
-            keys = rng.position_keys(seed, rng.SAMPLE_STREAM, round_idx, positions)
             cand, conf = sample_candidates(logits.contiguous(), s.temperature, s.top_k,
-                                           s.top_p, keys)
+                                           s.top_p, seed, round_idx, positions)
     else:
         probs = probabilities(logits, spec.sampling)  # [n, V] fp32
         cand, conf = candidates(probs, spec.sampling, round_idx, positions, seed)

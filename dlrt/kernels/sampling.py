@@ -33,8 +33,9 @@ import triton.language as tl
 from dlrt.kernels import pdl
 
 PASSES = 8  # 4 bits of the 32-bit key fixed per pass (16 probes)
-BLOCK = 256  # logits per program per step
+BLOCK = 512  # logits per program per step
 NUM_WARPS = 4
+MAX_PROGRAMS = 4096  # per launch; rows with more than this many blocks take several per program
 SCALE: tl.constexpr = tl.constexpr(2.0**32)  # fixed point of the row sums (exact for counts)
 
 
@@ -63,8 +64,19 @@ def _mix32(x):
 
 
 @triton.jit
-def _row_max(stats_ptr, row, SLICES: tl.constexpr):
-    return tl.max(tl.load(stats_ptr + row * SLICES + tl.arange(0, SLICES)), axis=0)
+def _noise_key(seed_ptr, round_ptr, pos_ptr, row):
+    """`rng.position_keys(seed, rng.SAMPLE_STREAM, round, position)` of one row (stream 0)."""
+    seed = tl.load(seed_ptr)
+    k = _mix32((seed & 0xFFFFFFFF).to(tl.uint32) ^ _mix32((seed >> 32).to(tl.uint32)))
+    k = _mix32(_mix32(k) + tl.load(round_ptr).to(tl.uint32))
+    return _mix32(k + tl.load(pos_ptr + row).to(tl.uint32))
+
+
+@triton.jit
+def _row_max(stats_ptr, row, nsl, SLICES: tl.constexpr):
+    s = tl.arange(0, SLICES)
+    return tl.max(tl.load(stats_ptr + row * SLICES + s, mask=s < nsl, other=float("-inf")),
+                  axis=0)
 
 
 @triton.jit
@@ -85,11 +97,11 @@ def _search(acc_ptr, row, first, passes, target):
 
 
 @triton.jit
-def _thresholds(stats_ptr, acc_ptr, zk_ptr, row, kk, top_p, passes,
+def _thresholds(stats_ptr, acc_ptr, zk_ptr, row, nsl, kk, top_p, passes,
                 SLICES: tl.constexpr, USE_K: tl.constexpr, USE_P: tl.constexpr):
     """(row max, top-k key, top-p prefix key, f at it, p * Z) from the finished passes;
     `passes` counts the top-p passes done. Counts are scaled like masses (exact in int64)."""
-    lmax = _row_max(stats_ptr, row, SLICES)
+    lmax = _row_max(stats_ptr, row, nsl, SLICES)
     t_k = tl.zeros([], tl.uint32)
     if USE_K:
         t_k, _f = _search(acc_ptr, row, 0, 8, kk)
@@ -103,7 +115,7 @@ def _thresholds(stats_ptr, acc_ptr, zk_ptr, row, kk, top_p, passes,
 
 
 @triton.jit
-def _max_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, V, SLICE: tl.constexpr,
+def _max_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, V, nsl, SLICE: tl.constexpr,
                 SLICES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Slice maxima; the first slice of a row also zeroes the row's search sums."""
     pdl.begin(PDL)
@@ -121,7 +133,7 @@ def _max_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, V, SLICE: tl.constexpr,
 
 
 @triton.jit
-def _pass_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, V, inv_t, kk, top_p, j,
+def _pass_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, V, nsl, inv_t, kk, top_p, j,
                  SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr,
                  MASS: tl.constexpr, USE_K: tl.constexpr, PDL: tl.constexpr):
     """Pass j of one search: for 16 probes, the count (MASS False: top-k) or the mass
@@ -135,8 +147,8 @@ def _pass_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, V, inv_t, kk,
     sl = tl.program_id(1)
     d16 = tl.arange(0, 16)
     if MASS:
-        lmax, t_k, prefix, _f, _pz = _thresholds(stats_ptr, acc_ptr, zk_ptr, row, kk, top_p,
-                                                 j, SLICES, USE_K, True)
+        lmax, t_k, prefix, _f, _pz = _thresholds(stats_ptr, acc_ptr, zk_ptr, row, nsl, kk,
+                                                 top_p, j, SLICES, USE_K, True)
         out = (8 if USE_K else 0) + j
     else:
         lmax = 0.0
@@ -175,8 +187,8 @@ def _pass_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, V, inv_t, kk,
 
 
 @triton.jit
-def _race_kernel(logits_ptr, keys_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, race_ptr,
-                 race_idx_ptr, V, inv_t, kk, top_p,
+def _race_kernel(logits_ptr, seed_ptr, round_ptr, pos_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr,
+                 race_ptr, race_idx_ptr, V, nsl, inv_t, kk, top_p,
                  SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr,
                  USE_K: tl.constexpr, USE_P: tl.constexpr, PDL: tl.constexpr):
     """Per slice: the kept tokens' race winner (score w / -log u, first id on ties), its
@@ -184,7 +196,7 @@ def _race_kernel(logits_ptr, keys_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, rac
     pdl.begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     sl = tl.program_id(1)
-    lmax, t_k, t_p, f, pz = _thresholds(stats_ptr, acc_ptr, zk_ptr, row, kk, top_p, 8,
+    lmax, t_k, t_p, f, pz = _thresholds(stats_ptr, acc_ptr, zk_ptr, row, nsl, kk, top_p, 8,
                                         SLICES, USE_K, USE_P)
     keep_ties = tl.zeros([], tl.float64)  # how many logits equal to t_p are kept
     seen = tl.zeros([], tl.float32)  # of those, how many lie in earlier slices
@@ -193,9 +205,10 @@ def _race_kernel(logits_ptr, keys_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, rac
         keep_ties = tl.floor((pz - f) / w_t) + 1.0
         s_all = tl.arange(0, SLICES)
         digit = (t_p & 15).to(tl.int32)
-        tie_counts = tl.load(ties_ptr + (row * SLICES + s_all) * 16 + digit)
+        tie_counts = tl.load(ties_ptr + (row * SLICES + s_all) * 16 + digit, mask=s_all < nsl,
+                             other=0.0)
         seen = tl.sum(tl.where(s_all < sl, tie_counts, 0.0), axis=0)
-    key0 = tl.load(keys_ptr + row).to(tl.uint32)
+    key0 = _noise_key(seed_ptr, round_ptr, pos_ptr, row)
     best = tl.full([BLOCK], -1.0, tl.float32)
     best_w = tl.zeros([BLOCK], tl.float32)
     idx = tl.zeros([BLOCK], tl.int32)
@@ -233,15 +246,16 @@ def _race_kernel(logits_ptr, keys_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, rac
 
 
 @triton.jit
-def _pick_kernel(race_ptr, race_idx_ptr, ids_ptr, conf_ptr, SLICES: tl.constexpr,
+def _pick_kernel(race_ptr, race_idx_ptr, ids_ptr, conf_ptr, nsl, SLICES: tl.constexpr,
                  PDL: tl.constexpr):
     pdl.begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     s = tl.arange(0, SLICES)
-    score = tl.load(race_ptr + (row * SLICES + s) * 3)
-    w = tl.load(race_ptr + (row * SLICES + s) * 3 + 1)
-    z = tl.sum(tl.load(race_ptr + (row * SLICES + s) * 3 + 2), axis=0)
-    idx = tl.load(race_idx_ptr + row * SLICES + s)
+    real = s < nsl
+    score = tl.load(race_ptr + (row * SLICES + s) * 3, mask=real, other=-2.0)
+    w = tl.load(race_ptr + (row * SLICES + s) * 3 + 1, mask=real, other=0.0)
+    z = tl.sum(tl.load(race_ptr + (row * SLICES + s) * 3 + 2, mask=real, other=0.0), axis=0)
+    idx = tl.load(race_idx_ptr + row * SLICES + s, mask=real, other=2147483647)
     top = tl.max(score, axis=0)
     first = tl.min(tl.where(score == top, idx, 2147483647), axis=0)
     w_first = tl.max(tl.where(idx == first, w, 0.0), axis=0)
@@ -249,57 +263,69 @@ def _pick_kernel(race_ptr, race_idx_ptr, ids_ptr, conf_ptr, SLICES: tl.constexpr
     tl.store(conf_ptr + row, w_first / z)
 
 
-def _slices(n: int, v: int) -> int:
-    """Vocabulary slices per row: about 256 programs in all, at least one BLOCK each."""
-    target = max(1, 256 // n)
-    return min(64, 1 << (target.bit_length() - 1), triton.next_power_of_2(triton.cdiv(v, BLOCK)))
+def _layout(n: int, v: int) -> tuple[int, int]:
+    """(vocabulary slices per row, logits per slice): one BLOCK per program where the grid
+    stays under MAX_PROGRAMS, so every program's loads are in flight at once."""
+    slices = min(triton.cdiv(v, BLOCK), max(1, MAX_PROGRAMS // n))
+    slice_len = triton.cdiv(triton.cdiv(v, slices), BLOCK) * BLOCK
+    return triton.cdiv(v, slice_len), slice_len
+
+
+def _as_device_int(x, dev) -> torch.Tensor:
+    if torch.is_tensor(x):
+        return x.to(dev, torch.int64).reshape(1)
+    return torch.tensor([x], dtype=torch.int64, device=dev)
 
 
 def sample_candidates(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
-                      keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                      seed, round_idx, positions: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampled (candidate ids [n] int64, confidences [n] fp32) of logits [n, V].
 
     Args:
         logits: [n, V] contiguous, any float dtype (computed in fp32).
         temperature: > 0. top_k: 0 = off. top_p: in (0, 1], 1 = off.
-        keys: [n] int64 noise key per row, `rng.position_keys(seed, rng.SAMPLE_STREAM, round,
-            positions)`; column v's uniform is the one `rng.uniform` gives.
+        seed, round_idx: ints or 0-d int64 device tensors (inside a captured graph).
+        positions: [n] int64 absolute positions. Token v of row i races with the uniform
+            `rng.uniform(seed, rng.SAMPLE_STREAM, round_idx, positions, V)[i, v]`.
     Raises:
-        ValueError: logits not a contiguous 2-D tensor, keys not [n], or an option out of range.
+        ValueError: logits not a contiguous 2-D tensor, positions not [n], or an option out of
+            range.
     """
     if logits.dim() != 2 or not logits.is_contiguous():
         raise ValueError(f"sample_candidates expects contiguous [n, V] logits, got "
                          f"{tuple(logits.shape)}")
     n, v = logits.shape
-    if keys.shape != (n,):
-        raise ValueError(f"keys must be [{n}], got {tuple(keys.shape)}")
+    if positions.shape != (n,):
+        raise ValueError(f"positions must be [{n}], got {tuple(positions.shape)}")
     if not temperature > 0 or top_k < 0 or not 0 < top_p <= 1:
         raise ValueError(f"need temperature > 0, top_k >= 0, top_p in (0, 1]; got "
                          f"{temperature}, {top_k}, {top_p}")
     dev = logits.device
     use_k, use_p = top_k > 0, top_p < 1.0
-    slices = _slices(n, v)
-    slice_len = triton.cdiv(triton.cdiv(v, slices), BLOCK) * BLOCK
+    nsl, slice_len = _layout(n, v)
+    sp2 = triton.next_power_of_2(nsl)
     f32 = dict(dtype=torch.float32, device=dev)
-    stats = torch.empty(n * slices, **f32)
+    stats = torch.empty(n * sp2, **f32)
     acc = torch.empty(n * 256, dtype=torch.int64, device=dev)  # [row, pass, probe]
     zk = torch.empty(n, dtype=torch.int64, device=dev)
-    ties = torch.empty(n * slices * 16, **f32)
-    race = torch.empty(n * slices * 3, **f32)
-    race_idx = torch.empty(n * slices, dtype=torch.int32, device=dev)
+    ties = torch.empty(n * sp2 * 16, **f32)
+    race = torch.empty(n * sp2 * 3, **f32)
+    race_idx = torch.empty(n * sp2, dtype=torch.int32, device=dev)
     ids = torch.empty(n, dtype=torch.int64, device=dev)
     conf = torch.empty(n, **f32)
     kk = float(min(top_k, v) - 1)
-    common = dict(SLICE=slice_len, SLICES=slices, BLOCK=BLOCK, num_warps=NUM_WARPS,
-                  **pdl.launch_options(logits))
-    grid = (n, slices)
-    _max_kernel[grid](logits, stats, acc, zk, v, **common)
+    inv_t = 1.0 / temperature
+    opts = pdl.launch_options(logits)
+    common = dict(SLICE=slice_len, SLICES=sp2, BLOCK=BLOCK, num_warps=NUM_WARPS, **opts)
+    grid = (n, nsl)
+    _max_kernel[grid](logits, stats, acc, zk, v, nsl, **common)
     for mass, on in ((False, use_k), (True, use_p)):
         for j in range(PASSES if on else 0):
-            _pass_kernel[grid](logits, stats, acc, zk, ties, v, 1.0 / temperature, kk, top_p, j,
+            _pass_kernel[grid](logits, stats, acc, zk, ties, v, nsl, inv_t, kk, top_p, j,
                                MASS=mass, USE_K=use_k, **common)
-    _race_kernel[grid](logits, keys, stats, acc, zk, ties, race, race_idx, v,
-                       1.0 / temperature, kk, top_p, USE_K=use_k, USE_P=use_p, **common)
-    _pick_kernel[(n,)](race, race_idx, ids, conf, SLICES=slices, num_warps=1,
-                       **pdl.launch_options(logits))
+    _race_kernel[grid](logits, _as_device_int(seed, dev), _as_device_int(round_idx, dev),
+                       positions.to(torch.int64).contiguous(), stats, acc, zk, ties, race,
+                       race_idx, v, nsl, inv_t, kk, top_p, USE_K=use_k, USE_P=use_p, **common)
+    _pick_kernel[(n,)](race, race_idx, ids, conf, nsl, SLICES=sp2, num_warps=1, **opts)
     return ids, conf

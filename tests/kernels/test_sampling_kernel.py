@@ -17,7 +17,6 @@ import torch
 
 pytest.importorskip("triton")
 
-from dlrt.decoding import rng  # noqa: E402
 from dlrt.decoding.sampling import SamplingSpec, candidates, probabilities  # noqa: E402
 from dlrt.kernels.sampling import sample_candidates  # noqa: E402
 
@@ -26,8 +25,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 def draw(logits, temperature, top_k, top_p, positions, seed=7, round_idx=3):
     """(kernel ids, kernel conf, reference ids, reference conf, reference probabilities)."""
-    keys = rng.position_keys(seed, rng.SAMPLE_STREAM, round_idx, positions)
-    ids, conf = sample_candidates(logits.contiguous(), temperature, top_k, top_p, keys)
+    ids, conf = sample_candidates(logits.contiguous(), temperature, top_k, top_p, seed,
+                                  round_idx, positions)
     spec = SamplingSpec(temperature, top_k, top_p, seed)
     probs = probabilities(logits, spec)
     ref_ids, ref_conf = candidates(probs, spec, round_idx, positions)
@@ -103,13 +102,13 @@ def test_bf16_grid_values_and_minus_inf():
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=0.0), dict(top_k=-1), dict(top_p=0.0),
-                                 dict(top_p=1.5), dict(keys=torch.zeros(3, dtype=torch.int64)),
+                                 dict(top_p=1.5), dict(positions=torch.zeros(3, dtype=torch.int64)),
                                  dict(logits=torch.zeros(2, 8, 4))])
 def test_bad_arguments(bad):
-    args = dict(logits=torch.zeros(2, 8), temperature=1.0, top_k=0, top_p=1.0,
-                keys=torch.zeros(2, dtype=torch.int64))
+    args = dict(logits=torch.zeros(2, 8), temperature=1.0, top_k=0, top_p=1.0, seed=0,
+                round_idx=0, positions=torch.zeros(2, dtype=torch.int64))
     args.update(bad)
-    with pytest.raises(ValueError, match="logits|keys|temperature"):
+    with pytest.raises(ValueError, match="logits|positions|temperature"):
         sample_candidates(**args)
 
 
