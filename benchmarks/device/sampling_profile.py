@@ -25,7 +25,7 @@ specs = [(0.8, 50, 0.9), (1.0, 0, 0.95), (0.8, 50, 1.0), (1.0, 0, 1.0)]
 for t, k, p in specs:
     spec = SamplingSpec(t, k, p, 5)
     ref = graph_us(lambda s=spec: candidates(probabilities(logits, s), s, 1, pos, seed), reps=5)
-    for block, warps in ((512, 4), (1024, 4), (1024, 8), (256, 4)):
+    for block, warps in ((512, 4), (512, 8)):
         ks.BLOCK, ks.NUM_WARPS = block, warps
         us = graph_us(lambda a=(t, k, p): ks.sample_candidates(logits, *a, seed, rnd, pos))
         ids, _ = ks.sample_candidates(logits, t, k, p, seed, rnd, pos)

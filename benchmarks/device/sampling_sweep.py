@@ -1,5 +1,5 @@
 """Sweep of the sampling kernel's layout on [4, 151936] bf16 logits: logits per block (BLOCK)
-and programs per row (MAX_PROGRAMS / 4), graph-replayed us per call. Prints a table; JSON to $OUT."""
+and blocks per program (CHUNKS), graph-replayed us per call. Prints a table; JSON to $OUT."""
 import json
 import os
 
@@ -17,9 +17,9 @@ seed, rnd = torch.tensor(5, device="cuda"), torch.tensor(1, device="cuda")
 rows = []
 for spec in ((0.8, 50, 0.9), (1.0, 0, 0.95)):
     for block in (256, 512, 1024):
-        for per_row in (8, 16, 32, 64, 128, 1024):
-            ks.BLOCK, ks.MAX_PROGRAMS = block, n * per_row
-            slices, slice_len = ks._layout(n, v)
+        for chunks in (1, 3, 5, 10, 20):
+            ks.BLOCK, ks.CHUNKS = block, chunks
+            slices, slice_len = ks._layout(v)
             us = graph_us(lambda s=spec: ks.sample_candidates(logits, *s, seed, rnd, pos))
             rows.append(dict(spec=str(spec), block=block, slices=slices, chunks=slice_len // block,
                              us=us))

@@ -35,7 +35,7 @@ from dlrt.kernels import pdl
 PASSES = 8  # 4 bits of the 32-bit key fixed per pass (16 probes)
 BLOCK = 512  # logits per program per step
 NUM_WARPS = 4
-MAX_PROGRAMS = 4096  # per launch; rows with more than this many blocks take several per program
+CHUNKS = 5  # blocks per program (about 60 programs per row at V = 151936)
 SCALE: tl.constexpr = tl.constexpr(2.0**32)  # fixed point of the row sums (exact for counts)
 
 
@@ -263,11 +263,11 @@ def _pick_kernel(race_ptr, race_idx_ptr, ids_ptr, conf_ptr, nsl, SLICES: tl.cons
     tl.store(conf_ptr + row, w_first / z)
 
 
-def _layout(n: int, v: int) -> tuple[int, int]:
-    """(vocabulary slices per row, logits per slice): one BLOCK per program where the grid
-    stays under MAX_PROGRAMS, so every program's loads are in flight at once."""
-    slices = min(triton.cdiv(v, BLOCK), max(1, MAX_PROGRAMS // n))
-    slice_len = triton.cdiv(triton.cdiv(v, slices), BLOCK) * BLOCK
+def _layout(v: int) -> tuple[int, int]:
+    """(vocabulary slices per row, logits per slice): CHUNKS blocks per program, the fastest
+    layout measured on the H200 (benchmarks/device/sampling_sweep.py: fewer programs leave the
+    GPU idle, more contend for the row sums' atomics)."""
+    slice_len = min(CHUNKS, triton.cdiv(v, BLOCK)) * BLOCK
     return triton.cdiv(v, slice_len), slice_len
 
 
@@ -303,7 +303,7 @@ def sample_candidates(logits: torch.Tensor, temperature: float, top_k: int, top_
                          f"{temperature}, {top_k}, {top_p}")
     dev = logits.device
     use_k, use_p = top_k > 0, top_p < 1.0
-    nsl, slice_len = _layout(n, v)
+    nsl, slice_len = _layout(v)
     sp2 = triton.next_power_of_2(nsl)
     f32 = dict(dtype=torch.float32, device=dev)
     stats = torch.empty(n * sp2, **f32)

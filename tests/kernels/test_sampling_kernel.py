@@ -18,6 +18,7 @@ import torch
 pytest.importorskip("triton")
 
 from dlrt.decoding.sampling import SamplingSpec, candidates, probabilities  # noqa: E402
+from dlrt.kernels import sampling as ks  # noqa: E402
 from dlrt.kernels.sampling import sample_candidates  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -55,8 +56,18 @@ CASES = [  # n, V, temperature, top_k, top_p
 ]
 
 
+@pytest.fixture(params=["default", "small"])
+def layout(request, monkeypatch):
+    """The default program layout, and small blocks: several slices per row and several
+    blocks per slice even at these vocabulary sizes."""
+    if request.param == "small":
+        monkeypatch.setattr(ks, "BLOCK", 128)
+        monkeypatch.setattr(ks, "CHUNKS", 2)
+    return request.param
+
+
 @pytest.mark.parametrize("n,v,temperature,top_k,top_p", CASES)
-def test_matches_reference(n, v, temperature, top_k, top_p):
+def test_matches_reference(n, v, temperature, top_k, top_p, layout):
     gen = torch.Generator().manual_seed(n * v + top_k)
     logits = (torch.randn(n, v, generator=gen) * 3).to(DEV)
     ids, probs = check(logits, temperature, top_k, top_p)
@@ -64,7 +75,7 @@ def test_matches_reference(n, v, temperature, top_k, top_p):
         assert torch.equal(ids, logits.argmax(-1))
 
 
-def test_ties_at_the_top_k_cut_are_all_kept():
+def test_ties_at_the_top_k_cut_are_all_kept(layout):
     """Integer logits: the k-th value is shared by many tokens, every one of them kept."""
     gen = torch.Generator().manual_seed(11)
     logits = torch.randint(-4, 3, (8, 300), generator=gen).float().to(DEV)
@@ -76,7 +87,7 @@ def test_ties_at_the_top_k_cut_are_all_kept():
     assert bool((ids != 5).any())
 
 
-def test_ties_at_the_top_p_cut_follow_token_order():
+def test_ties_at_the_top_p_cut_follow_token_order(layout):
     """One token of mass 0.3 and ten tied tokens of 0.05 each, their ids spread over the
     kernel's vocabulary slices: with p = 0.57 the tied tokens whose preceding mass is
     0.30 ... 0.55 are kept (the first six by id), the other four are not, over 16 draws."""
