@@ -115,6 +115,15 @@ def _thresholds(stats_ptr, acc_ptr, zk_ptr, row, nsl, kk, top_p, passes,
 
 
 @triton.jit
+def _block(logits_ptr, row, V, start, BLOCK: tl.constexpr):
+    """One block of a row: ids, in-vocabulary mask, fp32 logits (-inf past V), their keys."""
+    v = start + tl.arange(0, BLOCK)
+    inb = v < V
+    x = tl.load(logits_ptr + row * V + v, mask=inb, other=float("-inf")).to(tl.float32)
+    return v, inb, x, _key(x)
+
+
+@triton.jit
 def _max_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, V, nsl, SLICE: tl.constexpr,
                 SLICES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Slice maxima; the first slice of a row also zeroes the row's search sums."""
@@ -162,10 +171,7 @@ def _pass_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, V, nsl, inv_t
     ties = tl.zeros([16, BLOCK], tl.float32)
     z = tl.zeros([BLOCK], tl.float32)
     for t in range(0, SLICE // BLOCK):
-        v = sl * SLICE + t * BLOCK + tl.arange(0, BLOCK)
-        inb = v < V
-        x = tl.load(logits_ptr + row * V + v, mask=inb, other=float("-inf")).to(tl.float32)
-        key = _key(x)
+        v, inb, x, key = _block(logits_ptr, row, V, sl * SLICE + t * BLOCK, BLOCK)
         if MASS:
             ok = inb
             if USE_K:
@@ -214,10 +220,7 @@ def _race_kernel(logits_ptr, seed_ptr, round_ptr, pos_ptr, stats_ptr, acc_ptr, z
     idx = tl.zeros([BLOCK], tl.int32)
     z = tl.zeros([BLOCK], tl.float32)
     for t in range(0, SLICE // BLOCK):
-        v = sl * SLICE + t * BLOCK + tl.arange(0, BLOCK)
-        inb = v < V
-        x = tl.load(logits_ptr + row * V + v, mask=inb, other=float("-inf")).to(tl.float32)
-        key = _key(x)
+        v, inb, x, key = _block(logits_ptr, row, V, sl * SLICE + t * BLOCK, BLOCK)
         kept = inb
         if USE_K:
             kept = kept & (key >= t_k)
