@@ -108,6 +108,16 @@ def test_top_k_is_applied_before_top_p():
     assert (alone > 0).tolist() == [True, True, False, True]
 
 
+def test_top_p_ties_at_the_cut_are_kept_in_token_order():
+    # sorted masses 0.4 (id 4), then four ties of 0.15 (ids 0, 2, 3, 5), then 0.0 (id 1):
+    # with p = 0.6 the ties preceded by 0.4 and 0.55 are kept (ids 0 and 2), whatever order an
+    # unstable sort would give them
+    probs_in = [0.15, 1e-9, 0.15, 0.15, 0.4, 0.15]
+    probs = probabilities(_logits_of(probs_in), sampling(top_p=0.6))[0]
+    assert (probs > 0).tolist() == [True, False, True, False, True, False]
+    assert probs[4].item() == pytest.approx(0.4 / 0.7, rel=1e-5)
+
+
 # --- the counter-based RNG --------------------------------------------------------------------
 
 def test_rng_deterministic_shape_and_range():
