@@ -87,8 +87,9 @@ def _search(acc_ptr, row, first, passes, target):
     prefix = tl.zeros([], tl.uint32)
     f = tl.zeros([], tl.float64)
     for i in tl.static_range(8):  # passes past `passes` leave the prefix as it is
-        done = i < passes
-        acc = tl.load(acc_ptr + (row * 16 + first + i) * 16 + d16, mask=done, other=0)
+        live = (d16 * 0 + i) < passes  # [16] bool: a tensor mask under every Triton version
+        done = tl.max(live.to(tl.int32), axis=0) > 0
+        acc = tl.load(acc_ptr + (row * 16 + first + i) * 16 + d16, mask=live, other=0)
         acc = acc.to(tl.float64) * (1.0 / SCALE)
         d = tl.min(tl.where(acc <= target, d16, 15), axis=0)  # 15 always qualifies
         f = tl.where(done, tl.sum(tl.where(d16 == d, acc, 0.0), axis=0), f)
