@@ -161,8 +161,6 @@ def _pass_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, V, nsl, inv_t
                                                  top_p, j, SLICES, USE_K, True)
         out = (8 if USE_K else 0) + j
     else:
-        lmax = 0.0
-        t_k = tl.zeros([], tl.uint32)
         prefix, _f = _search(acc_ptr, row, 0, j, kk)
         out = j
     shift = tl.zeros([], tl.uint32) + (28 - 4 * j)
