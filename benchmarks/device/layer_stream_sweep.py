@@ -12,6 +12,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from dlrt.bench.step import copy_bandwidth
 from dlrt.kernels.activation import silu_mul
 from dlrt.kernels.gemm_select import _copies, graph_us
 from dlrt.kernels.layer_stream import StreamConfig, layer_mlp
@@ -21,13 +22,12 @@ from dlrt.kernels.skinny_gemm import GemmConfig, gemv
 SHAPES = {"SDAR-1.7B": (2048, 2048, 6144), "SDAR-8B": (4096, 4096, 12288)}  # A, H, I
 quick = "--quick" in sys.argv
 dev, bf = "cuda", torch.bfloat16
-buf = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
-dst = torch.empty_like(buf)
-bw = 2 * buf.numel() / graph_us(lambda: dst.copy_(buf), reps=5) / 1e6  # TB/s
-del buf, dst
+bw = copy_bandwidth(torch.device(dev)) / 1e12  # TB/s, as `dlrt bench step` measures it
 print(f"copy bandwidth {bw:.2f} TB/s", flush=True)
 rows = []
-for name, (a, h, i) in SHAPES.items():
+
+
+def sweep(name, a, h, i):
     gen = torch.Generator(device=dev).manual_seed(0)
 
     def rnd(*s, scale=1.0):
@@ -54,7 +54,7 @@ for name, (a, h, i) in SHAPES.items():
 
     report("classic (cuBLAS + small kernels)", graph_us(lambda: [classic(c) for c in copies],
                                                         reps=2) / per)
-    for bn, bk, w, ahead in ((8, 512, 2, 2), (8, 1024, 4, 2), (4, 1024, 4, 1)):
+    for bn, bk, w, ahead in ((8, 512, 2, 2),):
         gc = GemmConfig(bn, bk, 1, stages=ahead, warps=w, kind="fma")
 
         def fused(c, gc=gc):
@@ -63,20 +63,20 @@ for name, (a, h, i) in SHAPES.items():
             gemv(gu, c[2], gc, silu=True, residual=s1)
         report(f"3 GEMVs bn{bn} bk{bk} w{w} a{ahead}",
                graph_us(lambda: [fused(c) for c in copies], reps=2) / per)
-    grid = [(bn, bk, w, ahead, per_sm) for (bk, w), bn, ahead, per_sm in itertools.product(
-        ((512, 2), (1024, 4), (256, 2), (512, 4)), (4, 8, 16), (2, 4), (1, 2))]
+    grid = list(itertools.product((16, 32, 64), (128, 256), (3, 4), (4,), (1, 2)))
+    grid += [(32, 256, 4, 8, 1), (64, 256, 3, 8, 1), (32, 512, 3, 4, 1), (16, 512, 2, 4, 2)]
     if quick:
         grid = grid[:6]
     best = None
-    for bn, bk, w, ahead, per_sm in grid:
-        cfg = StreamConfig(bn, bk, ahead, w, per_sm)
+    for bn, bk, stages, w, per_sm in grid:
+        cfg = StreamConfig(bn, bk, stages, w, per_sm)
         try:
             us = graph_us(lambda cfg=cfg: [layer_mlp(attn, s0, c[0], g, 1e-6, c[1], c[2], cfg)
                                            for c in copies], reps=2) / per
         except RuntimeError as e:
             print(f"{name:<10} {cfg} skipped: {e}", flush=True)
             continue
-        report(f"stream bn{bn} bk{bk} w{w} a{ahead} x{per_sm}", us)
+        report(f"stream bn{bn} bk{bk} w{w} s{stages} x{per_sm}", us)
         if best is None or us < best[0]:
             best = us, cfg
     if best is not None:
@@ -84,7 +84,11 @@ for name, (a, h, i) in SHAPES.items():
         us = graph_us(lambda: [layer_mlp(attn, s0, c[0], g, 1e-6, c[1], c[2], cfg, staged=True)
                                for c in copies], reps=2) / per
         report(f"best staged (3 launches) {cfg.block_n},{cfg.block_k},{cfg.warps},"
-               f"{cfg.ahead},{cfg.per_sm}", us)
+               f"{cfg.stages},{cfg.per_sm}", us)
+
+
+for name, (a, h, i) in SHAPES.items():
+    sweep(name, a, h, i)
 json.dump(dict(rows=rows, copy_TBps=bw, commit=os.environ.get("DLRT_COMMIT"),
                device=torch.cuda.get_device_name(), command=" ".join(sys.argv)),
           open(os.path.join(os.environ.get("OUT", "."), "layer-stream-sweep.json"), "w"),

@@ -37,10 +37,10 @@ GEMV_BLOCKS = ((4, 512, 4), (8, 256, 4), (8, 512, 8), (16, 256, 8), (16, 512, 8)
                (4, 1024, 8), (4, 1024, 4), (8, 1024, 4), (4, 2048, 8), (8, 512, 2))
 GEMV_AHEAD = (1, 2, 4)  # weight tiles in flight
 SMALL_GEMV_BLOCK = (8, 64, 1)  # for K that no block above divides (small test models)
-# the persistent layer kernel (`dlrt.kernels.layer_stream`): (block_n, block_k, ahead, warps,
+# the persistent layer kernel (`dlrt.kernels.layer_stream`): (block_n, block_k, stages, warps,
 # per_sm); the last for small test models
-STREAM_CONFIGS = ((8, 512, 2, 2, 1), (8, 512, 3, 2, 2), (16, 512, 2, 4, 1),
-                  (8, 1024, 2, 4, 1), (4, 1024, 3, 4, 2), (8, 256, 4, 4, 2), (8, 64, 2, 1, 1))
+STREAM_CONFIGS = ((32, 256, 4, 4, 1), (16, 256, 4, 4, 2), (32, 128, 4, 4, 2),
+                  (64, 128, 4, 4, 1), (16, 512, 3, 4, 2), (16, 64, 2, 4, 1))
 
 
 def candidates(n: int, k: int, sms: int, rows: int = 16) -> list[GemmConfig]:
@@ -192,8 +192,8 @@ def time_layer(w, rows: int) -> dict:
         gemv(gu, c[3], configs["down"], silu=True, residual=s)
 
     def streamed(c, cfg):
-        s = gemv(x, c[0], configs["qkv"], norm=n1.weight, eps=n1.eps)
-        layer_mlp(attn, s, c[1], n2.weight, n2.eps, c[2], c[3], cfg)
+        gemv(x, c[0], configs["qkv"], norm=n1.weight, eps=n1.eps)
+        layer_mlp(attn, x, c[1], n2.weight, n2.eps, c[2], c[3], cfg)
 
     stream = None
     for cfg in stream_candidates(w.o.shape[1], hidden, inter):

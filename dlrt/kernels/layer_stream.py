@@ -11,14 +11,13 @@ separated by grid-wide barriers:
     stage 2:  gu  = rms_norm(s1, g, eps) @ W_gate_up^T    (norm in the prologue)
     stage 3:  out = (silu(gate) * up) @ W_down^T + s1     (SiLU-and-mul in the prologue)
 
-Within a stage, program p owns the BLOCK_N-row tiles p, p + GRID, ... of the weight and streams
-them as one sequence of [BLOCK_N, BLOCK_K] tiles with AHEAD tiles in flight, across tile
-boundaries (`skinny_gemm`'s GEMV arithmetic: runs of VEC products summed in a thread, one fp32
-accumulator per row). A stage's first weight tiles are loaded before its barrier, so they
-arrive while the slowest program finishes the stage before. Every value is rounded where the
-unfused ops round (`skinny_gemm.gemv` with the same prologue and epilogue), and each output is
-summed by one program in a fixed order: results are deterministic and equal to the fused GEMV
-layer's up to the order of the fp32 sums within a row.
+Within a stage, program p owns the weight tiles p, p + GRID, ... ([BLOCK_N rows, K]; a stage
+with fewer tiles than programs takes smaller ones). It streams each tile through Triton's
+software pipeline (`stages` [BLOCK_N, BLOCK_K] tiles in flight) into a tensor-core dot with
+the input padded to 16 rows, as `skinny_gemm`'s "dot" kernel does; the input is transformed
+on the way in (`skinny_gemm._x_value`: the RMSNorm or SiLU-and-mul, rounded where the unfused
+kernels round) and the residual added on the way out, rounded as `x + residual`. Each output
+is summed by one program in a fixed order: results are deterministic.
 
 The barrier is the cooperative-groups grid sync (one int32 counter: program 0 adds
 2^31 - (GRID - 1), the others 1, so the counter's top bit flips when the last arrives and the
@@ -42,30 +41,38 @@ import triton
 import triton.language as tl
 
 from dlrt.kernels import pdl
-from dlrt.kernels.skinny_gemm import FMA_ROWS, VEC, _fma, _rstd, _store_row, _x_load, _x_value
+from dlrt.kernels.skinny_gemm import FMA_ROWS, _x_value
 
 TOP_BIT = 1 << 31
 
 
 @dataclass(frozen=True)
 class StreamConfig:
-    """Tiles of the persistent layer kernel: BLOCK_N weight rows x BLOCK_K columns, `ahead`
-    tiles in flight, `warps` per program, `per_sm` programs per multiprocessor."""
+    """Tiles of the persistent layer kernel: weight tiles of up to `block_n` rows (a stage
+    with fewer tiles than programs takes smaller ones, down to 16) by `block_k` columns,
+    `stages` tiles in flight (Triton's software pipeline), `warps` per program, `per_sm`
+    programs per multiprocessor."""
 
-    block_n: int = 8
-    block_k: int = 512
-    ahead: int = 2
+    block_n: int = 32
+    block_k: int = 256
+    stages: int = 4
     warps: int = 4
     per_sm: int = 1
 
     def fits(self, *ks: int) -> bool:
-        """Power-of-two tiles, BLOCK_K a multiple of VEC dividing every K in `ks`."""
+        """Power-of-two tiles (block_n >= 16 for the tensor-core dot), block_k dividing every
+        K in `ks`."""
         pow2 = all(v > 0 and v & (v - 1) == 0 for v in (self.block_n, self.block_k))
-        return (pow2 and self.block_k % VEC == 0 and self.ahead in (1, 2, 3, 4)
+        return (pow2 and self.block_n >= 16 and self.block_k >= 16 and self.stages >= 1
                 and self.per_sm >= 1 and all(k > 0 and k % self.block_k == 0 for k in ks))
 
-    def x_row(self) -> bool:
-        return self.block_k % (32 * VEC * self.warps) == 0
+    def stage_block_n(self, n: int, grid: int) -> int:
+        """The tile height for a stage of n weight rows: halved from block_n (not below 16)
+        while the stage has fewer tiles than programs."""
+        b = self.block_n
+        while b > 16 and -(-n // b) < grid:
+            b //= 2
+        return b
 
 
 @triton.jit
@@ -80,145 +87,81 @@ def _grid_sync(bar_ptr, GRID: tl.constexpr):
 
 
 @triton.jit
-def _w_tile(w_ptr, i, pid, nn, k, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_K: tl.constexpr, TILES: tl.constexpr, GRID: tl.constexpr, LAST_I):
-    """The weight tile of a program's step i (clamped at its last step): rows of tile
-    pid + (i // TILES) * GRID (clamped below N), columns of K tile i % TILES."""
-    i = tl.minimum(i, LAST_I)
-    n = (pid + (i // TILES) * GRID) * BLOCK_N + nn
-    n = tl.minimum(n, N - 1)
-    return tl.load(w_ptr + n.to(tl.int64)[:, None] * K + ((i % TILES) * BLOCK_K + k)[None, :])
-
-
-@triton.jit
 def _stage(x_ptr, w_ptr, y_ptr, g_ptr, res_ptr, bar_ptr, eps, N: tl.constexpr,
            K: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-           AHEAD: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, RES: tl.constexpr,
-           K_P2: tl.constexpr, VEC: tl.constexpr, X_ROW: tl.constexpr, GRID: tl.constexpr,
-           SYNC: tl.constexpr, PDL: tl.constexpr, RELEASE: tl.constexpr):
-    """y[:, tiles of this program] = prologue(x) @ w^T (+ res). SYNC: wait at the grid barrier
-    (after the first weight tiles are in flight); else, with PDL, wait for the predecessor."""
+           STAGES: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, RES: tl.constexpr,
+           GRID: tl.constexpr, SYNC: tl.constexpr, PDL: tl.constexpr, RELEASE: tl.constexpr,
+           PRECISION: tl.constexpr):
+    """y[:, tiles of this program] = prologue(x) @ w^T (+ res), x [ROWS, K] (SILU: [ROWS, 2K]
+    = [gate | up]) padded to 16 rows for the tensor-core dot. SYNC: wait at the grid barrier;
+    else, with PDL, wait for the predecessor."""
     pid = tl.program_id(0)
     TILES: tl.constexpr = K // BLOCK_K
     NT: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-    # tiles x K tiles of the busiest program; the others run their last tile (clamped rows,
-    # masked stores) as often as they lack one
-    STEPS: tl.constexpr = ((NT + GRID - 1) // GRID) * TILES
-    last = STEPS - 1
+    XW: tl.constexpr = 2 * K if SILU else K  # the row stride of x
+    m = tl.arange(0, 16)
+    m_ok = m < ROWS
     nn = tl.arange(0, BLOCK_N)
     k = tl.arange(0, BLOCK_K)
-    z = tl.zeros([BLOCK_N], tl.int32)
-    w0 = _w_tile(w_ptr, 0, pid, nn, k, N, K, BLOCK_N, BLOCK_K, TILES, GRID, last)
-    w1 = w0
-    w2 = w0
-    w3 = w0
-    if AHEAD > 1:
-        w1 = _w_tile(w_ptr, 1, pid, nn, k, N, K, BLOCK_N, BLOCK_K, TILES, GRID, last)
-    if AHEAD > 2:
-        w2 = _w_tile(w_ptr, 2, pid, nn, k, N, K, BLOCK_N, BLOCK_K, TILES, GRID, last)
-    if AHEAD > 3:
-        w3 = _w_tile(w_ptr, 3, pid, nn, k, N, K, BLOCK_N, BLOCK_K, TILES, GRID, last)
     if SYNC:
         _grid_sync(bar_ptr, GRID)
     else:
         pdl.wait(PDL)
     pdl.release(RELEASE)
-    r0 = 1.0
-    r1 = 1.0
-    r2 = 1.0
-    r3 = 1.0
-    if NORM:
-        r0 = _rstd(x_ptr, 0, K, K_P2, eps)
-        if ROWS > 1:
-            r1 = _rstd(x_ptr, 1, K, K_P2, eps)
-        if ROWS > 2:
-            r2 = _rstd(x_ptr, 2, K, K_P2, eps)
-        if ROWS > 3:
-            r3 = _rstd(x_ptr, 3, K, K_P2, eps)
-    a0 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
-    a1 = a0
-    a2 = a0
-    a3 = a0
-    p0, q0 = _x_load(x_ptr, 0, 0, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
-    p1, q1 = p0, q0
-    p2, q2 = p0, q0
-    p3, q3 = p0, q0
-    if ROWS > 1:
-        p1, q1 = _x_load(x_ptr, 1, 0, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
-    if ROWS > 2:
-        p2, q2 = _x_load(x_ptr, 2, 0, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
-    if ROWS > 3:
-        p3, q3 = _x_load(x_ptr, 3, 0, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
-    g_next = 1.0
-    if NORM:
-        g_next, _ = _x_load(g_ptr, 0, 0, k, z, K, BLOCK_K, TILES, False, X_ROW)
-    for i in range(0, STEPS):
-        t = i % TILES
-        t1 = (i + 1) % TILES
-        w = w0.to(tl.float32)
-        nxt = _w_tile(w_ptr, i + AHEAD, pid, nn, k, N, K, BLOCK_N, BLOCK_K, TILES, GRID, last)
-        if AHEAD == 1:
-            w0 = nxt
-        elif AHEAD == 2:
-            w0 = w1
-            w1 = nxt
-        elif AHEAD == 3:
-            w0 = w1
-            w1 = w2
-            w2 = nxt
-        else:
-            w0 = w1
-            w1 = w2
-            w2 = w3
-            w3 = nxt
-        g = g_next
-        if NORM:
-            g_next, _ = _x_load(g_ptr, 0, t1, k, z, K, BLOCK_K, TILES, False, X_ROW)
-            g = g.to(tl.float32)
-        a0 = _fma(a0, w, _x_value(p0, q0, g, r0, NORM, SILU), VEC)
-        p0, q0 = _x_load(x_ptr, 0, t1, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
-        if ROWS > 1:
-            a1 = _fma(a1, w, _x_value(p1, q1, g, r1, NORM, SILU), VEC)
-            p1, q1 = _x_load(x_ptr, 1, t1, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
-        if ROWS > 2:
-            a2 = _fma(a2, w, _x_value(p2, q2, g, r2, NORM, SILU), VEC)
-            p2, q2 = _x_load(x_ptr, 2, t1, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
-        if ROWS > 3:
-            a3 = _fma(a3, w, _x_value(p3, q3, g, r3, NORM, SILU), VEC)
-            p3, q3 = _x_load(x_ptr, 3, t1, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
-        if t == TILES - 1:  # the tile's rows are summed: store them, start the next tile
-            n = (pid + (i // TILES) * GRID) * BLOCK_N + nn
-            _store_row(a0, y_ptr, res_ptr, 0, n, N, RES)
-            a0 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
-            if ROWS > 1:
-                _store_row(a1, y_ptr, res_ptr, 1, n, N, RES)
-                a1 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
-            if ROWS > 2:
-                _store_row(a2, y_ptr, res_ptr, 2, n, N, RES)
-                a2 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
-            if ROWS > 3:
-                _store_row(a3, y_ptr, res_ptr, 3, n, N, RES)
-                a3 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
+    rstd = tl.full([16], 1.0, tl.float32)
+    if NORM:  # the rows' RMS statistics, as `dlrt.kernels.rms_norm` computes them
+        sq = tl.zeros([16], tl.float32)
+        for t in range(0, TILES):
+            v = tl.load(x_ptr + m[:, None] * XW + (t * BLOCK_K + k)[None, :],
+                        mask=m_ok[:, None], other=0.0).to(tl.float32)
+            sq += tl.sum(v * v, axis=1)
+        rstd = tl.math.rsqrt(sq / K + eps)
+    for r in range(0, (NT + GRID - 1) // GRID):
+        j = pid + r * GRID
+        if j < NT:
+            n = j * BLOCK_N + nn
+            n_ok = n < N
+            rows = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * K
+            acc = tl.zeros([16, BLOCK_N], tl.float32)
+            for t in tl.range(0, TILES, num_stages=STAGES):
+                kt = t * BLOCK_K + k
+                w = tl.load(rows + kt[None, :])
+                a = tl.load(x_ptr + m[:, None] * XW + kt[None, :], mask=m_ok[:, None],
+                            other=0.0)
+                if SILU:
+                    b = tl.load(x_ptr + m[:, None] * XW + K + kt[None, :], mask=m_ok[:, None],
+                                other=0.0)
+                    x = _x_value(a, b, 1.0, 1.0, False, True)
+                elif NORM:
+                    gk = tl.load(g_ptr + kt).to(tl.float32)[None, :]
+                    x = _x_value(a, a, gk, rstd[:, None], True, False)
+                else:
+                    x = a
+                acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+            y = acc.to(y_ptr.dtype.element_ty)
+            ok = m_ok[:, None] & n_ok[None, :]
+            if RES:  # the residual add, rounded as `x + residual`
+                res = tl.load(res_ptr + m[:, None] * N + n[None, :], mask=ok, other=0.0)
+                y = (y.to(tl.float32) + res.to(tl.float32)).to(y_ptr.dtype.element_ty)
+            tl.store(y_ptr + m[:, None] * N + n[None, :], y, mask=ok)
 
 
 @triton.jit
 def _layer_mlp_kernel(a_ptr, s0_ptr, wo_ptr, g_ptr, wgu_ptr, wd_ptr, s1_ptr, gu_ptr, out_ptr,
-                      bar_ptr, eps, H: tl.constexpr, H_P2: tl.constexpr, A: tl.constexpr,
-                      INTER: tl.constexpr,
-                      ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      AHEAD: tl.constexpr, VEC: tl.constexpr, X_ROW: tl.constexpr,
+                      bar_ptr, eps, H: tl.constexpr, A: tl.constexpr, INTER: tl.constexpr,
+                      ROWS: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
+                      BN_D: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
                       GRID: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr,
-                      SYNC: tl.constexpr, PDL: tl.constexpr):
+                      SYNC: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr):
     if FIRST <= 1 and LAST >= 1:  # s1 = attn @ W_o^T + s0
-        _stage(a_ptr, wo_ptr, s1_ptr, g_ptr, s0_ptr, bar_ptr, eps, H, A, ROWS, BLOCK_N,
-               BLOCK_K, AHEAD, False, False, True, 1, VEC, X_ROW, GRID, False, PDL, False)
+        _stage(a_ptr, wo_ptr, s1_ptr, g_ptr, s0_ptr, bar_ptr, eps, H, A, ROWS, BN_O, BLOCK_K,
+               STAGES, False, False, True, GRID, False, PDL, False, PRECISION)
     if FIRST <= 2 and LAST >= 2:  # gu = rms_norm(s1) @ W_gate_up^T
         _stage(s1_ptr, wgu_ptr, gu_ptr, g_ptr, gu_ptr, bar_ptr, eps, 2 * INTER, H, ROWS,
-               BLOCK_N, BLOCK_K, AHEAD, True, False, False, H_P2, VEC, X_ROW, GRID, SYNC,
-               PDL, False)
+               BN_GU, BLOCK_K, STAGES, True, False, False, GRID, SYNC, PDL, False, PRECISION)
     if FIRST <= 3 and LAST >= 3:  # out = silu(gate) * up @ W_down^T + s1
-        _stage(gu_ptr, wd_ptr, out_ptr, g_ptr, s1_ptr, bar_ptr, eps, H, INTER, ROWS, BLOCK_N,
-               BLOCK_K, AHEAD, False, True, True, 1, VEC, X_ROW, GRID, SYNC, PDL, PDL)
+        _stage(gu_ptr, wd_ptr, out_ptr, g_ptr, s1_ptr, bar_ptr, eps, H, INTER, ROWS, BN_D,
+               BLOCK_K, STAGES, False, True, True, GRID, SYNC, PDL, PDL, PRECISION)
 
 
 @functools.cache
@@ -297,9 +240,11 @@ def layer_mlp(attn: torch.Tensor, stream: torch.Tensor, w_o: torch.Tensor, norm:
             torch.cuda.get_device_properties(attn.device).multi_processor_count
     bar = _barrier(attn.device) if attn.is_cuda and not staged else out
     args = (attn, stream, w_o, norm, w_gate_up, w_down, s1, gu, out, bar, float(eps))
-    consts = dict(H=h, H_P2=triton.next_power_of_2(h), A=a, INTER=i, ROWS=m,
-                  BLOCK_N=config.block_n, BLOCK_K=config.block_k, AHEAD=config.ahead, VEC=VEC,
-                  X_ROW=config.x_row(), GRID=grid, num_warps=config.warps, num_stages=1)
+    consts = dict(H=h, A=a, INTER=i, ROWS=m, BN_O=config.stage_block_n(h, grid),
+                  BN_GU=config.stage_block_n(2 * i, grid), BN_D=config.stage_block_n(h, grid),
+                  BLOCK_K=config.block_k, STAGES=config.stages, GRID=grid,
+                  PRECISION="ieee" if attn.dtype == torch.float32 else "tf32",
+                  num_warps=config.warps)
     opts = pdl.launch_options(attn)
     if staged:
         for s in (1, 2, 3):

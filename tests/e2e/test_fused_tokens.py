@@ -64,7 +64,7 @@ def test_streamed_layer_equals_unfused_greedy(tiny_sdar, mode, monkeypatch):
     layers = [m for m in llm.model.modules() if getattr(m, "gemvs", None) is not None]
     assert len(layers) == 2
     for m in layers:
-        m.gemvs = dataclasses.replace(m.gemvs, stream=layer_stream.StreamConfig(8, 64, 2, 1))
+        m.gemvs = dataclasses.replace(m.gemvs, stream=layer_stream.StreamConfig(16, 64, 2, 4))
     calls = []
     real = layer_stream.layer_mlp
     monkeypatch.setattr(layer_stream, "layer_mlp", lambda *a, **k: calls.append(1) or

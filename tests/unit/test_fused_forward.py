@@ -33,7 +33,7 @@ GEMMS = {"dot": (9, GemmConfig(16, 16, 2)),
          "gemv": (4, GemmConfig(4, 32, 1, stages=2, kind="fma")),
          "gemv_layer": (4, GemmConfig(8, 32, 1, stages=3, kind="fma")),
          "layer_stream": (4, GemmConfig(8, 32, 1, stages=3, kind="fma"))}
-STREAM = StreamConfig(8, 32, ahead=2, warps=1)
+STREAM = StreamConfig(16, 32, stages=2, warps=1)
 
 
 MODELS = [("tiny_sdar", 4), ("tiny_sdar_moe", 4), ("tiny_llada", None)]

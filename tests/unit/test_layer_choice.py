@@ -72,9 +72,9 @@ def test_slower_fused_layer_stays_classic_unless_forced(tiny, tmp_path):
 def test_streamed_layer_is_taken_when_fastest(tiny, tmp_path, streamed_us, chosen):
     llm, layers, _, fake = tiny
     fake.streamed_us = streamed_us
-    fake.stream = {"block_n": 8, "block_k": 64, "ahead": 2, "warps": 1, "per_sm": 1}
+    fake.stream = {"block_n": 16, "block_k": 64, "stages": 2, "warps": 1, "per_sm": 1}
     records = {}
     gemm_select._tune_layers(llm.model, 4, False, {}, records, tmp_path / "s.json")
     assert records["layer"]["chosen"] == chosen
-    want = gemm_select.StreamConfig(8, 64, 2, 1, 1) if chosen == "streamed" else None
+    want = gemm_select.StreamConfig(16, 64, 2, 1, 1) if chosen == "streamed" else None
     assert all(m.gemvs is not None and m.gemvs.stream == want for m in layers)
