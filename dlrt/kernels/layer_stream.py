@@ -50,12 +50,12 @@ TOP_BIT = 1 << 31
 class StreamConfig:
     """Tiles of the persistent layer kernel: weight tiles of up to `block_n` rows (a stage
     with fewer tiles than programs takes smaller ones, down to 16) by `block_k` columns,
-    `stages` tiles in flight (Triton's software pipeline), `warps` per program, `per_sm`
-    programs per multiprocessor."""
+    `stages` (1-4) weight tiles in flight, `warps` per program, `per_sm` programs per
+    multiprocessor."""
 
     block_n: int = 32
     block_k: int = 256
-    stages: int = 4
+    stages: int = 2
     warps: int = 4
     per_sm: int = 1
 
@@ -63,7 +63,7 @@ class StreamConfig:
         """Power-of-two tiles (block_n >= 16 for the tensor-core dot), block_k dividing every
         K in `ks`."""
         pow2 = all(v > 0 and v & (v - 1) == 0 for v in (self.block_n, self.block_k))
-        return (pow2 and self.block_n >= 16 and self.block_k >= 16 and self.stages >= 1
+        return (pow2 and self.block_n >= 16 and self.block_k >= 16 and 1 <= self.stages <= 4
                 and self.per_sm >= 1 and all(k > 0 and k % self.block_k == 0 for k in ks))
 
     def stage_block_n(self, n: int, grid: int) -> int:
@@ -87,22 +87,58 @@ def _grid_sync(bar_ptr, GRID: tl.constexpr):
 
 
 @triton.jit
+def _w_tile(w_ptr, i, pid, nn, k, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, TILES: tl.constexpr, GRID: tl.constexpr,
+            LAST: tl.constexpr):
+    """The weight tile of a program's step i (clamped at its last step): rows of tile
+    pid + (i // TILES) * GRID (clamped below N: a program without that tile rereads the last
+    row), columns of K tile i % TILES."""
+    i = tl.minimum(i, LAST)
+    n = tl.minimum((pid + (i // TILES) * GRID) * BLOCK_N + nn, N - 1)
+    return tl.load(w_ptr + n.to(tl.int64)[:, None] * K + ((i % TILES) * BLOCK_K + k)[None, :])
+
+
+@triton.jit
+def _x_tile(x_ptr, t, m, m_ok, k, K: tl.constexpr, BLOCK_K: tl.constexpr, SILU: tl.constexpr):
+    """Raw K tile t of the input padded to 16 rows: (x, x), or (gate, up) for SILU."""
+    XW: tl.constexpr = 2 * K if SILU else K  # the row stride of x
+    ptr = x_ptr + m[:, None] * XW + (t * BLOCK_K + k)[None, :]
+    a = tl.load(ptr, mask=m_ok[:, None], other=0.0)
+    b = a
+    if SILU:
+        b = tl.load(ptr + K, mask=m_ok[:, None], other=0.0)
+    return a, b
+
+
+@triton.jit
 def _stage(x_ptr, w_ptr, y_ptr, g_ptr, res_ptr, bar_ptr, eps, N: tl.constexpr,
            K: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-           STAGES: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, RES: tl.constexpr,
+           AHEAD: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, RES: tl.constexpr,
            GRID: tl.constexpr, SYNC: tl.constexpr, PDL: tl.constexpr, RELEASE: tl.constexpr,
            PRECISION: tl.constexpr):
     """y[:, tiles of this program] = prologue(x) @ w^T (+ res), x [ROWS, K] (SILU: [ROWS, 2K]
-    = [gate | up]) padded to 16 rows for the tensor-core dot. SYNC: wait at the grid barrier;
-    else, with PDL, wait for the predecessor."""
+    = [gate | up]) padded to 16 rows for the tensor-core dot. The program's tiles are one
+    stream of [BLOCK_N, BLOCK_K] weight tiles, AHEAD in flight, the first loaded before the
+    wait: SYNC, the grid barrier; else, with PDL, the predecessor."""
     pid = tl.program_id(0)
     TILES: tl.constexpr = K // BLOCK_K
     NT: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-    XW: tl.constexpr = 2 * K if SILU else K  # the row stride of x
+    # tiles x K tiles of the busiest program; the others rerun a clamped tile, stores masked
+    STEPS: tl.constexpr = ((NT + GRID - 1) // GRID) * TILES
     m = tl.arange(0, 16)
     m_ok = m < ROWS
     nn = tl.arange(0, BLOCK_N)
     k = tl.arange(0, BLOCK_K)
+    w0 = _w_tile(w_ptr, 0, pid, nn, k, N, K, BLOCK_N, BLOCK_K, TILES, GRID, STEPS - 1)
+    w1 = w0
+    w2 = w0
+    w3 = w0
+    if AHEAD > 1:
+        w1 = _w_tile(w_ptr, 1, pid, nn, k, N, K, BLOCK_N, BLOCK_K, TILES, GRID, STEPS - 1)
+    if AHEAD > 2:
+        w2 = _w_tile(w_ptr, 2, pid, nn, k, N, K, BLOCK_N, BLOCK_K, TILES, GRID, STEPS - 1)
+    if AHEAD > 3:
+        w3 = _w_tile(w_ptr, 3, pid, nn, k, N, K, BLOCK_N, BLOCK_K, TILES, GRID, STEPS - 1)
     if SYNC:
         _grid_sync(bar_ptr, GRID)
     else:
@@ -112,56 +148,72 @@ def _stage(x_ptr, w_ptr, y_ptr, g_ptr, res_ptr, bar_ptr, eps, N: tl.constexpr,
     if NORM:  # the rows' RMS statistics, as `dlrt.kernels.rms_norm` computes them
         sq = tl.zeros([16], tl.float32)
         for t in range(0, TILES):
-            v = tl.load(x_ptr + m[:, None] * XW + (t * BLOCK_K + k)[None, :],
-                        mask=m_ok[:, None], other=0.0).to(tl.float32)
+            v, _ = _x_tile(x_ptr, t, m, m_ok, k, K, BLOCK_K, False)
+            v = v.to(tl.float32)
             sq += tl.sum(v * v, axis=1)
         rstd = tl.math.rsqrt(sq / K + eps)
-    for r in range(0, (NT + GRID - 1) // GRID):
-        j = pid + r * GRID
-        if j < NT:
-            n = j * BLOCK_N + nn
-            n_ok = n < N
-            rows = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * K
-            acc = tl.zeros([16, BLOCK_N], tl.float32)
-            for t in tl.range(0, TILES, num_stages=STAGES):
-                kt = t * BLOCK_K + k
-                w = tl.load(rows + kt[None, :])
-                a = tl.load(x_ptr + m[:, None] * XW + kt[None, :], mask=m_ok[:, None],
-                            other=0.0)
-                if SILU:
-                    b = tl.load(x_ptr + m[:, None] * XW + K + kt[None, :], mask=m_ok[:, None],
-                                other=0.0)
-                    x = _x_value(a, b, 1.0, 1.0, False, True)
-                elif NORM:
-                    gk = tl.load(g_ptr + kt).to(tl.float32)[None, :]
-                    x = _x_value(a, a, gk, rstd[:, None], True, False)
-                else:
-                    x = a
-                acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+    xa, xb = _x_tile(x_ptr, 0, m, m_ok, k, K, BLOCK_K, SILU)
+    g_next = tl.load(g_ptr + k) if NORM else 1.0
+    acc = tl.zeros([16, BLOCK_N], tl.float32)
+    for i in range(0, STEPS):
+        t = i % TILES
+        t1 = (i + 1) % TILES
+        w = w0
+        nxt = _w_tile(w_ptr, i + AHEAD, pid, nn, k, N, K, BLOCK_N, BLOCK_K, TILES, GRID,
+                      STEPS - 1)
+        if AHEAD == 1:
+            w0 = nxt
+        elif AHEAD == 2:
+            w0 = w1
+            w1 = nxt
+        elif AHEAD == 3:
+            w0 = w1
+            w1 = w2
+            w2 = nxt
+        else:
+            w0 = w1
+            w1 = w2
+            w2 = w3
+            w3 = nxt
+        a = xa
+        b = xb
+        xa, xb = _x_tile(x_ptr, t1, m, m_ok, k, K, BLOCK_K, SILU)
+        g = g_next
+        if NORM:
+            g_next = tl.load(g_ptr + t1 * BLOCK_K + k)
+            x = _x_value(a, a, g.to(tl.float32)[None, :], rstd[:, None], True, False)
+        elif SILU:
+            x = _x_value(a, b, 1.0, 1.0, False, True)
+        else:
+            x = a
+        acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+        if t == TILES - 1:  # the tile is summed: its epilogue, then the next tile
+            n = (pid + (i // TILES) * GRID) * BLOCK_N + nn
+            ok = m_ok[:, None] & (n < N)[None, :]
             y = acc.to(y_ptr.dtype.element_ty)
-            ok = m_ok[:, None] & n_ok[None, :]
             if RES:  # the residual add, rounded as `x + residual`
                 res = tl.load(res_ptr + m[:, None] * N + n[None, :], mask=ok, other=0.0)
                 y = (y.to(tl.float32) + res.to(tl.float32)).to(y_ptr.dtype.element_ty)
             tl.store(y_ptr + m[:, None] * N + n[None, :], y, mask=ok)
+            acc = tl.zeros([16, BLOCK_N], tl.float32)
 
 
 @triton.jit
 def _layer_mlp_kernel(a_ptr, s0_ptr, wo_ptr, g_ptr, wgu_ptr, wd_ptr, s1_ptr, gu_ptr, out_ptr,
                       bar_ptr, eps, H: tl.constexpr, A: tl.constexpr, INTER: tl.constexpr,
                       ROWS: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
-                      BN_D: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                      BN_D: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr,
                       GRID: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr,
                       SYNC: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr):
     if FIRST <= 1 and LAST >= 1:  # s1 = attn @ W_o^T + s0
         _stage(a_ptr, wo_ptr, s1_ptr, g_ptr, s0_ptr, bar_ptr, eps, H, A, ROWS, BN_O, BLOCK_K,
-               STAGES, False, False, True, GRID, False, PDL, False, PRECISION)
+               AHEAD, False, False, True, GRID, False, PDL, False, PRECISION)
     if FIRST <= 2 and LAST >= 2:  # gu = rms_norm(s1) @ W_gate_up^T
         _stage(s1_ptr, wgu_ptr, gu_ptr, g_ptr, gu_ptr, bar_ptr, eps, 2 * INTER, H, ROWS,
-               BN_GU, BLOCK_K, STAGES, True, False, False, GRID, SYNC, PDL, False, PRECISION)
+               BN_GU, BLOCK_K, AHEAD, True, False, False, GRID, SYNC, PDL, False, PRECISION)
     if FIRST <= 3 and LAST >= 3:  # out = silu(gate) * up @ W_down^T + s1
         _stage(gu_ptr, wd_ptr, out_ptr, g_ptr, s1_ptr, bar_ptr, eps, H, INTER, ROWS, BN_D,
-               BLOCK_K, STAGES, False, True, True, GRID, SYNC, PDL, PDL, PRECISION)
+               BLOCK_K, AHEAD, False, True, True, GRID, SYNC, PDL, PDL, PRECISION)
 
 
 @functools.cache
@@ -242,7 +294,7 @@ def layer_mlp(attn: torch.Tensor, stream: torch.Tensor, w_o: torch.Tensor, norm:
     args = (attn, stream, w_o, norm, w_gate_up, w_down, s1, gu, out, bar, float(eps))
     consts = dict(H=h, A=a, INTER=i, ROWS=m, BN_O=config.stage_block_n(h, grid),
                   BN_GU=config.stage_block_n(2 * i, grid), BN_D=config.stage_block_n(h, grid),
-                  BLOCK_K=config.block_k, STAGES=config.stages, GRID=grid,
+                  BLOCK_K=config.block_k, AHEAD=config.stages, GRID=grid,
                   PRECISION="ieee" if attn.dtype == torch.float32 else "tf32",
                   num_warps=config.warps)
     opts = pdl.launch_options(attn)
