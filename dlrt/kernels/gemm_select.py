@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from dlrt import env
 from dlrt.kernels import pdl
 from dlrt.kernels.activation import silu_mul
-from dlrt.kernels.layer_stream import StreamConfig, layer_mlp
 from dlrt.kernels.rms_norm import rms_norm
 from dlrt.kernels.skinny_gemm import FMA_ROWS, GemmConfig, gemv, skinny_gemm
 
@@ -37,10 +36,6 @@ GEMV_BLOCKS = ((4, 512, 4), (8, 256, 4), (8, 512, 8), (16, 256, 8), (16, 512, 8)
                (4, 1024, 8), (4, 1024, 4), (8, 1024, 4), (4, 2048, 8), (8, 512, 2))
 GEMV_AHEAD = (1, 2, 4)  # weight tiles in flight
 SMALL_GEMV_BLOCK = (8, 64, 1)  # for K that no block above divides (small test models)
-# the persistent layer kernel (`dlrt.kernels.layer_stream`): (block_n, block_k, stages, warps,
-# per_sm); the last for small test models
-STREAM_CONFIGS = ((32, 256, 4, 4, 1), (16, 256, 4, 4, 2), (32, 128, 4, 4, 2),
-                  (64, 128, 4, 4, 1), (16, 512, 3, 4, 2), (16, 64, 2, 4, 1))
 
 
 def candidates(n: int, k: int, sms: int, rows: int = 16) -> list[GemmConfig]:
@@ -146,13 +141,9 @@ def time_layer(w, rows: int) -> dict:
     fused: the four GEMVs of `gemv_layer.forward`, each with its fastest config, chosen by
     timing every GEMV config on that projection in its fused form.
 
-    streamed: the QKV GEMV, then o_proj, gate-up and down as one persistent kernel
-    (`dlrt.kernels.layer_stream.layer_mlp`), for each `STREAM_CONFIGS` entry that fits.
-
     Returns {'classic_us', 'fused_us', 'configs': {role: GemmConfig fields}, 'role_us':
-    {role: us of its fused GEMV alone}, 'streamed_us', 'stream': StreamConfig fields of the
-    fastest, or None when none fits}: microseconds per layer (attention excluded: it is the
-    same in all)."""
+    {role: us of its fused GEMV alone}}: microseconds per layer (attention excluded: it is the
+    same in both)."""
     from dlrt.layers.linear import linear
 
     dev, dtype = w.qkv.device, w.qkv.dtype
@@ -191,24 +182,9 @@ def time_layer(w, rows: int) -> dict:
         gu = gemv(s, c[2], configs["gate_up"], norm=n2.weight, eps=n2.eps)
         gemv(gu, c[3], configs["down"], silu=True, residual=s)
 
-    def streamed(c, cfg):
-        gemv(x, c[0], configs["qkv"], norm=n1.weight, eps=n1.eps)
-        layer_mlp(attn, x, c[1], n2.weight, n2.eps, c[2], c[3], cfg)
-
-    stream = None
-    for cfg in stream_candidates(w.o.shape[1], hidden, inter):
-        us = graph_us(lambda g=cfg: [streamed(c, g) for c in copies], reps=2) / per
-        if stream is None or us < stream[0]:
-            stream = us, cfg
     return dict(classic_us=graph_us(lambda: [classic(c) for c in copies], reps=2) / per,
                 fused_us=graph_us(lambda: [fused(c) for c in copies], reps=2) / per,
-                configs={role: asdict(cfg) for role, cfg in configs.items()}, role_us=role_us,
-                streamed_us=stream and stream[0], stream=stream and asdict(stream[1]))
-
-
-def stream_candidates(a: int, h: int, i: int) -> list[StreamConfig]:
-    """`STREAM_CONFIGS` that fit a layer of attention width a, hidden h, intermediate i."""
-    return [c for c in (StreamConfig(*t) for t in STREAM_CONFIGS) if c.fits(a, h, i)]
+                configs={role: asdict(cfg) for role, cfg in configs.items()}, role_us=role_us)
 
 
 def triton_wins(rec: dict) -> bool:
@@ -218,7 +194,7 @@ def triton_wins(rec: dict) -> bool:
 def _cache_path(w: torch.Tensor, rows: int):
     name = torch.cuda.get_device_name(w.device).replace(" ", "_")
     tag = "-pdl" if pdl.enabled(w) else ""
-    return env.cache_dir() / "gemm" / f"v6-{name}-{str(w.dtype)[6:]}-m{rows}{tag}.json"
+    return env.cache_dir() / "gemm" / f"v5-{name}-{str(w.dtype)[6:]}-m{rows}{tag}.json"
 
 
 def tune(model: torch.nn.Module, rows: int = 4, force: bool = False) -> dict[str, dict]:
@@ -259,9 +235,8 @@ def tune(model: torch.nn.Module, rows: int = 4, force: bool = False) -> dict[str
 
 
 def _tune_layers(model, rows, force, stored, records, path) -> None:
-    """Time the fused GEMV layer and the streamed one against the classic one (`time_layer`)
-    and set `LayerGEMVs` (with `stream` for the streamed form) on every dense layer when the
-    faster of the two is faster (or `force`); the record goes to records['layer']
+    """Time the fused GEMV layer against the classic one (`time_layer`) and set
+    `LayerGEMVs` on every dense layer when it is faster; the record goes to records['layer']
     and to the cache file, whose contents are `stored`."""
     from dlrt.layers.gemv_layer import LayerGEMVs
 
@@ -289,12 +264,9 @@ def _tune_layers(model, rows, force, stored, records, path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(stored, indent=1))
     rec = dict(stored[key])
-    streamed = rec.get("stream") is not None and rec["streamed_us"] < rec["fused_us"]
-    best = rec["streamed_us"] if streamed else rec["fused_us"]
-    fused = force or best < MARGIN * rec["classic_us"]
-    rec["chosen"] = ("streamed" if streamed else "fused") if fused else "classic"
-    gemvs = LayerGEMVs(**{r: GemmConfig(**c) for r, c in rec["configs"].items()},
-                       stream=StreamConfig(**rec["stream"]) if streamed else None) \
+    fused = force or rec["fused_us"] < MARGIN * rec["classic_us"]
+    rec["chosen"] = "fused" if fused else "classic"
+    gemvs = LayerGEMVs(**{r: GemmConfig(**c) for r, c in rec["configs"].items()}) \
         if fused else None
     for m, _ in layers:
         m.gemvs = gemvs

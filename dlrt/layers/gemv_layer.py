@@ -12,14 +12,11 @@ prologue of down_proj, and each residual add in the epilogue of the projection b
     gu    = gemv(s, W_gate_up, norm=mlp_norm)
     s     = gemv(gu, W_down, silu=True, residual=s)
 
-With `LayerGEMVs.stream` set, the last three GEMVs are one persistent launch with grid
-barriers between them (`dlrt.kernels.layer_stream.layer_mlp`), after the QKV GEMV and the
-attention kernels. Every op is rounded where the unfused ops round (only fp32 summation order
-differs), so the layer computes what the classic one does. The layer returns (stream, None):
-the next layer's norm sees "no residual yet" and takes the stream as is, as the first layer
-does.
-`dlrt.kernels.gemm_select.tune` times both forms against the classic layer and sets
-`LayerGEMVs` on every dense layer when one is faster.
+Every op is rounded where the unfused ops round (only fp32 summation order differs), so the
+layer computes what the classic one does. The layer returns (stream, None): the next layer's
+norm sees "no residual yet" and takes the stream as is, as the first layer does.
+`dlrt.kernels.gemm_select.tune` times this against the classic layer and sets
+`LayerGEMVs` on every dense layer when it is faster.
 """
 
 from __future__ import annotations
@@ -34,20 +31,17 @@ from dlrt.layers.fused import use_kernels
 from dlrt.layers.norm import RMSNorm
 
 if TYPE_CHECKING:  # the kernels need Triton, which CPU-only installs may lack
-    from dlrt.kernels.layer_stream import StreamConfig
     from dlrt.kernels.skinny_gemm import GemmConfig
 
 
 @dataclass(frozen=True)
 class LayerGEMVs:
-    """The GEMV config ("fma") of each projection of a dense layer; with `stream`, o_proj,
-    gate-up and down run as one persistent kernel of that config instead."""
+    """The GEMV config ("fma") of each projection of a dense layer."""
 
     qkv: GemmConfig
     o: GemmConfig
     gate_up: GemmConfig
     down: GemmConfig
-    stream: StreamConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -82,10 +76,6 @@ def forward(x: torch.Tensor, residual: torch.Tensor | None, w: DenseWeights,
 
     s = (x if residual is None else x + residual).contiguous()
     qkv = gemv(s, w.qkv, gemvs.qkv, norm=w.attn_norm.weight, eps=w.attn_norm.eps)
-    if gemvs.stream is not None:
-        from dlrt.kernels.layer_stream import layer_mlp
-        return layer_mlp(attend(qkv).contiguous(), s, w.o, w.mlp_norm.weight, w.mlp_norm.eps,
-                         w.gate_up, w.down, gemvs.stream), None
     s = gemv(attend(qkv).contiguous(), w.o, gemvs.o, residual=s)
     gu = gemv(s, w.gate_up, gemvs.gate_up, norm=w.mlp_norm.weight, eps=w.mlp_norm.eps)
     return gemv(gu, w.down, gemvs.down, silu=True, residual=s), None

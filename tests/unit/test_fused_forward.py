@@ -4,8 +4,7 @@ On the CPU the layers take the PyTorch ops; here they are switched to the Triton
 the interpreter) to check the wiring: merged projections through the skinny GEMM (9 rows, "dot")
 or the GEMV (4 rows, "fma"), or whole dense layers as fused GEMVs (`dlrt.layers.gemv_layer`:
 norms, SiLU and residual adds inside the projections; on all layers, or on one layer so that
-the stream crosses between the fused and the classic form in both directions), also with the
-persistent kernel for o_proj..down (`dlrt.kernels.layer_stream`, run in stages), residual
+the stream crosses between the fused and the classic form in both directions), residual
 plumbing through the fused RMSNorm, q/k norm + RoPE + cache write, SiLU-and-mul. fp32 weights;
 logits within 1e-4 relative, and the cache holds the same K/V.
 """
@@ -18,7 +17,6 @@ import torch
 pytest.importorskip("triton")
 
 from dlrt import LLM  # noqa: E402
-from dlrt.kernels.layer_stream import StreamConfig  # noqa: E402
 from dlrt.kernels.skinny_gemm import GemmConfig  # noqa: E402
 from dlrt.layers import attention, gemv_layer, linear, mlp, norm  # noqa: E402
 
@@ -31,15 +29,12 @@ def forward(llm: LLM, tokens: torch.Tensor, chunk_block: int | None):
 
 GEMMS = {"dot": (9, GemmConfig(16, 16, 2)),
          "gemv": (4, GemmConfig(4, 32, 1, stages=2, kind="fma")),
-         "gemv_layer": (4, GemmConfig(8, 32, 1, stages=3, kind="fma")),
-         "layer_stream": (4, GemmConfig(8, 32, 1, stages=3, kind="fma"))}
-STREAM = StreamConfig(16, 32, stages=2, warps=1)
+         "gemv_layer": (4, GemmConfig(8, 32, 1, stages=3, kind="fma"))}
 
 
 MODELS = [("tiny_sdar", 4), ("tiny_sdar_moe", 4), ("tiny_llada", None)]
 CASES = [(*m, gemm, None) for m in MODELS for gemm in ("dot", "gemv")] + [
-    (*m, "gemv_layer", layers) for m in (MODELS[0], MODELS[2]) for layers in ("all", 0, 1)] + [
-    (*MODELS[0], "layer_stream", 1)]
+    (*m, "gemv_layer", layers) for m in (MODELS[0], MODELS[2]) for layers in ("all", 0, 1)]
 
 
 @pytest.mark.parametrize("ckpt,chunk_block,gemm,fused_layers", CASES)
@@ -58,12 +53,11 @@ def test_fused_forward_matches_unfused(ckpt, chunk_block, gemm, fused_layers, re
         if p.dim() == 2 and p.shape[1] % 32 == 0 and p.shape[0] <= 1024:
             monkeypatch.setitem(linear.CHOICES, (*p.shape, p.dtype), cfg)
     fused = []
-    if gemm in ("gemv_layer", "layer_stream"):  # both tiny models have two dense layers
+    if gemm == "gemv_layer":  # both tiny models have two dense layers
         layers = [m for m in llm.model.modules() if callable(getattr(m, "dense_weights", None))]
         for i, m in enumerate(layers):
             if fused_layers in ("all", i):
-                stream = STREAM if gemm == "layer_stream" else None
-                monkeypatch.setattr(m, "gemvs", gemv_layer.LayerGEMVs(cfg, cfg, cfg, cfg, stream))
+                monkeypatch.setattr(m, "gemvs", gemv_layer.LayerGEMVs(cfg, cfg, cfg, cfg))
                 fused.append(m)
         assert len(layers) == 2 and fused
         calls = []

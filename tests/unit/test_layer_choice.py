@@ -1,7 +1,6 @@
-"""The load-time choice between the classic dense layer, the fused-GEMV layer and the streamed
-one (`dlrt.kernels.gemm_select._tune_layers`), with the timing replaced by fixed numbers: which
-layers get `LayerGEMVs` (and its `stream`), the cache file, `force`, and settings left by an
-earlier tune."""
+"""The load-time choice between the classic dense layer and the fused-GEMV layer
+(`dlrt.kernels.gemm_select._tune_layers`), with the timing replaced by fixed numbers: which
+layers get `LayerGEMVs`, the cache file, `force`, and settings left by an earlier tune."""
 
 from __future__ import annotations
 
@@ -29,11 +28,9 @@ def tiny(tiny_sdar, monkeypatch):
         cfg = {"block_n": 8, "block_k": 64, "split_k": 1, "stages": 2, "warps": 1,
                "kind": "fma"}
         return dict(classic_us=10.0, fused_us=fake_time_layer.fused_us,
-                    configs={r: cfg for r in ("qkv", "o", "gate_up", "down")}, role_us={},
-                    streamed_us=fake_time_layer.streamed_us, stream=fake_time_layer.stream)
+                    configs={r: cfg for r in ("qkv", "o", "gate_up", "down")}, role_us={})
 
     fake_time_layer.fused_us = 5.0
-    fake_time_layer.streamed_us, fake_time_layer.stream = None, None
     monkeypatch.setattr(gemm_select, "time_layer", fake_time_layer)
     layers = [m for m in llm.model.modules() if callable(getattr(m, "dense_weights", None))]
     return llm, layers, calls, fake_time_layer
@@ -45,7 +42,6 @@ def test_faster_fused_layer_is_set_on_every_dense_layer_and_cached(tiny, tmp_pat
     stored, records = {}, {}
     gemm_select._tune_layers(llm.model, 4, False, stored, records, path)
     assert len(layers) == 2 and all(m.gemvs is not None for m in layers)
-    assert all(m.gemvs.stream is None for m in layers)
     assert records["layer"]["chosen"] == "fused" and calls == [4]
     key = next(k for k in json.loads(path.read_text()) if k.startswith("layer"))
     # a second load reads the file: no timing
@@ -66,15 +62,3 @@ def test_slower_fused_layer_stays_classic_unless_forced(tiny, tmp_path):
     # a later tune for rows the GEMV does not serve clears what the last one set
     gemm_select._tune_layers(llm.model, 8, True, {}, {}, tmp_path / "a.json")
     assert all(m.gemvs is None for m in layers)
-
-
-@pytest.mark.parametrize("streamed_us,chosen", [(4.0, "streamed"), (6.0, "fused")])
-def test_streamed_layer_is_taken_when_fastest(tiny, tmp_path, streamed_us, chosen):
-    llm, layers, _, fake = tiny
-    fake.streamed_us = streamed_us
-    fake.stream = {"block_n": 16, "block_k": 64, "stages": 2, "warps": 1, "per_sm": 1}
-    records = {}
-    gemm_select._tune_layers(llm.model, 4, False, {}, records, tmp_path / "s.json")
-    assert records["layer"]["chosen"] == chosen
-    want = gemm_select.StreamConfig(16, 64, 2, 1, 1) if chosen == "streamed" else None
-    assert all(m.gemvs is not None and m.gemvs.stream == want for m in layers)
