@@ -15,7 +15,8 @@ for path in sorted(Path(sys.argv[1]).glob("step-*.json")):
     for row in rec["rows"]:
         stages = " ".join(f"{k[:-3]}={row[k]:.0f}" for k in
                           ("attention_us", "gemm_us", "sampling_us", "other_us") if k in row)
-        print(f"{rec['model'].split('/')[-1]:<14} {rec.get('attention', '-'):<14} {env:<30} "
+        print(f"{rec['model'].split('/')[-1]:<14} {rec.get('commit', '-'):<8} "
+              f"{rec.get('attention', '-'):<14} {env:<30} "
               f"ctx={row['context']:<6} "
               f"loop={row['device_loop_us']:.0f} bubble={row['host_bubble_us']:.0f} "
               f"floor={row['floor_us']:.0f} ratio={row['ratio_to_floor']:.3f} {stages} "
