@@ -24,8 +24,28 @@ GEMV_CONSTS = dict(K=4096, K_P2=4096, ROWS=4, BLOCK_N=8, BLOCK_K=256, AHEAD=2, V
 
 def _kernels() -> dict:
     """name -> (kernel, {arg: type}, {constexpr: value}); PDL is added."""
-    from dlrt.kernels import activation, greedy, paged_attention, rms_norm, rope, skinny_gemm
+    from dlrt.kernels import (
+        activation,
+        greedy,
+        paged_attention,
+        rms_norm,
+        rope,
+        sampling,
+        skinny_gemm,
+    )
+    slices = dict(SLICE=2560, SLICES=64, BLOCK=512)
+    search = dict(logits_ptr=P16, stats_ptr=P32, acc_ptr=I64, zk_ptr=I64, V="i32", nsl="i32")
     return {
+        "sample_max": (sampling._max_kernel, search, slices),
+        "sample_pass": (sampling._pass_kernel,
+                        dict(search, ties_ptr=P32, inv_t="fp32", kk="fp32", top_p="fp32",
+                             j="i32"), dict(slices, MASS=True, USE_K=True)),
+        "sample_race": (sampling._race_kernel,
+                        dict(search, seed_ptr=I64, round_ptr=I64, pos_ptr=I64, ties_ptr=P32,
+                             race_ptr=P32, race_idx_ptr=I32, inv_t="fp32", kk="fp32",
+                             top_p="fp32"), dict(slices, USE_K=True, USE_P=True)),
+        "sample_pick": (sampling._pick_kernel, dict(race_ptr=P32, race_idx_ptr=I32, ids_ptr=I64,
+                                                    conf_ptr=P32, nsl="i32"), dict(SLICES=64)),
         "rms_norm": (rms_norm._rms_norm_kernel, dict(x_ptr=P16, res_ptr=P16, w_ptr=P16, y_ptr=P16,
                                                      H="i32", eps="fp32"),
                      dict(HAS_RES=True, BLOCK=4096)),
@@ -67,7 +87,7 @@ def _kernels() -> dict:
 
 NAMES = ["attention_split", "gemm", "gemm_reduce", "gemv", "gemv_norm",
          "gemv_row", "gemv_silu", "greedy_merge", "greedy_slice", "qk_norm_rope", "rms_norm",
-         "silu_mul"]
+         "sample_max", "sample_pass", "sample_pick", "sample_race", "silu_mul"]
 PDL_OFF = ["rms_norm", "gemm"]
 GEMVS = ["gemv", "gemv_norm", "gemv_row", "gemv_silu"]
 WEIGHT_FIRST = GEMVS  # load their first weight tiles before the wait
