@@ -72,14 +72,14 @@ def _merge(part_o_ptr, part_ml_ptr, out_ptr, i, head, row_ok, kv_len, span, N,
     d = tl.arange(0, D)
     m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for sp in range(0, SPLITS):
-        used = row_ok & (sp * span < kv_len)
+        used = tl.where(sp * span < kv_len, row_ok, False)  # a [BLOCK_M] mask
         row = sp * N * H_Q + i * H_Q + head
         m_s = tl.load(part_ml_ptr + row * 2, mask=used, other=float("-inf"), cache_modifier=".cg")
         m_all = tl.maximum(m_all, m_s)
     num = tl.zeros([BLOCK_M, D], tl.float32)
     den = tl.zeros([BLOCK_M], tl.float32)
     for sp in range(0, SPLITS):
-        used = row_ok & (sp * span < kv_len)
+        used = tl.where(sp * span < kv_len, row_ok, False)  # a [BLOCK_M] mask
         row = sp * N * H_Q + i * H_Q + head
         m_s = tl.load(part_ml_ptr + row * 2, mask=used, other=float("-inf"), cache_modifier=".cg")
         l_s = tl.load(part_ml_ptr + row * 2 + 1, mask=used, other=0.0, cache_modifier=".cg")
