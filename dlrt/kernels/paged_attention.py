@@ -10,11 +10,8 @@ the chunk start (CHUNK_BLOCK = 0: the whole chunk is visible, full bidirectional
 GQA: one program serves all query heads of one KV head, so each K/V tile is read once per
 group. The context is cut into a fixed number of splits that run in parallel (so a block of 4
 queries still fills the GPU); each split's length follows the context read from device memory
-(whole tiles of BLOCK_N keys), so short and long contexts alike spread over the splits. The
-last split of a (query tile, KV head) to finish merges the splits' partial softmax states (an
-arrival counter per tile, reset by the merging program; the merge reads the splits in a fixed
-order), so there is no second kernel; with one split the program writes its output directly.
-Algorithm: FlashAttention's
+(whole tiles of BLOCK_N keys), so short and long contexts alike spread over the splits. A second
+kernel merges the splits' partial softmax states. Algorithm: FlashAttention's
 online softmax (Dao et al., 2022) with split-K merging as in Flash-Decoding (Dao et al., 2023).
 """
 
@@ -65,38 +62,9 @@ def _split_len(kv_len, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _merge(part_o_ptr, part_ml_ptr, out_ptr, i, head, row_ok, kv_len, span, N,
-           H_Q: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Combine the partial states (o, m, l) of the splits that hold keys, in split order, into
-    out rows (i, head): sum_s exp(m_s - m) o_s / sum_s exp(m_s - m) l_s, m = max_s m_s."""
-    d = tl.arange(0, D)
-    m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for sp in range(0, SPLITS):
-        used = tl.where(sp * span < kv_len, row_ok, False)  # a [BLOCK_M] mask
-        row = sp * N * H_Q + i * H_Q + head
-        m_s = tl.load(part_ml_ptr + row * 2, mask=used, other=float("-inf"), cache_modifier=".cg")
-        m_all = tl.maximum(m_all, m_s)
-    num = tl.zeros([BLOCK_M, D], tl.float32)
-    den = tl.zeros([BLOCK_M], tl.float32)
-    for sp in range(0, SPLITS):
-        used = tl.where(sp * span < kv_len, row_ok, False)  # a [BLOCK_M] mask
-        row = sp * N * H_Q + i * H_Q + head
-        m_s = tl.load(part_ml_ptr + row * 2, mask=used, other=float("-inf"), cache_modifier=".cg")
-        l_s = tl.load(part_ml_ptr + row * 2 + 1, mask=used, other=0.0, cache_modifier=".cg")
-        o_s = tl.load(part_o_ptr + row[:, None] * D + d[None, :], mask=used[:, None], other=0.0,
-                      cache_modifier=".cg")
-        w = tl.where(used, tl.exp(m_s - m_all), 0.0)
-        num += o_s * w[:, None]
-        den += l_s * w
-    out = num / den[:, None]
-    tl.store(out_ptr + (i[:, None] * H_Q + head[:, None]) * D + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
-
-
-@triton.jit
 def _attn_split_kernel(
     q_ptr, k_ptr, v_ptr, page_table_ptr, lens_ptr,
-    part_o_ptr, part_ml_ptr, count_ptr, out_ptr,
+    part_o_ptr, part_ml_ptr,
     scale, N,
     H_Q: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     CHUNK_BLOCK: tl.constexpr, SPLITS: tl.constexpr, MAX_TILES: tl.constexpr,
@@ -113,46 +81,55 @@ def _attn_split_kernel(
     span = _split_len(kv_len, SPLITS, BLOCK_N)
     lo = split * span
     hi = tl.minimum(lo + span, kv_len)
+    if lo >= kv_len:  # a split past the context: the merge ignores it
+        return
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # flattened (query i, head-in-group g)
     i = rows // G
     head = kvh * G + rows % G
     row_ok = i < N
     d = tl.arange(0, D)
-    if lo < kv_len:  # a split past the context has no keys: it only arrives at the counter
-        q = tl.load(q_ptr + (i[:, None] * H_Q + head[:, None]) * D + d[None, :],
-                    mask=row_ok[:, None], other=0.0)
-        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        s_sum = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, D], tl.float32)
-        # NOTE: on the GPU the trip count follows the context (read from device memory); the
-        # interpreter needs a static count (MAX_TILES: the split length at the largest
-        # context). Keys past `hi` are masked either way.
-        if DYNAMIC_TRIPS:
-            for t in range(0, tl.cdiv(hi - lo, BLOCK_N)):
-                m, s_sum, acc = _tile(q, k_ptr, v_ptr, page_table_ptr, lo + t * BLOCK_N, hi,
-                                      start, i, row_ok, kvh, m, s_sum, acc, scale, H_KV, D,
-                                      PAGE, CHUNK_BLOCK, BLOCK_N, PRECISION)
-        else:
-            for t in range(0, MAX_TILES):
-                m, s_sum, acc = _tile(q, k_ptr, v_ptr, page_table_ptr, lo + t * BLOCK_N, hi,
-                                      start, i, row_ok, kvh, m, s_sum, acc, scale, H_KV, D,
-                                      PAGE, CHUNK_BLOCK, BLOCK_N, PRECISION)
-        if SPLITS == 1:
-            out = acc / s_sum[:, None]
-            tl.store(out_ptr + (i[:, None] * H_Q + head[:, None]) * D + d[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
-        else:
-            out_row = (split * N * H_Q + i * H_Q + head)
-            tl.store(part_o_ptr + out_row[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
-            tl.store(part_ml_ptr + out_row * 2, m, mask=row_ok)
-            tl.store(part_ml_ptr + out_row * 2 + 1, s_sum, mask=row_ok)
-    if SPLITS > 1:
-        tl.debug_barrier()  # every thread's partial stores precede the release below
-        tile = count_ptr + pid_m * H_KV + kvh
-        if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:  # the last
-            _merge(part_o_ptr, part_ml_ptr, out_ptr, i, head, row_ok, kv_len, span, N, H_Q, D,
-                   SPLITS, BLOCK_M)
-            tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+    q = tl.load(q_ptr + (i[:, None] * H_Q + head[:, None]) * D + d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    s_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    # NOTE: on the GPU the trip count follows the context (read from device memory); the
+    # interpreter needs a static count (MAX_TILES: the split length at the largest context).
+    # Keys past `hi` are masked either way.
+    if DYNAMIC_TRIPS:
+        for t in range(0, tl.cdiv(hi - lo, BLOCK_N)):
+            m, s_sum, acc = _tile(q, k_ptr, v_ptr, page_table_ptr, lo + t * BLOCK_N, hi, start,
+                                  i, row_ok, kvh, m, s_sum, acc, scale, H_KV, D, PAGE,
+                                  CHUNK_BLOCK, BLOCK_N, PRECISION)
+    else:
+        for t in range(0, MAX_TILES):
+            m, s_sum, acc = _tile(q, k_ptr, v_ptr, page_table_ptr, lo + t * BLOCK_N, hi, start,
+                                  i, row_ok, kvh, m, s_sum, acc, scale, H_KV, D, PAGE,
+                                  CHUNK_BLOCK, BLOCK_N, PRECISION)
+    out_row = (split * N * H_Q + i * H_Q + head)
+    tl.store(part_o_ptr + out_row[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+    tl.store(part_ml_ptr + out_row * 2, m, mask=row_ok)
+    tl.store(part_ml_ptr + out_row * 2 + 1, s_sum, mask=row_ok)
+
+
+@triton.jit
+def _attn_merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, out_ptr, NH,
+                       D: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+                       BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    pdl.begin(PDL)
+    row = tl.program_id(0)  # flattened (query, head)
+    kv_len = tl.load(lens_ptr + 1)
+    s = tl.arange(0, SPLITS_P2)
+    used = (s < SPLITS) & (s * _split_len(kv_len, SPLITS, BLOCK_N) < kv_len)
+    d = tl.arange(0, D)
+    base = s * NH + row
+    m = tl.load(part_ml_ptr + base * 2, mask=used, other=float("-inf"))
+    w_sum = tl.load(part_ml_ptr + base * 2 + 1, mask=used, other=0.0)
+    m_all = tl.max(m, axis=0)
+    w = tl.where(used, tl.exp(m - m_all), 0.0)
+    acc = tl.load(part_o_ptr + base[:, None] * D + d[None, :], mask=used[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(w * w_sum, axis=0)
+    tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty))
 
 
 def _block_rows(rows: int) -> int:
@@ -173,30 +150,28 @@ def _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, s
     g = h_q // h_kv
     block_m = _block_rows(n * g)
     block_n = block_keys(max_kv, splits)
-    part_o, part_ml, counts = scratch
+    part_o, part_ml = scratch
     assert part_o.numel() >= splits * n * h_q * d
     assert part_ml.numel() >= splits * n * h_q * 2
     grid = (triton.cdiv(n * g, block_m), h_kv, splits)
-    assert counts.numel() >= grid[0] * h_kv and counts.dtype == torch.int32
-    _attn_split_kernel[grid](q, k_cache, v_cache, page_table, lens, part_o, part_ml, counts,
-                             out, scale, n,
+    opts = pdl.launch_options(q)
+    _attn_split_kernel[grid](q, k_cache, v_cache, page_table, lens, part_o, part_ml, scale, n,
                              H_Q=h_q, H_KV=h_kv, D=d, PAGE=page, CHUNK_BLOCK=chunk_block or 0,
                              SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n,
                              MAX_TILES=triton.cdiv(triton.cdiv(max_kv, splits), block_n),
                              PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                             DYNAMIC_TRIPS=os.environ.get("TRITON_INTERPRET") != "1",
-                             **pdl.launch_options(q))
+                             DYNAMIC_TRIPS=os.environ.get("TRITON_INTERPRET") != "1", **opts)
+    _attn_merge_kernel[(n * h_q,)](part_o, part_ml, lens, out, n * h_q, D=d, SPLITS=splits,
+                                   SPLITS_P2=triton.next_power_of_2(splits), BLOCK_N=block_n,
+                                   **opts)
     return out
 
 
 def split_scratch(n: int, h_q: int, d: int, splits: int,
-                  device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Scratch for partial results: ([splits, n, Hq, D] fp32, [splits, n, Hq, 2] fp32), and
-    the arrival counters of the (query tile, KV head) pairs ([n * Hq] int32, zeros; each
-    launch leaves them at zero). Launches that share it must not run concurrently."""
+                  device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scratch for partial results: ([splits, n, Hq, D] fp32, [splits, n, Hq, 2] fp32)."""
     return (torch.empty(splits * n * h_q * d, dtype=torch.float32, device=device),
-            torch.empty(splits * n * h_q * 2, dtype=torch.float32, device=device),
-            torch.zeros(n * h_q, dtype=torch.int32, device=device))
+            torch.empty(splits * n * h_q * 2, dtype=torch.float32, device=device))
 
 
 def default_splits(max_kv: int, n: int, h_q: int, h_kv: int, device: torch.device) -> int:
@@ -217,7 +192,7 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           page_table: torch.Tensor, lens: torch.Tensor, scale: float,
                           chunk_block: int | None, max_kv: int, splits: int = 16,
                           out: torch.Tensor | None = None,
-                          scratch: tuple[torch.Tensor, ...] | None = None,
+                          scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
                           ) -> torch.Tensor:
     """Attention of a chunk of queries over a paged KV cache (see module docstring).
 

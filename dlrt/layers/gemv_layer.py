@@ -1,11 +1,11 @@
 """A dense decoder layer as four GEMVs with its small ops inside them (CUDA, <= 4 rows).
 
-The classic layer runs nine kernels: add+RMSNorm, QKV, q/k norm + RoPE, attention, o_proj,
+The classic layer runs ten kernels: add+RMSNorm, QKV, q/k norm + RoPE, attention (two), o_proj,
 add+RMSNorm, gate-up, SiLU-and-mul, down. Each kernel boundary costs the GPU a few
 microseconds of ramp and drain, which for a block of 4 rows is comparable to streaming a small
 weight. Here the norms run in the prologue of the projection they feed, SiLU-and-mul in the
 prologue of down_proj, and each residual add in the epilogue of the projection before it
-(`dlrt.kernels.skinny_gemm.gemv`), leaving six kernels:
+(`dlrt.kernels.skinny_gemm.gemv`), leaving seven kernels:
 
     qkv   = gemv(s, W_qkv, norm=attn_norm)          s: the residual stream
     s     = gemv(attend(qkv), W_o, residual=s)

@@ -58,11 +58,14 @@ def _kernels() -> dict:
                          dict(H_Q=32, H_KV=8, D=128, PAGE=64, HAS_NORM=True, FP32_ROPE=False)),
         "attention_split": (paged_attention._attn_split_kernel,
                             dict(q_ptr=P16, k_ptr=P16, v_ptr=P16, page_table_ptr=I32, lens_ptr=I32,
-                                 part_o_ptr=P32, part_ml_ptr=P32, count_ptr=I32, out_ptr=P16,
-                                 scale="fp32", N="i32"),
+                                 part_o_ptr=P32, part_ml_ptr=P32, scale="fp32", N="i32"),
                             dict(H_Q=32, H_KV=8, D=128, PAGE=64, CHUNK_BLOCK=4, SPLITS=64,
                                  MAX_TILES=8, BLOCK_M=16, BLOCK_N=64, PRECISION="tf32",
                                  DYNAMIC_TRIPS=True)),
+        "attention_merge": (paged_attention._attn_merge_kernel,
+                            dict(part_o_ptr=P32, part_ml_ptr=P32, lens_ptr=I32, out_ptr=P16,
+                                 NH="i32"),
+                            dict(D=128, SPLITS=64, SPLITS_P2=64, BLOCK_N=64)),
         "greedy_slice": (greedy._slice_kernel, dict(logits_ptr=P16, part_ptr=P32, part_idx_ptr=I32,
                                                     V="i32"),
                          dict(SLICE=5120, BLOCK=1024, SLICES=32)),
@@ -85,7 +88,7 @@ def _kernels() -> dict:
                         dict(SPLIT_K=4, BLOCK_M=16, BLOCK=1024)),
     }
 
-NAMES = ["attention_split", "gemm", "gemm_reduce", "gemv", "gemv_norm",
+NAMES = ["attention_merge", "attention_split", "gemm", "gemm_reduce", "gemv", "gemv_norm",
          "gemv_row", "gemv_silu", "greedy_merge", "greedy_slice", "qk_norm_rope", "rms_norm",
          "sample_max", "sample_pass", "sample_pick", "sample_race", "silu_mul"]
 PDL_OFF = ["rms_norm", "gemm"]
