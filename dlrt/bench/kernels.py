@@ -26,12 +26,11 @@ COLUMNS = ["op", "shape", "impl", "us", "vs_reference", "GBps"]
 
 def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], Any]]]:
     """op name -> {impl: closure} over fresh random inputs at the model's shapes."""
+    from dlrt.decoding.round import fused_candidates
     from dlrt.decoding.sampling import SamplingSpec, candidates, probabilities
     from dlrt.kernels.activation import silu_mul
-    from dlrt.kernels.greedy import greedy_candidates
     from dlrt.kernels.rms_norm import rms_norm
     from dlrt.kernels.rope import qk_norm_rope_write
-    from dlrt.kernels.sampling import sample_candidates
     from dlrt.layers.attention import Attention
     from dlrt.layers.mlp import silu_and_mul_reference
     from dlrt.layers.norm import RMSNorm
@@ -75,16 +74,10 @@ def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], An
     def draw_ref(logits, spec):
         return candidates(probabilities(logits, spec), spec, round_idx, pos, seed)
 
-    def draw_kernel(logits, spec):
-        if spec.temperature == 0:
-            return greedy_candidates(logits)
-        return sample_candidates(logits, spec.temperature, spec.top_k, spec.top_p, seed,
-                                 round_idx, pos)
-
     compiled = {f: torch.compile(f, dynamic=False)
                 for f in (norm_ref, silu_ref, rope_ref, draw_ref)}
     draws = {f"{name} [{n},{c.vocab_size}]": dict(
-        triton=lambda spec=spec: draw_kernel(logits, spec),
+        triton=lambda spec=spec: fused_candidates(logits, spec, seed, round_idx, pos),
         reference=lambda spec=spec: draw_ref(logits, spec),
         compiled=lambda spec=spec: compiled[draw_ref](logits, spec))
         for name, spec in sample_specs.items()}

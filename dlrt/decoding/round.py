@@ -27,6 +27,21 @@ class RoundSpec:
     steps: int  # the round budget T; the last round commits every remaining mask
 
 
+def fused_candidates(logits: torch.Tensor, sampling: SamplingSpec, seed, round_idx,
+                     positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(candidates [n] int64, confidences [n] fp32) of logits [n, V] from the Triton kernels,
+    without fp32 [n, V] probabilities: greedy (`dlrt.kernels.greedy`) at temperature 0, else
+    the sampled draw (`dlrt.kernels.sampling`), equal to `candidates(probabilities(...))`.
+    seed, round_idx: ints or 0-d int64 device tensors."""
+    logits = logits.contiguous()
+    if sampling.temperature == 0:
+        from dlrt.kernels.greedy import greedy_candidates
+        return greedy_candidates(logits)
+    from dlrt.kernels.sampling import sample_candidates
+    return sample_candidates(logits, sampling.temperature, sampling.top_k, sampling.top_p, seed,
+                             round_idx, positions)
+
+
 def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
                   masked: torch.Tensor, positions: torch.Tensor, round_idx, quota,
                   steps=None, seed=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -47,16 +62,8 @@ def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
     seed = spec.sampling.seed if seed is None else seed
     steps = spec.steps if steps is None else steps
     ent = None
-    s = spec.sampling
     if spec.strategy.name not in NEEDS_ENTROPY and logits.dim() == 2 and use_kernels(logits):
-        # no fp32 [n, V] probabilities
-        if s.temperature == 0:
-            from dlrt.kernels.greedy import greedy_candidates
-            cand, conf = greedy_candidates(logits.contiguous())
-        else:
-            from dlrt.kernels.sampling import sample_candidates
-            cand, conf = sample_candidates(logits.contiguous(), s.temperature, s.top_k,
-                                           s.top_p, seed, round_idx, positions)
+        cand, conf = fused_candidates(logits, spec.sampling, seed, round_idx, positions)
     else:
         probs = probabilities(logits, spec.sampling)  # [n, V] fp32
         cand, conf = candidates(probs, spec.sampling, round_idx, positions, seed)
