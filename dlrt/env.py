@@ -48,7 +48,6 @@ def pdl() -> bool:
     return os.environ.get("DLRT_PDL", "1") != "0"
 
 
-
 def _non_negative(name: str, default: str) -> float:
     value = os.environ.get(name, default)
     try:
@@ -65,12 +64,3 @@ def l2_prefetch_bytes() -> int:
     projection of a round (`dlrt.kernels.l2_prefetch`); '0' turns the prefetch off."""
     return int(_non_negative("DLRT_L2_PREFETCH_MB", "16") * 2**20)
 
-
-def l2_prefetch_chunk() -> int:
-    """DLRT_L2_PREFETCH_CHUNK_KB: KiB per bulk prefetch instruction (default 16; a multiple
-    of 1/64 KiB, i.e. of 16 bytes)."""
-    value = _non_negative("DLRT_L2_PREFETCH_CHUNK_KB", "16") * 1024
-    if value <= 0 or value % 16:
-        raise OptionError(f"DLRT_L2_PREFETCH_CHUNK_KB must give a positive multiple of 16 "
-                          f"bytes, got {value:g} bytes")
-    return int(value)

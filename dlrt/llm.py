@@ -135,8 +135,7 @@ class LLM:
         """On CUDA with the fused kernels: chain each projection's L2 prefetch of the next
         (`dlrt.layers.linear.plan`; DLRT_L2_PREFETCH_MB, 0 = off). [] elsewhere."""
         on = self.device.type == "cuda" and env.fused_kernels()
-        return plan_prefetch(self.model, env.l2_prefetch_bytes() if on else 0,
-                             env.l2_prefetch_chunk())
+        return plan_prefetch(self.model, env.l2_prefetch_bytes() if on else 0)
 
     def _mask_token(self, config: ModelConfig, option: int | None) -> int:
         if option is not None:

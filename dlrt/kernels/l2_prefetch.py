@@ -3,13 +3,16 @@
 At a few rows a round streams the weights, but between two projections the HBM idles: the
 norms, RoPE, attention and activation that separate them read little, and the next GEMM needs
 a few microseconds to ramp up its loads. `prefetch` launches, right after projection j and
-with programmatic dependent launch (`dlrt.kernels.pdl`), a one-warp-per-program kernel that asks
-the L2 for the first bytes of projection j+1's weight with the bulk prefetch
-(`cp.async.bulk.prefetch.L2.global`, fire-and-forget) and ends; the small kernels that follow
-run while the HBM fills the L2, and projection j+1 finds its first rows there. The weights are
-constant, so the prefetch may run before the kernel waits for its predecessor; it changes no
-value (a cache hint). Which weight follows which is set at load by `dlrt.layers.linear.plan`.
-Reference: PTX ISA 8.0, "cp.async.bulk.prefetch"; CUDA Programming Guide, "L2 cache".
+with programmatic dependent launch (`dlrt.kernels.pdl`), a kernel whose threads each ask the L2
+for a few 128-byte lines of the first bytes of projection j+1's weight
+(`prefetch.global.L2::evict_last`: fire-and-forget, kept ahead of the streamed lines) and
+ends; the small kernels that follow run while the HBM fills the L2, and projection j+1 finds
+its first rows there. The weights are constant, so the prefetch may run before the kernel waits
+for its predecessor; it changes no value (a cache hint). Which weight follows which is set at
+load by `dlrt.layers.linear.plan`. (The bulk form, `cp.async.bulk.prefetch.L2`, was measured
+slower on the H200: `benchmarks/results/prefetch-probe-run1-20261130.json`.)
+Reference: PTX ISA, "prefetch, prefetchu" (eviction priority, sm_80+); CUDA Programming Guide,
+"L2 cache".
 """
 
 from __future__ import annotations
@@ -20,55 +23,52 @@ import triton.language as tl
 
 from dlrt.kernels import pdl
 
-CHUNK_BYTES = 16384  # bytes one thread asks for (one bulk prefetch)
-THREADS = 32  # one warp per program, one chunk per thread
+LINE = 128  # bytes per prefetched line
+BLOCK = 1024  # lines per program: 8 warps, 4 lines per thread
+WARPS = 8
 
 
 @triton.jit
-def _prefetch_kernel(w_ptr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, SIZE: tl.constexpr,
+def _prefetch_kernel(w_ptr, lines, LINE_ELEMS: tl.constexpr, BLOCK: tl.constexpr,
                      PDL: tl.constexpr):
-    """Chunk i (elements [i * CHUNK, (i + 1) * CHUNK) of w, SIZE bytes) for i < CHUNKS, one per
-    thread; the last program's spare threads repeat the last chunk (a hint: harmless)."""
+    """Line i (w[i * LINE_ELEMS]) for i < lines; the last program's spare lanes repeat the
+    last line (a hint: harmless)."""
     pdl.release(PDL)
-    i = tl.minimum(tl.program_id(0) * 32 + tl.arange(0, 32), CHUNKS - 1)
-    size = tl.full([32], SIZE, tl.int32)
+    i = tl.minimum(tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), lines - 1)
     tl.inline_asm_elementwise(
-        "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-        [w_ptr + i.to(tl.int64) * CHUNK, size], dtype=tl.int32, is_pure=False, pack=1)
+        "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l",
+        [w_ptr + i.to(tl.int64) * LINE_ELEMS], dtype=tl.int32, is_pure=False, pack=1)
     pdl.wait(PDL)
 
 
-def chunks(w: torch.Tensor, nbytes: int, chunk_bytes: int = CHUNK_BYTES) -> int:
-    """Whole chunks of `chunk_bytes` in the first min(nbytes, size of w) bytes of w."""
-    return min(nbytes, w.numel() * w.element_size()) // chunk_bytes
+def lines(w: torch.Tensor, nbytes: int) -> int:
+    """Whole 128-byte lines in the first min(nbytes, size of w) bytes of w."""
+    return min(nbytes, w.numel() * w.element_size()) // LINE
 
 
 def supported(w: torch.Tensor) -> bool:
-    """The bulk prefetch needs compute capability 9.0 and, to overlap the kernels around it,
-    programmatic dependent launch: both are what `pdl.enabled` checks (a CUDA tensor on a
-    9.0+ device, DLRT_PDL not '0', not interpreted)."""
+    """The prefetch overlaps the kernels around it only under programmatic dependent launch:
+    what `pdl.enabled` checks (a CUDA tensor on a 9.0+ device, DLRT_PDL not '0', not
+    interpreted)."""
     return pdl.enabled(w)
 
 
-def prefetch(w: torch.Tensor, nbytes: int, chunk_bytes: int = CHUNK_BYTES) -> None:
-    """Ask the L2 for the first `nbytes` of w (rounded down to whole chunks); no-op where
-    `supported(w)` is false or nothing is left after rounding.
+def prefetch(w: torch.Tensor, nbytes: int) -> None:
+    """Ask the L2 for the first `nbytes` of w (whole lines); no-op where `supported(w)` is
+    false or no whole line is asked for.
 
     Args:
-        w: a contiguous CUDA tensor (a projection weight), 16-byte aligned.
+        w: a contiguous tensor (a projection weight).
         nbytes: how many bytes from its start; capped at its size.
-        chunk_bytes: bytes per bulk prefetch, a positive multiple of 16 and of w's element size.
     Raises:
-        ValueError: w not contiguous or not 16-byte aligned, or a bad chunk size.
+        ValueError: w not contiguous.
     """
-    if chunk_bytes <= 0 or chunk_bytes % 16 or chunk_bytes % w.element_size():
-        raise ValueError(f"l2 prefetch: chunk of {chunk_bytes} bytes is not a positive "
-                         f"multiple of 16 and of {w.element_size()}")
-    if not w.is_contiguous() or w.data_ptr() % 16:
-        raise ValueError("l2 prefetch: the weight must be contiguous and 16-byte aligned")
-    n = chunks(w, nbytes, chunk_bytes)
+    if not w.is_contiguous():
+        raise ValueError(f"l2 prefetch: the weight must be contiguous, got shape "
+                         f"{tuple(w.shape)} with strides {w.stride()}")
+    n = lines(w, nbytes)
     if n == 0 or not supported(w):
         return
-    _prefetch_kernel[(triton.cdiv(n, THREADS),)](
-        w, CHUNK=chunk_bytes // w.element_size(), CHUNKS=n, SIZE=chunk_bytes, num_warps=1,
+    _prefetch_kernel[(triton.cdiv(n, BLOCK),)](
+        w, n, LINE_ELEMS=LINE // w.element_size(), BLOCK=BLOCK, num_warps=WARPS,
         **pdl.launch_options(w))

@@ -16,12 +16,12 @@ CHOICES: dict[tuple, object] = {}
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor,
-           prefetch: tuple[torch.Tensor, int, int] | None = None) -> torch.Tensor:
+           prefetch: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T -> [..., N]. A few rows on CUDA (up to the chosen config's
     `max_rows`: 16, or 4 for the GEMV) take the Triton kernel where it was timed faster for
-    this shape; everything else is `F.linear`. With `prefetch` = (next weight, bytes, bytes
-    per chunk), a forward of at most 16 rows on CUDA then asks the L2 for that many bytes of
-    the next projection's weight (`dlrt.kernels.l2_prefetch`; a hint, values unchanged)."""
+    this shape; everything else is `F.linear`. With `prefetch` = (next weight, bytes), a
+    forward of at most 16 rows on CUDA then asks the L2 for that many bytes of the next
+    projection's weight (`dlrt.kernels.l2_prefetch`; a hint, values unchanged)."""
     y = _project(x, weight)
     if prefetch is not None and x.dim() == 2 and x.shape[0] <= 16 and use_kernels(x):
         from dlrt.kernels import l2_prefetch
@@ -43,7 +43,7 @@ class Linear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
-        self.prefetch: tuple[torch.Tensor, int, int] | None = None  # set by `plan`
+        self.prefetch: tuple[torch.Tensor, int] | None = None  # set by `plan`
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.prefetch)
@@ -61,7 +61,7 @@ class MergedLinear(nn.Module):
         super().__init__()
         self.parts = tuple(parts.items())
         self.weight = nn.Parameter(torch.empty(sum(parts.values()), in_features))
-        self.prefetch: tuple[torch.Tensor, int, int] | None = None  # set by `plan`
+        self.prefetch: tuple[torch.Tensor, int] | None = None  # set by `plan`
 
     def ranges(self) -> list[tuple[str, int, int]]:
         """(part name, first row, end row) of each part."""
@@ -82,13 +82,13 @@ class MergedLinear(nn.Module):
         return linear(x, self.weight, self.prefetch)
 
 
-def plan(model: nn.Module, nbytes: int, chunk_bytes: int = 16384) -> list[tuple[str, str]]:
+def plan(model: nn.Module, nbytes: int) -> list[tuple[str, str]]:
     """Chain the model's projections for the L2 prefetch: each `Linear` / `MergedLinear`, in
     registration order (the order a forward runs them in: a layer's QKV, output, gate-up and
     down, then the next layer's, then the LM head), prefetches the first `nbytes` of the next
     one's weight after its own product; the last one (the LM head) prefetches the first, for
-    the next round; `chunk_bytes` per bulk prefetch. A weight tied to an earlier one (an LM
-    head tied to the embedding) keeps its place. nbytes <= 0 removes the chain.
+    the next round. A weight tied to an earlier one (an LM head tied to the embedding) keeps
+    its place. nbytes <= 0 removes the chain.
 
     Returns:
         (module name, name of the module whose weight it prefetches), in order.
@@ -101,6 +101,6 @@ def plan(model: nn.Module, nbytes: int, chunk_bytes: int = 16384) -> list[tuple[
         return []
     out = []
     for (name, m), (nxt_name, nxt) in zip(mods, mods[1:] + mods[:1], strict=True):
-        m.prefetch = (nxt.weight, int(nbytes), int(chunk_bytes))
+        m.prefetch = (nxt.weight, int(nbytes))
         out.append((name, nxt_name))
     return out

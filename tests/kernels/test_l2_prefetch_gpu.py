@@ -19,21 +19,20 @@ def _hopper() -> bool:
 
 
 @pytest.mark.skipif(not _hopper(), reason="bulk L2 prefetch needs compute capability 9.0")
-@pytest.mark.parametrize("shape,nbytes,chunk", [((1000, 136), 2**20, 4096),  # capped at size
-                                                ((4096, 520), 3 * 2**20 + 48, 16384),
-                                                ((64, 64), 8192, 16)])
-def test_prefetch_eager_and_captured(shape, nbytes, chunk):
+@pytest.mark.parametrize("shape,nbytes", [((1000, 136), 2**20),  # capped at its size
+                                          ((4096, 520), 3 * 2**20 + 48), ((64, 64), 200)])
+def test_prefetch_eager_and_captured(shape, nbytes):
     torch.manual_seed(0)
     w = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     expect = w.clone()
-    assert l2_prefetch.supported(w) and l2_prefetch.chunks(w, nbytes, chunk) > 0
-    l2_prefetch.prefetch(w, nbytes, chunk)
+    assert l2_prefetch.supported(w) and l2_prefetch.lines(w, nbytes) > 0
+    l2_prefetch.prefetch(w, nbytes)
     torch.cuda.synchronize()
     out = torch.empty_like(w)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         w.mul_(2.0)  # the producer the prefetch follows
-        l2_prefetch.prefetch(w, nbytes, chunk)
+        l2_prefetch.prefetch(w, nbytes)
         out.copy_(w)
     for _ in range(3):
         g.replay()
@@ -44,7 +43,6 @@ def test_prefetch_eager_and_captured(shape, nbytes, chunk):
 @pytest.mark.parametrize("mode", ["eager", "host_loop", "device_loop"])
 def test_prefetch_chain_keeps_greedy_tokens(tiny_sdar, mode, monkeypatch):
     monkeypatch.setenv("DLRT_L2_PREFETCH_MB", "1")
-    monkeypatch.setenv("DLRT_L2_PREFETCH_CHUNK_KB", "1")
     on = LLM(tiny_sdar, device="cuda", dtype="float32", max_model_len=2048)
     assert len(on.prefetch_chain) == on.config.num_layers * 4 + 1
     monkeypatch.setenv("DLRT_L2_PREFETCH_MB", "0")

@@ -84,8 +84,8 @@ def _kernels() -> dict:
         "gemv_row": (skinny_gemm._gemv_kernel, GEMV_ARGS,  # 4 warps along K: x as one row
                      dict(GEMV_CONSTS, BLOCK_N=4, BLOCK_K=1024, X_ROW=True, NORM=True,
                           SILU=False, RES=True)),
-        "l2_prefetch": (l2_prefetch._prefetch_kernel, dict(w_ptr=P16),
-                        dict(CHUNK=8192, CHUNKS=100, SIZE=16384)),
+        "l2_prefetch": (l2_prefetch._prefetch_kernel, dict(w_ptr=P16, lines="i32"),
+                        dict(LINE_ELEMS=64, BLOCK=1024)),
         "gemm_reduce": (skinny_gemm._reduce_kernel, dict(part_ptr=P32, y_ptr=P16, M="i32",
                                                          N="i32"),
                         dict(SPLIT_K=4, BLOCK_M=16, BLOCK=1024)),
@@ -192,18 +192,19 @@ def test_gemv_loops_have_no_barrier(ptx_dir, name):
 
 
 def test_l2_prefetch_releases_prefetches_then_waits(ptx_dir):
-    """One bulk L2 prefetch per thread (16 KiB, at w + 8192 elements * min(thread, 99)),
-    between the release of the next kernel and the wait; no load or store at all."""
+    """Line prefetches (evict_last) at w + 64 bf16 * min(line, lines - 1), all between the
+    release of the next kernel and the wait; no load or store at all. Compiled for 4 warps:
+    1024 lines over 128 threads, 8 per thread."""
     lines = _body(_ptx(ptx_dir, "l2_prefetch", True))
     release = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch")]
     wait = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
-    pref = [i for i, ln in enumerate(lines) if ln.startswith("cp.async.bulk.prefetch.L2.global")]
-    assert len(release) == len(wait) == len(pref) == 1 and release[0] < pref[0] < wait[0]
+    pref = [i for i, ln in enumerate(lines) if ln.startswith("prefetch.global.L2::evict_last")]
+    assert len(release) == len(wait) == 1 and len(pref) == 8
+    assert release[0] < min(pref) and max(pref) < wait[0]
     assert not _loads(lines) and not [ln for ln in lines if re.match(r"(st|atom|red)\.", ln)]
     text = "\n".join(lines)
-    assert re.search(r"min\.s32\s+%r\d+, %r\d+, 99;", text)  # the last chunk, CHUNKS - 1
-    assert re.search(r"mad\.wide\.s32\s+%rd\d+, %r\d+, 16384, %rd\d+;", text)  # 8192 bf16
-    assert re.search(r"mov\.b32\s+%r\d+, 16384;", text)  # SIZE bytes per prefetch
+    assert re.search(r"min\.s32\s+%r\d+, %r\d+, %r\d+;", text)  # clamped at lines - 1
+    assert re.search(r"mad\.wide\.s32\s+%rd\d+, %r\d+, 128, %rd\d+;", text)  # 64 bf16
 
 
 @pytest.mark.parametrize("name", PDL_OFF)

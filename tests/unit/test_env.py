@@ -30,18 +30,12 @@ def test_pdl_and_fused_kernels_switches(monkeypatch):
 
 def test_l2_prefetch_sizes(monkeypatch):
     monkeypatch.delenv("DLRT_L2_PREFETCH_MB", raising=False)
-    monkeypatch.delenv("DLRT_L2_PREFETCH_CHUNK_KB", raising=False)
-    assert env.l2_prefetch_bytes() == 16 * 2**20 and env.l2_prefetch_chunk() == 16384
+    assert env.l2_prefetch_bytes() == 16 * 2**20
     monkeypatch.setenv("DLRT_L2_PREFETCH_MB", "0.5")
-    monkeypatch.setenv("DLRT_L2_PREFETCH_CHUNK_KB", "4")
-    assert env.l2_prefetch_bytes() == 2**19 and env.l2_prefetch_chunk() == 4096
+    assert env.l2_prefetch_bytes() == 2**19
     monkeypatch.setenv("DLRT_L2_PREFETCH_MB", "0")
     assert env.l2_prefetch_bytes() == 0
     for bad in ("-1", "lots", "nan"):
         monkeypatch.setenv("DLRT_L2_PREFETCH_MB", bad)
         with pytest.raises(OptionError, match="DLRT_L2_PREFETCH_MB must be a non-negative"):
             env.l2_prefetch_bytes()
-    for bad in ("0", "0.001"):  # no chunk, or not a multiple of 16 bytes
-        monkeypatch.setenv("DLRT_L2_PREFETCH_CHUNK_KB", bad)
-        with pytest.raises(OptionError, match="DLRT_L2_PREFETCH_CHUNK_KB"):
-            env.l2_prefetch_chunk()

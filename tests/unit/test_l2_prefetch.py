@@ -34,11 +34,11 @@ def test_chain_is_the_forward_order(ckpt, decoder, request, monkeypatch):
     kw = {"decoder": decoder} if decoder else {}
     llm = LLM(request.getfixturevalue(ckpt), device="cpu", **kw)
     assert llm.prefetch_chain == []  # CPU: no prefetch planned
-    chain = linear_mod.plan(llm.model, 3 * 2**20, 4096)
+    chain = linear_mod.plan(llm.model, 3 * 2**20)
     nxt = {}
     for mod_name, next_name in chain:
         mod, following = llm.model.get_submodule(mod_name), llm.model.get_submodule(next_name)
-        assert mod.prefetch[0] is following.weight and mod.prefetch[1:] == (3 * 2**20, 4096)
+        assert mod.prefetch[0] is following.weight and mod.prefetch[1] == 3 * 2**20
         nxt[mod.weight.data_ptr()] = following.weight.data_ptr()
     names = [n for n, _ in chain]
     layers = llm.config.num_layers
@@ -62,15 +62,10 @@ def test_chain_is_the_forward_order(ckpt, decoder, request, monkeypatch):
 
 def test_prefetch_arguments():
     w = torch.zeros(64, 256, dtype=torch.bfloat16)  # 32 KiB
-    assert l2_prefetch.chunks(w, 2**20, 4096) == 8  # capped at the weight's size
-    assert l2_prefetch.chunks(w, 10000, 4096) == 2  # whole chunks only
-    assert l2_prefetch.chunks(w, 100, 4096) == 0
-    for bad in (0, 24, -16):
-        with pytest.raises(ValueError, match="chunk of"):
-            l2_prefetch.prefetch(w, 4096, bad)
-    with pytest.raises(ValueError, match="contiguous and 16-byte aligned"):
-        l2_prefetch.prefetch(w.t(), 4096, 4096)
-    with pytest.raises(ValueError, match="contiguous and 16-byte aligned"):
-        l2_prefetch.prefetch(w.view(-1)[1:], 4096, 4096)
+    assert l2_prefetch.lines(w, 2**20) == 256  # capped at the weight's size
+    assert l2_prefetch.lines(w, 1000) == 7  # whole lines only
+    assert l2_prefetch.lines(w, 100) == 0
+    with pytest.raises(ValueError, match="must be contiguous"):
+        l2_prefetch.prefetch(w.t(), 4096)
     assert not l2_prefetch.supported(w)
-    l2_prefetch.prefetch(w, 4096, 4096)  # a CPU tensor: nothing to prefetch into
+    l2_prefetch.prefetch(w, 4096)  # a CPU tensor: nothing to prefetch into
