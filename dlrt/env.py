@@ -47,20 +47,3 @@ def pdl() -> bool:
     (default: PDL on compute capability 9.0+)."""
     return os.environ.get("DLRT_PDL", "1") != "0"
 
-
-def _non_negative(name: str, default: str) -> float:
-    value = os.environ.get(name, default)
-    try:
-        out = float(value)
-    except ValueError:
-        out = -1.0
-    if not out >= 0:
-        raise OptionError(f"{name} must be a non-negative number, got {value!r}")
-    return out
-
-
-def l2_prefetch_bytes() -> int:
-    """DLRT_L2_PREFETCH_MB: MiB of the next projection's weight asked into the L2 after each
-    projection of a round (`dlrt.kernels.l2_prefetch`); '0' turns the prefetch off."""
-    return int(_non_negative("DLRT_L2_PREFETCH_MB", "16") * 2**20)
-

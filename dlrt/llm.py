@@ -22,7 +22,6 @@ from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize
 from dlrt.config import ModelConfig
 from dlrt.decoding.options import DecodingOptions, DecodingParams, resolve
 from dlrt.errors import ConfigError, DlrtError, OptionError, PromptError
-from dlrt.layers.linear import plan as plan_prefetch
 from dlrt.models import build_model
 from dlrt.outputs import BlockOutput, GenerationResult
 from dlrt.runtime.decoders import DECODERS, FAMILY_STOP_IDS, decoder_for
@@ -111,7 +110,6 @@ class LLM:
         self.eos_token_ids = tuple(dict.fromkeys(eos + FAMILY_STOP_IDS.get(config.family, ())))
         self.model = self._load(load_format, seed)
         self.gemm_choices = self._tune_projections()
-        self.prefetch_chain = self._plan_prefetch()
         self._request = 0  # id of the request allowed to run
         cache = PagedKVCache(config.num_layers, config.num_kv_heads, config.head_dim,
                              self.max_model_len, self.dtype, self.device)
@@ -130,12 +128,6 @@ class LLM:
 
         rows = self.decoder_defaults.block_length or 4
         return tune(self.model, rows=min(rows, 16), force=env.skinny_gemm() == "all")
-
-    def _plan_prefetch(self) -> list[tuple[str, str]]:
-        """On CUDA with the fused kernels: chain each projection's L2 prefetch of the next
-        (`dlrt.layers.linear.plan`; DLRT_L2_PREFETCH_MB, 0 = off). [] elsewhere."""
-        on = self.device.type == "cuda" and env.fused_kernels()
-        return plan_prefetch(self.model, env.l2_prefetch_bytes() if on else 0)
 
     def _mask_token(self, config: ModelConfig, option: int | None) -> int:
         if option is not None:

@@ -1,7 +1,8 @@
 """Does an L2 prefetch make a later GEMV read its weight from the L2? One bf16 weight [N, K],
 4 rows: the GEMV (`torch.mm`) timed alone with CUDA events after the L2 was flushed (a 256 MiB
 write), after each way of fetching the weight first, with a 30 us spin between (the prefetch
-has time to land): the bulk prefetch kernel (`dlrt.kernels.l2_prefetch`), a per-line
+has time to land): a bulk prefetch kernel (`cp.async.bulk.prefetch.L2`, one per thread of 16
+or 4 KiB; the form of the runtime kernel of 49e05e0, since removed), a per-line
 `prefetch.global.L2` kernel, `prefetch.global.L2::evict_last`, and a real read of the weight (a
 sum: the warm ceiling). Median of 30. Prints a table and writes JSON to argv[1]."""
 import json
@@ -12,7 +13,20 @@ import torch
 import triton
 import triton.language as tl
 
-from dlrt.kernels import l2_prefetch
+
+@triton.jit
+def _bulk_prefetch(w_ptr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, SIZE: tl.constexpr):
+    i = tl.minimum(tl.program_id(0) * 32 + tl.arange(0, 32), CHUNKS - 1)
+    size = tl.full([32], SIZE, tl.int32)
+    tl.inline_asm_elementwise(
+        "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+        [w_ptr + i.to(tl.int64) * CHUNK, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
+def _bulk(w: torch.Tensor, chunk_bytes: int) -> None:
+    chunks = w.numel() * 2 // chunk_bytes
+    _bulk_prefetch[(triton.cdiv(chunks, 32),)](w, CHUNK=chunk_bytes // 2, CHUNKS=chunks,
+                                               SIZE=chunk_bytes, num_warps=1)
 
 
 @triton.jit
@@ -32,8 +46,8 @@ def _ways(w: torch.Tensor) -> dict:
     grid = (triton.cdiv(nbytes // 128, 256),)
     return {
         "cold": lambda: None,
-        "bulk16k": lambda: l2_prefetch.prefetch(w, nbytes, 16384),
-        "bulk4k": lambda: l2_prefetch.prefetch(w, nbytes, 4096),
+        "bulk16k": lambda: _bulk(w, 16384),
+        "bulk4k": lambda: _bulk(w, 4096),
         "line": lambda: _line_prefetch[grid](w, LINES=nbytes // 128, HINT=False, num_warps=8),
         "line_evict_last": lambda: _line_prefetch[grid](w, LINES=nbytes // 128, HINT=True,
                                                         num_warps=8),

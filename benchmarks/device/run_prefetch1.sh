@@ -2,6 +2,8 @@
 # L2 prefetch of the next projection's weight: SDAR-1.7B and SDAR-8B rounds at context 0 with
 # the prefetch off (0) and at several sizes (MiB) and chunk sizes (KiB), one process each, all
 # in this call; a fresh machine, rounds before any test. Off runs first and last (drift).
+# Ran at 49e05e0 (the bulk-prefetch kernel); the runtime prefetch and DLRT_L2_PREFETCH_MB were removed
+# after these runs (slower at every size).
 set -uo pipefail
 source benchmarks/device/common.sh
 run() { (export DLRT_L2_PREFETCH_MB=$1 DLRT_L2_PREFETCH_CHUNK_KB=$2; shift 2; step "$@" >/dev/null); }

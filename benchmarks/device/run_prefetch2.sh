@@ -3,6 +3,8 @@
 # SDAR-1.7B and SDAR-8B rounds at context 0, prefetch off (0) and at several sizes (MiB), one
 # process each, off first and last (drift); then the prefetch GPU tests and the fused-token
 # tests. Step JSONs are packed into steps.tgz (the call returns a limited number of files).
+# Ran at 2d6cc4d (the per-line kernel); the runtime prefetch and DLRT_L2_PREFETCH_MB were removed
+# after these runs (slower at every size).
 set -uo pipefail
 source benchmarks/device/common.sh
 run() { (export DLRT_L2_PREFETCH_MB=$1; shift; step "$@" >/dev/null); }

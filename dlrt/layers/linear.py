@@ -1,6 +1,5 @@
 """Dense projections: one entry point (`linear`) that picks cuBLAS or the skinny Triton GEMM
-per weight shape, a bias-free `Linear`, merged projections (fused QKV, fused gate-up), and the
-chain of L2 prefetches from each projection to the next (`plan`)."""
+per weight shape, a bias-free `Linear`, and merged projections (fused QKV, fused gate-up)."""
 
 from __future__ import annotations
 
@@ -15,21 +14,10 @@ from dlrt.layers.fused import use_kernels
 CHOICES: dict[tuple, object] = {}
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor,
-           prefetch: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T -> [..., N]. A few rows on CUDA (up to the chosen config's
     `max_rows`: 16, or 4 for the GEMV) take the Triton kernel where it was timed faster for
-    this shape; everything else is `F.linear`. With `prefetch` = (next weight, bytes), a
-    forward of at most 16 rows on CUDA then asks the L2 for that many bytes of the next
-    projection's weight (`dlrt.kernels.l2_prefetch`; a hint, values unchanged)."""
-    y = _project(x, weight)
-    if prefetch is not None and x.dim() == 2 and x.shape[0] <= 16 and use_kernels(x):
-        from dlrt.kernels import l2_prefetch
-        l2_prefetch.prefetch(*prefetch)
-    return y
-
-
-def _project(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    this shape; everything else is `F.linear`."""
     if CHOICES and x.dim() == 2 and x.shape[0] <= 16 and use_kernels(x):
         cfg = CHOICES.get((weight.shape[0], weight.shape[1], weight.dtype))
         if cfg is not None and x.shape[0] <= cfg.max_rows():
@@ -43,10 +31,9 @@ class Linear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
-        self.prefetch: tuple[torch.Tensor, int] | None = None  # set by `plan`
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.prefetch)
+        return linear(x, self.weight)
 
 
 class MergedLinear(nn.Module):
@@ -61,7 +48,6 @@ class MergedLinear(nn.Module):
         super().__init__()
         self.parts = tuple(parts.items())
         self.weight = nn.Parameter(torch.empty(sum(parts.values()), in_features))
-        self.prefetch: tuple[torch.Tensor, int] | None = None  # set by `plan`
 
     def ranges(self) -> list[tuple[str, int, int]]:
         """(part name, first row, end row) of each part."""
@@ -79,28 +65,4 @@ class MergedLinear(nn.Module):
         raise KeyError(name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.prefetch)
-
-
-def plan(model: nn.Module, nbytes: int) -> list[tuple[str, str]]:
-    """Chain the model's projections for the L2 prefetch: each `Linear` / `MergedLinear`, in
-    registration order (the order a forward runs them in: a layer's QKV, output, gate-up and
-    down, then the next layer's, then the LM head), prefetches the first `nbytes` of the next
-    one's weight after its own product; the last one (the LM head) prefetches the first, for
-    the next round. A weight tied to an earlier one (an LM head tied to the embedding) keeps
-    its place. nbytes <= 0 removes the chain.
-
-    Returns:
-        (module name, name of the module whose weight it prefetches), in order.
-    """
-    mods = [(name, m) for name, m in model.named_modules()
-            if isinstance(m, (Linear, MergedLinear))]
-    for _, m in mods:
-        m.prefetch = None
-    if nbytes <= 0 or len(mods) < 2:
-        return []
-    out = []
-    for (name, m), (nxt_name, nxt) in zip(mods, mods[1:] + mods[:1], strict=True):
-        m.prefetch = (nxt.weight, int(nbytes))
-        out.append((name, nxt_name))
-    return out
+        return linear(x, self.weight)

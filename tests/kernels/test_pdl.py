@@ -27,7 +27,6 @@ def _kernels() -> dict:
     from dlrt.kernels import (
         activation,
         greedy,
-        l2_prefetch,
         paged_attention,
         rms_norm,
         rope,
@@ -84,21 +83,17 @@ def _kernels() -> dict:
         "gemv_row": (skinny_gemm._gemv_kernel, GEMV_ARGS,  # 4 warps along K: x as one row
                      dict(GEMV_CONSTS, BLOCK_N=4, BLOCK_K=1024, X_ROW=True, NORM=True,
                           SILU=False, RES=True)),
-        "l2_prefetch": (l2_prefetch._prefetch_kernel, dict(w_ptr=P16, lines="i32"),
-                        dict(LINE_ELEMS=64, BLOCK=1024)),
         "gemm_reduce": (skinny_gemm._reduce_kernel, dict(part_ptr=P32, y_ptr=P16, M="i32",
                                                          N="i32"),
                         dict(SPLIT_K=4, BLOCK_M=16, BLOCK=1024)),
     }
 
 NAMES = ["attention_merge", "attention_split", "gemm", "gemm_reduce", "gemv", "gemv_norm",
-         "gemv_row", "gemv_silu", "greedy_merge", "greedy_slice", "l2_prefetch", "qk_norm_rope",
-         "rms_norm",
+         "gemv_row", "gemv_silu", "greedy_merge", "greedy_slice", "qk_norm_rope", "rms_norm",
          "sample_max", "sample_pass", "sample_pick", "sample_race", "silu_mul"]
 PDL_OFF = ["rms_norm", "gemm"]
 GEMVS = ["gemv", "gemv_norm", "gemv_row", "gemv_silu"]
 WEIGHT_FIRST = GEMVS  # load their first weight tiles before the wait
-NO_LOADS = ["l2_prefetch"]  # only asks the L2 for a weight
 
 
 def _compile_all(out: Path) -> None:
@@ -149,7 +144,7 @@ def _loads(lines: list[str]) -> list[int]:
             if re.match(r"ld\.global|cp\.async\.(ca|cg)|cp\.async\.bulk\.tensor", ln)]
 
 
-@pytest.mark.parametrize("name", sorted(set(NAMES) - set(WEIGHT_FIRST) - set(NO_LOADS)))
+@pytest.mark.parametrize("name", sorted(set(NAMES) - set(WEIGHT_FIRST)))
 def test_no_global_load_before_wait(ptx_dir, name):
     lines = _body(_ptx(ptx_dir, name, True))
     waits = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
@@ -189,22 +184,6 @@ def test_gemv_loops_have_no_barrier(ptx_dir, name):
         back = re.compile(rf"bra(\.uni)?\s+{re.escape(label)};")
         end = max(i for i, ln in enumerate(lines) if back.search(ln))
         assert not [ln for ln in lines[start:end] if "bar.sync" in ln or "barrier" in ln], label
-
-
-def test_l2_prefetch_releases_prefetches_then_waits(ptx_dir):
-    """Line prefetches (evict_last) at w + 64 bf16 * min(line, lines - 1), all between the
-    release of the next kernel and the wait; no load or store at all. Compiled for 4 warps:
-    1024 lines over 128 threads, 8 per thread."""
-    lines = _body(_ptx(ptx_dir, "l2_prefetch", True))
-    release = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch")]
-    wait = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
-    pref = [i for i, ln in enumerate(lines) if ln.startswith("prefetch.global.L2::evict_last")]
-    assert len(release) == len(wait) == 1 and len(pref) == 8
-    assert release[0] < min(pref) and max(pref) < wait[0]
-    assert not _loads(lines) and not [ln for ln in lines if re.match(r"(st|atom|red)\.", ln)]
-    text = "\n".join(lines)
-    assert re.search(r"min\.s32\s+%r\d+, %r\d+, %r\d+;", text)  # clamped at lines - 1
-    assert re.search(r"mad\.wide\.s32\s+%rd\d+, %r\d+, 128, %rd\d+;", text)  # 64 bf16
 
 
 @pytest.mark.parametrize("name", PDL_OFF)

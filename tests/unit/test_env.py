@@ -26,16 +26,3 @@ def test_pdl_and_fused_kernels_switches(monkeypatch):
     monkeypatch.setenv("DLRT_PDL", "0")
     monkeypatch.setenv("DLRT_FUSED_KERNELS", "0")
     assert not env.pdl() and not env.fused_kernels()
-
-
-def test_l2_prefetch_sizes(monkeypatch):
-    monkeypatch.delenv("DLRT_L2_PREFETCH_MB", raising=False)
-    assert env.l2_prefetch_bytes() == 16 * 2**20
-    monkeypatch.setenv("DLRT_L2_PREFETCH_MB", "0.5")
-    assert env.l2_prefetch_bytes() == 2**19
-    monkeypatch.setenv("DLRT_L2_PREFETCH_MB", "0")
-    assert env.l2_prefetch_bytes() == 0
-    for bad in ("-1", "lots", "nan"):
-        monkeypatch.setenv("DLRT_L2_PREFETCH_MB", bad)
-        with pytest.raises(OptionError, match="DLRT_L2_PREFETCH_MB must be a non-negative"):
-            env.l2_prefetch_bytes()
