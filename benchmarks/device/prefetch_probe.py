@@ -6,6 +6,7 @@ or 4 KiB; the form of the runtime kernel of 49e05e0, since removed), a per-line
 `prefetch.global.L2` kernel, `prefetch.global.L2::evict_last`, and a real read of the weight (a
 sum: the warm ceiling). Median of 30. Prints a table and writes JSON to argv[1]."""
 import json
+import os
 import statistics
 import sys
 
@@ -80,7 +81,8 @@ def main(out: str) -> None:
         print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in row.items()), flush=True)
     with open(f"{out}/prefetch-probe.json", "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+        json.dump({"commit": os.environ.get("DLRT_COMMIT"), "device": torch.cuda.get_device_name(),
+                   "command": " ".join(sys.argv), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ the first to the last kernel, the gaps between consecutive kernels, and the time
 group (projections, attention, norms/RoPE/activation, sampling, other). Prints a table; JSON to
 argv[2]."""
 import json
+import os
 import re
 import sys
 
@@ -87,7 +88,9 @@ def main(model: str, out: str) -> None:
             print(f"  {g:<10} {t:9.0f} us  {c:6d} kernels  {t / max(c, 1):6.2f} us each")
         for name, t, c in s["top"][:12]:
             print(f"    {name:<70} {t:8.0f} us {c:5d}x {t / c:6.2f}")
-    json.dump(res, open(f"{out}/round-profile.json", "w"), indent=1)
+    rec = {"commit": os.environ.get("DLRT_COMMIT"), "device": torch.cuda.get_device_name(),
+           "command": " ".join(sys.argv), **res}
+    json.dump(rec, open(f"{out}/round-profile.json", "w"), indent=1)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ argv: cubin path, output folder. Prints a table; writes gemv-probe.json."""
 import ctypes
 import json
 import math
+import os
 import sys
 
 import torch
@@ -100,7 +101,8 @@ def main(cubin: str, out: str) -> None:
                   f"{row.get('triton', float('nan')):6.1f}  best cuda {best} {row[best]:6.1f} "
                   f"(err {row[best + '_err']:.1e})  max err {worst:.1e}", flush=True)
     with open(f"{out}/gemv-probe.json", "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+        json.dump({"commit": os.environ.get("DLRT_COMMIT"), "device": torch.cuda.get_device_name(),
+                   "command": " ".join(sys.argv), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
