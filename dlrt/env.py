@@ -47,13 +47,3 @@ def pdl() -> bool:
     (default: PDL on compute capability 9.0+)."""
     return os.environ.get("DLRT_PDL", "1") != "0"
 
-
-
-def gemm_release() -> str:
-    """DLRT_GEMM_RELEASE: where the skinny GEMMs let their dependent kernel launch under PDL:
-    'end' (default: after the main loop) or 'start' (before the first weight load, so the
-    next kernels launch, load their first weight tiles and wait while this one streams)."""
-    value = os.environ.get("DLRT_GEMM_RELEASE", "end")
-    if value not in ("end", "start"):
-        raise OptionError(f"DLRT_GEMM_RELEASE must be end or start, got {value!r}")
-    return value

@@ -51,13 +51,6 @@ def launch_options(t: torch.Tensor) -> dict:
     return {"PDL": on, "launch_pdl": True} if on else {"PDL": False}
 
 
-def gemm_launch_options(t: torch.Tensor) -> dict:
-    """`launch_options` of a skinny GEMM, with EARLY set where DLRT_GEMM_RELEASE is 'start'
-    (the GEMM releases its dependent before its main loop instead of after it)."""
-    opts = launch_options(t)
-    return {**opts, "EARLY": opts["PDL"] and env.gemm_release() == "start"}
-
-
 @triton.jit
 def begin(PDL: tl.constexpr):
     """Start of a small kernel: let the next kernel launch, then wait for the previous one."""

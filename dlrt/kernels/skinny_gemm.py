@@ -65,10 +65,7 @@ class GemmConfig:
 @triton.jit
 def _gemm_kernel(x_ptr, w_ptr, y_ptr, part_ptr, M, N, K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-                 EARLY: tl.constexpr = False):
-    if EARLY:
-        pdl.release(PDL)
+                 SPLIT_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -84,8 +81,7 @@ def _gemm_kernel(x_ptr, w_ptr, y_ptr, part_ptr, M, N, K: tl.constexpr,
                     other=0.0)
         x = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None], other=0.0)
         acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
-    if not EARLY:
-        pdl.release(PDL)
+    pdl.release(PDL)
     ok = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K == 1:
         tl.store(y_ptr + m[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)
@@ -180,10 +176,7 @@ def _store_row(acc, y_ptr, res_ptr, m: tl.constexpr, n, N, RES: tl.constexpr):
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, res_ptr, N, eps, K: tl.constexpr,
                  K_P2: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, AHEAD: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr,
-                 RES: tl.constexpr, VEC: tl.constexpr, X_ROW: tl.constexpr, PDL: tl.constexpr,
-                 EARLY: tl.constexpr = False):
-    if EARLY:
-        pdl.release(PDL)
+                 RES: tl.constexpr, VEC: tl.constexpr, X_ROW: tl.constexpr, PDL: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * K  # clamped: no load masks
     k = tl.arange(0, BLOCK_K)
@@ -264,8 +257,7 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, res_ptr, N, eps, K: tl.constexpr,
         if ROWS > 3:
             a3, p3, q3 = _row_step(a3, w, p3, q3, g, r3, x_ptr, 3, t, k, z, K, BLOCK_K, TILES,
                                    NORM, SILU, X_ROW, VEC)
-    if not EARLY:
-        pdl.release(PDL)
+    pdl.release(PDL)
     _store_row(a0, y_ptr, res_ptr, 0, n, N, RES)
     if ROWS > 1:
         _store_row(a1, y_ptr, res_ptr, 1, n, N, RES)
@@ -324,7 +316,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemmConfig, *,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         AHEAD=config.stages, NORM=norm is not None, SILU=silu, RES=residual is not None,
         VEC=VEC, X_ROW=config.x_row(), num_warps=config.warps, num_stages=1,
-        **pdl.gemm_launch_options(x))
+        **pdl.launch_options(x))
     return y
 
 
@@ -359,8 +351,7 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, config: GemmConfig) -> torch.T
     _gemm_kernel[grid](x, w, y, part, m, n, K=k, BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n,
                        BLOCK_K=config.block_k, SPLIT_K=config.split_k,
                        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                       num_stages=config.stages, num_warps=config.warps,
-                       **pdl.gemm_launch_options(x))
+                       num_stages=config.stages, num_warps=config.warps, **opts)
     if config.split_k > 1:
         block = 1024
         _reduce_kernel[(triton.cdiv(m * n, block),)](part, y, m, n, SPLIT_K=config.split_k,

@@ -19,8 +19,7 @@ from dlrt.kernels import pdl
 
 P16, P32, I32, I64 = "*bf16", "*fp32", "*i32", "*i64"
 GEMV_ARGS = dict(x_ptr=P16, w_ptr=P16, y_ptr=P16, g_ptr=P16, res_ptr=P16, N="i32", eps="fp32")
-GEMV_CONSTS = dict(K=4096, K_P2=4096, ROWS=4, BLOCK_N=8, BLOCK_K=256, AHEAD=2, VEC=8, X_ROW=False,
-                   EARLY=False)
+GEMV_CONSTS = dict(K=4096, K_P2=4096, ROWS=4, BLOCK_N=8, BLOCK_K=256, AHEAD=2, VEC=8, X_ROW=False)
 
 
 def _kernels() -> dict:
@@ -74,14 +73,7 @@ def _kernels() -> dict:
                                                     conf_ptr=P32), dict(SLICES=32)),
         "gemm": (skinny_gemm._gemm_kernel, dict(x_ptr=P16, w_ptr=P16, y_ptr=P16, part_ptr=P32,
                                                 M="i32", N="i32"),
-                 dict(K=4096, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, SPLIT_K=4, PRECISION="tf32",
-                      EARLY=False)),
-        "gemm_early": (skinny_gemm._gemm_kernel, dict(x_ptr=P16, w_ptr=P16, y_ptr=P16,
-                                                      part_ptr=P32, M="i32", N="i32"),
-                       dict(K=4096, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, SPLIT_K=4,
-                            PRECISION="tf32", EARLY=True)),
-        "gemv_early": (skinny_gemm._gemv_kernel, GEMV_ARGS,
-                       dict(GEMV_CONSTS, NORM=True, SILU=False, RES=True, EARLY=True)),
+                 dict(K=4096, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, SPLIT_K=4, PRECISION="tf32")),
         "gemv": (skinny_gemm._gemv_kernel, GEMV_ARGS,
                  dict(GEMV_CONSTS, NORM=False, SILU=False, RES=False)),
         "gemv_norm": (skinny_gemm._gemv_kernel, GEMV_ARGS,
@@ -96,14 +88,12 @@ def _kernels() -> dict:
                         dict(SPLIT_K=4, BLOCK_M=16, BLOCK=1024)),
     }
 
-NAMES = ["attention_merge", "attention_split", "gemm", "gemm_early", "gemm_reduce", "gemv",
-         "gemv_early", "gemv_norm", "gemv_row", "gemv_silu", "greedy_merge", "greedy_slice",
-         "qk_norm_rope", "rms_norm",
+NAMES = ["attention_merge", "attention_split", "gemm", "gemm_reduce", "gemv", "gemv_norm",
+         "gemv_row", "gemv_silu", "greedy_merge", "greedy_slice", "qk_norm_rope", "rms_norm",
          "sample_max", "sample_pass", "sample_pick", "sample_race", "silu_mul"]
 PDL_OFF = ["rms_norm", "gemm"]
 GEMVS = ["gemv", "gemv_norm", "gemv_row", "gemv_silu"]
-WEIGHT_FIRST = GEMVS + ["gemv_early"]  # load their first weight tiles before the wait
-EARLY = ["gemm_early", "gemv_early"]  # DLRT_GEMM_RELEASE=start
+WEIGHT_FIRST = GEMVS  # load their first weight tiles before the wait
 
 
 def _compile_all(out: Path) -> None:
@@ -156,7 +146,6 @@ def _loads(lines: list[str]) -> list[int]:
 
 @pytest.mark.parametrize("name", sorted(set(NAMES) - set(WEIGHT_FIRST)))
 def test_no_global_load_before_wait(ptx_dir, name):
-    """No load or write before the wait; the dependent is released (early or late)."""
     lines = _body(_ptx(ptx_dir, name, True))
     waits = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
     assert waits, "PDL kernel never waits for its predecessor"
@@ -181,18 +170,6 @@ def test_gemms_release_after_their_main_loop(ptx_dir, name):
         early = [lines[i] for i in _loads(lines) if i < wait]
         assert len(early) == 2 * per_tile, early
         assert all(ln.startswith("ld.global.v4") for ln in early), early
-
-
-@pytest.mark.parametrize("name", EARLY)
-def test_early_release_precedes_every_load(ptx_dir, name):
-    """DLRT_GEMM_RELEASE=start: the dependent is released before the first load and only once;
-    nothing is written before the wait."""
-    lines = _body(_ptx(ptx_dir, name, True))
-    releases = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch")]
-    wait = next(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
-    writes = [i for i, ln in enumerate(lines) if re.match(r"(st|atom|red)\.global", ln)]
-    assert len(releases) == 1 and releases[0] < min(_loads(lines)) and releases[0] < wait
-    assert min(writes) > wait
 
 
 @pytest.mark.parametrize("name", GEMVS)

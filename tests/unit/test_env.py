@@ -26,13 +26,3 @@ def test_pdl_and_fused_kernels_switches(monkeypatch):
     monkeypatch.setenv("DLRT_PDL", "0")
     monkeypatch.setenv("DLRT_FUSED_KERNELS", "0")
     assert not env.pdl() and not env.fused_kernels()
-
-
-def test_gemm_release_values(monkeypatch):
-    monkeypatch.delenv("DLRT_GEMM_RELEASE", raising=False)
-    assert env.gemm_release() == "end"
-    monkeypatch.setenv("DLRT_GEMM_RELEASE", "start")
-    assert env.gemm_release() == "start"
-    monkeypatch.setenv("DLRT_GEMM_RELEASE", "early")
-    with pytest.raises(OptionError, match="DLRT_GEMM_RELEASE must be end or start"):
-        env.gemm_release()
