@@ -47,13 +47,3 @@ def pdl() -> bool:
     (default: PDL on compute capability 9.0+)."""
     return os.environ.get("DLRT_PDL", "1") != "0"
 
-
-
-def attention_min_keys() -> int:
-    """DLRT_ATTENTION_MIN_KEYS: the fewest keys a context split of the Triton attention takes
-    (rounded up to whole tiles; default 1: one tile). Larger values leave the splits past the
-    context idle at short contexts, so fewer, longer splits stream the cache."""
-    value = os.environ.get("DLRT_ATTENTION_MIN_KEYS", "1")
-    if not value.isdigit() or int(value) < 1:
-        raise OptionError(f"DLRT_ATTENTION_MIN_KEYS must be a positive integer, got {value!r}")
-    return int(value)

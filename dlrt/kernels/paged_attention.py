@@ -23,7 +23,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dlrt import env
 from dlrt.kernels import pdl
 
 
@@ -57,10 +56,9 @@ def _tile(q, k_ptr, v_ptr, page_table_ptr, j0, hi, start, i, row_ok, kvh, m, s_s
 
 
 @triton.jit
-def _split_len(kv_len, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_TILES: tl.constexpr):
-    """Keys per split for a context of kv_len: whole tiles, at least MIN_TILES (the splits
-    past the context then do nothing)."""
-    return tl.maximum(tl.cdiv(tl.cdiv(kv_len, SPLITS), BLOCK_N), MIN_TILES) * BLOCK_N
+def _split_len(kv_len, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys per split for a context of kv_len: whole tiles, at least one."""
+    return tl.maximum(tl.cdiv(tl.cdiv(kv_len, SPLITS), BLOCK_N), 1) * BLOCK_N
 
 
 @triton.jit
@@ -71,7 +69,7 @@ def _attn_split_kernel(
     H_Q: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     CHUNK_BLOCK: tl.constexpr, SPLITS: tl.constexpr, MAX_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-    DYNAMIC_TRIPS: tl.constexpr, PDL: tl.constexpr, MIN_TILES: tl.constexpr = 1,
+    DYNAMIC_TRIPS: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl.begin(PDL)
     G: tl.constexpr = H_Q // H_KV
@@ -80,7 +78,7 @@ def _attn_split_kernel(
     split = tl.program_id(2)
     start = tl.load(lens_ptr)
     kv_len = tl.load(lens_ptr + 1)
-    span = _split_len(kv_len, SPLITS, BLOCK_N, MIN_TILES)
+    span = _split_len(kv_len, SPLITS, BLOCK_N)
     lo = split * span
     hi = tl.minimum(lo + span, kv_len)
     if lo >= kv_len:  # a split past the context: the merge ignores it
@@ -117,12 +115,12 @@ def _attn_split_kernel(
 @triton.jit
 def _attn_merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, out_ptr, NH,
                        D: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-                       BLOCK_N: tl.constexpr, PDL: tl.constexpr, MIN_TILES: tl.constexpr = 1):
+                       BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     pdl.begin(PDL)
     row = tl.program_id(0)  # flattened (query, head)
     kv_len = tl.load(lens_ptr + 1)
     s = tl.arange(0, SPLITS_P2)
-    used = (s < SPLITS) & (s * _split_len(kv_len, SPLITS, BLOCK_N, MIN_TILES) < kv_len)
+    used = (s < SPLITS) & (s * _split_len(kv_len, SPLITS, BLOCK_N) < kv_len)
     d = tl.arange(0, D)
     base = s * NH + row
     m = tl.load(part_ml_ptr + base * 2, mask=used, other=float("-inf"))
@@ -156,13 +154,11 @@ def _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, s
     assert part_o.numel() >= splits * n * h_q * d
     assert part_ml.numel() >= splits * n * h_q * 2
     grid = (triton.cdiv(n * g, block_m), h_kv, splits)
-    min_tiles = triton.cdiv(env.attention_min_keys(), block_n)
-    opts = {**pdl.launch_options(q), "MIN_TILES": min_tiles}
+    opts = pdl.launch_options(q)
     _attn_split_kernel[grid](q, k_cache, v_cache, page_table, lens, part_o, part_ml, scale, n,
                              H_Q=h_q, H_KV=h_kv, D=d, PAGE=page, CHUNK_BLOCK=chunk_block or 0,
                              SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n,
-                             MAX_TILES=max(min_tiles,
-                                           triton.cdiv(triton.cdiv(max_kv, splits), block_n)),
+                             MAX_TILES=triton.cdiv(triton.cdiv(max_kv, splits), block_n),
                              PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                              DYNAMIC_TRIPS=os.environ.get("TRITON_INTERPRET") != "1", **opts)
     _attn_merge_kernel[(n * h_q,)](part_o, part_ml, lens, out, n * h_q, D=d, SPLITS=splits,

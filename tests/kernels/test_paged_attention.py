@@ -48,19 +48,6 @@ CASES = [  # n, hq, hkv, d, page, start, chunk_block, splits, valid
 
 @pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
 def test_kernel_matches_sdpa(case):
-    _check_case(case)
-
-
-@pytest.mark.parametrize("min_keys", [20, 70, 1000])
-@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[6]], ids=str)
-def test_min_keys_per_split(case, min_keys, monkeypatch):
-    """DLRT_ATTENTION_MIN_KEYS: fewer, longer splits at short contexts (the rest idle, their
-    poisoned scratch never merged) give the same attention."""
-    monkeypatch.setenv("DLRT_ATTENTION_MIN_KEYS", str(min_keys))
-    _check_case(case)
-
-
-def _check_case(case):
     n, hq, hkv, d, ps, start, cb, splits, valid = case
     gen = torch.Generator().manual_seed(hash(case) % 2**31)
     pages = -(-(start + n + 40) // ps)

@@ -26,14 +26,3 @@ def test_pdl_and_fused_kernels_switches(monkeypatch):
     monkeypatch.setenv("DLRT_PDL", "0")
     monkeypatch.setenv("DLRT_FUSED_KERNELS", "0")
     assert not env.pdl() and not env.fused_kernels()
-
-
-def test_attention_min_keys_values(monkeypatch):
-    monkeypatch.delenv("DLRT_ATTENTION_MIN_KEYS", raising=False)
-    assert env.attention_min_keys() == 1
-    monkeypatch.setenv("DLRT_ATTENTION_MIN_KEYS", "256")
-    assert env.attention_min_keys() == 256
-    for bad in ("0", "-3", "x"):
-        monkeypatch.setenv("DLRT_ATTENTION_MIN_KEYS", bad)
-        with pytest.raises(OptionError, match="DLRT_ATTENTION_MIN_KEYS must be a positive"):
-            env.attention_min_keys()
