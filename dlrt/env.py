@@ -35,7 +35,8 @@ def fused_kernels() -> bool:
 
 def skinny_gemm() -> str:
     """DLRT_SKINNY_GEMM: '0' keeps every projection on cuBLAS, 'all' puts every projection
-    shape on the Triton GEMM (its fastest config), default: per-shape choice ('1')."""
+    shape on the Triton GEMM (its fastest config) and every dense layer of at most 4 rows on
+    the fused GEMV layer (`dlrt.layers.gemv_layer`), default: per-shape choice ('1')."""
     value = os.environ.get("DLRT_SKINNY_GEMM", "1")
     if value not in ("0", "1", "all"):
         raise OptionError(f"DLRT_SKINNY_GEMM must be 0, 1 or all, got {value!r}")
