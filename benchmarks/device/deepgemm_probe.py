@@ -52,7 +52,7 @@ def main(out: Path) -> None:
         print(f"{r['shape']:<12} {r['floor_us']:7.1f} {r['cublas_us']:7.1f} {dg} {err}")
     rec = {"commit": env.commit(), "device": device_name(torch.device("cuda")),
            "command": " ".join(sys.argv),
-           "deep_gemm": getattr(deep_gemm, "__version__", "0.1.4.post1"), "rows": 4,
+           "deep_gemm": deep_gemm.__version__, "rows": 4,
            "results": rows}
     (out / "deepgemm-probe.json").write_text(json.dumps(rec, indent=1))
 

@@ -2,6 +2,8 @@
 # Fewest keys per context split of the Triton attention (DLRT_ATTENTION_MIN_KEYS): SDAR-8B at
 # contexts 0, 4k and 16k in one process (cache to 32k: 64 splits), default first and last;
 # then the attention GPU tests with 256.
+# Ran at a9bbcfc; DLRT_ATTENTION_MIN_KEYS was removed after this run (longer splits were
+# slower), so at later commits every setting runs the shipped one-tile splits.
 set -uo pipefail
 source benchmarks/device/common.sh
 for k in 1 256 1024 1; do

@@ -2,6 +2,8 @@
 # Projections all on the Triton GEMMs (DLRT_SKINNY_GEMM=all: no cuBLAS kernel breaks the PDL
 # chain) against the per-shape choice, each with the GEMMs releasing their dependent after
 # (end) or before (start) their main loop; two passes in alternating order, context 0.
+# Ran at 21daa80 (run 2); DLRT_GEMM_RELEASE was removed after it, so at later commits the
+# end and start runs are the same code.
 set -uo pipefail
 source benchmarks/device/common.sh
 for pass in 1 2; do
