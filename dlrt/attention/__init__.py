@@ -1,5 +1,2 @@
-"""Attention backends behind one interface; `get_backend(name)` picks one (lazy imports)."""
-
-from dlrt.attention.backend import AttentionBackend, ForwardContext, ForwardMeta, get_backend
-
-__all__ = ["AttentionBackend", "ForwardContext", "ForwardMeta", "get_backend"]
+"""Attention: the paged KV cache (`kv_cache`), the backend interface and its hooks (`base`),
+the backends (`sdpa`, `triton`, `flashinfer`) and their registry (`registry`)."""

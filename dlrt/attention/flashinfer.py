@@ -31,15 +31,17 @@ from dataclasses import dataclass
 
 import torch
 
-from dlrt.attention.backend import AttentionSpan, ForwardMeta
+from dlrt.attention.base import AttentionBackend, AttentionSpan, ForwardMeta
+from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.attention.triton import TritonBackend
 from dlrt.errors import OptionError
-from dlrt.runtime.kv_cache import PagedKVCache
 
 log = logging.getLogger(__name__)
 
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's split-KV scratch (its recommended size)
 FA3_MIN_ROWS = 128           # query rows of one FA3 tile
+HEAD_DIMS = (64, 128, 256)   # head sizes FlashInfer builds kernels for
+DTYPES = (torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,29 @@ def kernel_for(device: torch.device, kernels: str, name: str = "flashinfer") -> 
     return "fa3" if kernels == "auto" and major == 9 else "fa2"
 
 
+def check_flashinfer(name: str, device: torch.device, dtype: torch.dtype,
+                     head_dim: int | None = None) -> None:
+    """Whether FlashInfer (backend `name`) serves this device, dtype and head size.
+
+    Raises:
+        OptionError: as `kernel_for`; a dtype other than bfloat16/float16; a head size it has
+            no kernels for (each message says what to use instead).
+    """
+    kernel_for(device, "auto", name)
+    if dtype not in DTYPES:
+        raise OptionError(f"attention backend {name!r} needs bfloat16 or float16, not "
+                          f"{dtype}; use 'triton' for {dtype}")
+    if head_dim is not None:
+        check_head_dim(name, head_dim)
+
+
+def check_head_dim(name: str, head_dim: int) -> None:
+    """Raises OptionError when FlashInfer (backend `name`) builds no kernels for `head_dim`."""
+    if head_dim not in HEAD_DIMS:
+        raise OptionError(f"attention backend {name!r} has kernels for head_dim "
+                          f"{HEAD_DIMS}, not {head_dim}; use 'triton'")
+
+
 def kernel_for_span(family: str, span: AttentionSpan) -> str:
     """FA3 (when the family allows it) where every request has at least 128 queries (FA3
     tiles queries per head, so GQA groups do not fill its tiles), else FA2."""
@@ -123,7 +148,7 @@ def on_triton(span: AttentionSpan) -> bool:
     return span.chunk_block is not None and span.n > 2 * span.chunk_block
 
 
-class FlashInferBackend:
+class FlashInferBackend(AttentionBackend):
     """Host-planned FlashInfer attention (see the module docstring). `kernels`: "auto" (FA3
     on Hopper, else FA2) or "fa2"."""
 
@@ -131,13 +156,14 @@ class FlashInferBackend:
     kernels = "auto"
     name = "flashinfer"
 
-    def __init__(self):
+    def __init__(self, cache: PagedKVCache, num_q_heads: int):
+        super().__init__(cache, num_q_heads)
         self._workspace: torch.Tensor | None = None
         self._graph: dict[tuple, tuple] = {}   # (n, chunk_block) -> (wrapper, planned span)
         self._armed: dict[tuple, AttentionSpan] = {}
         self._eager: dict[str, tuple] = {}     # kernels -> (wrapper, span): unplanned forwards
         self._eager_key: str | None = None
-        self._triton = TritonBackend()             # prefill chunks (`on_triton`)
+        self._triton = TritonBackend(cache, num_q_heads)  # prefill chunks (`on_triton`)
         self._host_table: torch.Tensor | None = None
         self._heads = None
 
@@ -176,13 +202,14 @@ class FlashInferBackend:
                      h_q, h_kv, d, page, causal=False, sm_scale=1.0, q_data_type=dtype,
                      kv_data_type=dtype)
 
-    def plan_block(self, spans: list[AttentionSpan], cache: PagedKVCache, h_q: int) -> None:
+    def plan_block(self, spans: list[AttentionSpan]) -> None:
         """Plan every forward of the block about to be launched (host; before capture too).
 
         Raises:
             ValueError: two forwards of one shape with different lengths in one block.
         """
-        self._setup(cache, h_q)
+        cache = self.cache
+        self._setup(cache, self.num_q_heads)
         self._armed = {}
         for span in spans:
             key = (span.n, span.chunk_block)
@@ -197,7 +224,7 @@ class FlashInferBackend:
                 self._plan(wrapper, reqs)
                 self._graph[key] = (wrapper, span)
 
-    def disarm(self) -> None:
+    def end_block(self) -> None:
         """The planned block is launched: later forwards (a prefill) plan for themselves."""
         self._armed = {}
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dlrt.attention.backend import ForwardMeta
-from dlrt.runtime.kv_cache import PagedKVCache
+from dlrt.attention.base import AttentionBackend, ForwardMeta
+from dlrt.attention.kv_cache import PagedKVCache
 
 
 def chunk_mask(n: int, start: int, kv_len: int, chunk_block: int | None,
@@ -23,7 +23,7 @@ def chunk_mask(n: int, start: int, kv_len: int, chunk_block: int | None,
     return (j < start) | ((j - start) // chunk_block <= i // chunk_block)
 
 
-class SDPABackend:
+class SDPABackend(AttentionBackend):
     """Gathers keys 0..kv_len-1 from the cache, runs SDPA."""
 
     def forward(self, layer: int, q: torch.Tensor, scale: float, meta: ForwardMeta,

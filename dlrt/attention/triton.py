@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from dlrt.attention.backend import ForwardMeta
+from dlrt.attention.base import AttentionBackend, ForwardMeta
+from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.kernels.paged_attention import default_splits, paged_chunk_attention, split_scratch
-from dlrt.runtime.kv_cache import PagedKVCache
 
 
-class TritonBackend:
-    def __init__(self):
+class TritonBackend(AttentionBackend):
+    def __init__(self, cache: PagedKVCache, num_q_heads: int):
+        super().__init__(cache, num_q_heads)
         # (capacity, n, Hq, Hkv, D, device) -> (context splits, their scratch buffers)
         self._plans: dict[tuple, tuple[int, tuple[torch.Tensor, torch.Tensor]]] = {}
 

@@ -13,8 +13,9 @@ import torch
 
 from dlrt.bench.report import table, write_json
 from dlrt.errors import OptionError
+from dlrt.resources import data_path
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "humaneval.jsonl"
+DEFAULT_DATA = data_path("humaneval.jsonl")  # the 164 HumanEval problems (MIT, openai)
 COLUMNS = ["task", "prompt_tokens", "new_tokens", "blocks", "rounds", "ms_per_round", "tpf",
            "tps", "finish"]
 MODE_COLUMNS = ["mode", "mean_tps", "tps_vs_eager", "mean_ms_per_round", "mean_tpf",
@@ -117,7 +118,7 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
 
     problems = load_prompts(args.data, args.num_prompts)
     check_writable(args.out)
-    llm = LLM(args.model, **llm_kwargs)
+    llm = LLM(**llm_kwargs)
     chat = args.chat and llm.tokenizer is not None
     problems = for_model(llm, problems)
     modes = args.modes.split(",") if args.modes else [llm.execution_mode]
@@ -141,8 +142,9 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
             same_tokens_as_first=all(a["token_ids"] == b["token_ids"]
                                      for a, b in zip(first, results[mode]["rows"], strict=True))))
     print(table(compare, MODE_COLUMNS))
-    name = f"humaneval-{Path(str(args.model or 'default')).name}"
-    path = write_json(name, dict(model=str(args.model), decoder=llm.decoder_name,
+    model = llm_kwargs.get("model")
+    name = f"humaneval-{Path(str(model or 'default')).name}"
+    path = write_json(name, dict(model=str(model), decoder=llm.decoder_name,
                                  dtype=str(llm.dtype), attention=llm.attention_backend,
                                  options=options, modes=results, compare=compare),
                       llm.device, args.out)

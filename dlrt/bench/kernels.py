@@ -7,7 +7,7 @@ unfused PyTorch reference and with `torch.compile` of that reference, in the sam
 the round's candidate draws over the vocabulary (greedy, and sampling with temperature, top-k
 and top-p: the fused kernels against `dlrt.decoding.sampling`).
 Projections: cuBLAS (`F.linear`) against the skinny Triton GEMM for every weight shape, as
-timed when the model was loaded (`dlrt.kernels.gemm_select`), with the achieved bandwidth
+timed when the model was loaded (`dlrt.tuning.linear`), with the achieved bandwidth
 (weight bytes read / time) against the copy bandwidth of `bench step`.
 """
 
@@ -19,49 +19,43 @@ from typing import Any
 import torch
 
 from dlrt.bench.report import table, write_json
-from dlrt.kernels.gemm_select import graph_us
+from dlrt.tuning.timing import graph_us
 
 COLUMNS = ["op", "shape", "impl", "us", "vs_reference", "GBps"]
 
 
 def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], Any]]]:
     """op name -> {impl: closure} over fresh random inputs at the model's shapes."""
-    from dlrt.decoding.round import fused_candidates
-    from dlrt.decoding.sampling import SamplingSpec, candidates, probabilities
-    from dlrt.kernels.activation import silu_mul
-    from dlrt.kernels.rms_norm import rms_norm
-    from dlrt.kernels.rope import qk_norm_rope_write
-    from dlrt.layers.attention import Attention
-    from dlrt.layers.mlp import silu_and_mul_reference
-    from dlrt.layers.norm import RMSNorm
+    from dlrt.attention.kv_cache import PagedKVCache
+    from dlrt.decoding.sampling import SamplingMode, SamplingSpec, candidates, probabilities
     from dlrt.layers.rotary import RotaryEmbedding
-    from dlrt.runtime.kv_cache import PagedKVCache
+    from dlrt.ops import reference, triton
 
     c, h, d = config, config.hidden_size, config.head_dim
     hq, hkv = c.num_heads, c.num_kv_heads
     x = torch.randn(n, h, dtype=dtype, device=dev)
     res = torch.randn(n, h, dtype=dtype, device=dev)
-    norm = RMSNorm(h, c.rms_norm_eps).to(dev, dtype)
+    norm_w = torch.ones(h, dtype=dtype, device=dev)
 
     def norm_ref(x, res):
-        return norm.reference_add(x, res)
+        return reference.add_rms_norm(x, res, norm_w, c.rms_norm_eps)
 
     gu = torch.randn(n, 2 * c.intermediate_size, dtype=dtype, device=dev)
 
     def silu_ref(gu):
-        return silu_and_mul_reference(gu)
+        return reference.silu_and_mul(gu)
 
     qkv = torch.randn(n, (hq + 2 * hkv) * d, dtype=dtype, device=dev)
     cache = PagedKVCache(1, hkv, d, 4096, dtype, dev)
     pos = torch.arange(1000, 1000 + n, device=dev)
     rotary = RotaryEmbedding(d, c.rope_theta).to(dev)
     cos, sin = rotary.cos_sin(pos)
-    qn, kn = RMSNorm(d, c.rms_norm_eps).to(dev, dtype), RMSNorm(d, c.rms_norm_eps).to(dev, dtype)
-
-    attn = Attention(0, hq, hkv, d)
+    qn = kn = torch.ones(d, dtype=dtype, device=dev)
+    rope_args = (hq, hkv, d, qn, kn, c.rms_norm_eps)
+    rope_cache = (cache.k[0], cache.v[0], cache.page_table, False)
 
     def rope_ref(qkv, cos, sin):
-        return attn.reference_qkv(qkv, cos, sin, rotary, cache, pos, qn, kn)
+        return reference.qk_norm_rope_write(qkv, *rope_args, cos, sin, pos, *rope_cache)
 
     logits = torch.randn(n, c.vocab_size, dtype=dtype, device=dev) * 3
     sample_specs = {"greedy": SamplingSpec(0.0, 0, 1.0, 1),
@@ -74,24 +68,27 @@ def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], An
     def draw_ref(logits, spec):
         return candidates(probabilities(logits, spec), spec, round_idx, pos, seed)
 
+    def draw(logits, spec):
+        spec = SamplingSpec(spec.temperature, spec.top_k, spec.top_p, seed)
+        return triton.candidates(logits, spec, SamplingMode.of(spec), round_idx, pos)
+
     compiled = {f: torch.compile(f, dynamic=False)
                 for f in (norm_ref, silu_ref, rope_ref, draw_ref)}
     draws = {f"{name} [{n},{c.vocab_size}]": dict(
-        triton=lambda spec=spec: fused_candidates(logits, spec, seed, round_idx, pos),
+        triton=lambda spec=spec: draw(logits, spec),
         reference=lambda spec=spec: draw_ref(logits, spec),
         compiled=lambda spec=spec: compiled[draw_ref](logits, spec))
         for name, spec in sample_specs.items()}
     return draws | {
         f"rms_norm+residual [{n},{h}]": dict(
-            triton=lambda: rms_norm(x, norm.weight, c.rms_norm_eps, res),
+            triton=lambda: triton.add_rms_norm(x, res, norm_w, c.rms_norm_eps),
             reference=lambda: norm_ref(x, res), compiled=lambda: compiled[norm_ref](x, res)),
         f"silu_mul [{n},{2 * c.intermediate_size}]": dict(
-            triton=lambda: silu_mul(gu), reference=lambda: silu_ref(gu),
+            triton=lambda: triton.OPS.silu_and_mul(gu), reference=lambda: silu_ref(gu),
             compiled=lambda: compiled[silu_ref](gu)),
         f"qk_norm_rope_write [{n},{hq}+{hkv}x{d}]": dict(
-            triton=lambda: qk_norm_rope_write(qkv, hq, hkv, d, qn.weight, kn.weight,
-                                              c.rms_norm_eps, cos, sin, pos, cache.k[0],
-                                              cache.v[0], cache.page_table, False),
+            triton=lambda: triton.qk_norm_rope_write(qkv, *rope_args, cos, sin, pos,
+                                                     *rope_cache),
             reference=lambda: rope_ref(qkv, cos, sin),
             compiled=lambda: compiled[rope_ref](qkv, cos, sin)),
     }
@@ -113,13 +110,7 @@ def run(llm, n: int) -> list[dict[str, Any]]:
             rows.append(dict(op=name, shape=shape, impl=impl, us=us, vs_reference=ref / us,
                              GBps=None))
     item = torch.empty((), dtype=llm.dtype).element_size()
-    for shape, rec in llm.gemm_choices.items():
-        if shape == "layer":  # the dense layer's projections, classic vs fused GEMVs
-            for impl in ("classic", "fused"):
-                rows.append(dict(op="layer projections", shape="", impl=impl,
-                                 us=rec[f"{impl}_us"], vs_reference=rec["classic_us"]
-                                 / rec[f"{impl}_us"], GBps=None))
-            continue
+    for shape, rec in llm.linear_plan.records.items():
         nbytes = item * int(shape.split(",")[0]) * int(shape.split(",")[1])
         for impl in ("cublas", "triton"):
             us = rec[f"{impl}_us"]
@@ -140,17 +131,18 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
 
     if not torch.cuda.is_available():
         raise SystemExit("dlrt bench kernels needs a CUDA GPU")
-    llm = LLM(args.model, max_model_len=4096, **llm_kwargs)
-    if not llm.gemm_choices:
-        raise SystemExit("projection timing is off (DLRT_FUSED_KERNELS=0 or DLRT_SKINNY_GEMM=0)")
+    llm = LLM(**{**llm_kwargs, "max_model_len": 4096, "kernels": "triton"})
+    if not llm.linear_plan.records:
+        raise SystemExit("projection timing is off (--linear-kernels cublas)")
     with torch.inference_mode():
         rows = run(llm, args.rows)
     bw = copy_bandwidth(llm.device)
     for r in rows:
         r["GBps_vs_copy"] = r["GBps"] * 1e9 / bw if r["GBps"] else None
     print(table(rows, COLUMNS + ["GBps_vs_copy"]))
-    name = f"kernels-{str(args.model).rstrip('/').split('/')[-1]}"
-    path = write_json(name, dict(model=str(args.model), dtype=str(llm.dtype), rows_n=args.rows,
+    model = llm_kwargs.get("model")
+    name = f"kernels-{str(model).rstrip('/').split('/')[-1]}"
+    path = write_json(name, dict(model=str(model), dtype=str(llm.dtype), rows_n=args.rows,
                                  copy_bandwidth_TBps=bw / 1e12, rows=rows), llm.device, args.out)
     print(f"wrote {path}")
     return 0

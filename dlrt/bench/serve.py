@@ -26,8 +26,10 @@ from typing import Any
 
 import torch
 
+import dlrt
 from dlrt.bench.humaneval import check_writable, for_model, load_prompts
 from dlrt.bench.report import table, write_json
+from dlrt.config.engine import ENGINE_FLAGS
 from dlrt.decoding.options import DecodingOptions
 
 COLUMNS = ["mode", "requests", "mean_ttfb_ms", "mean_tps", "mean_server_tps", "tokens",
@@ -106,11 +108,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _flags(values: dict[str, Any]) -> list[str]:
-    """Command-line flags of engine / decoding keyword options (None left out)."""
+def _flags(values: dict[str, Any], flags: dict[str, str] | None = None) -> list[str]:
+    """Command-line flags of keyword options (None left out); `flags` names the flag of an
+    option whose flag is not its name."""
     out: list[str] = []
     for name, value in values.items():
-        flag = "--" + name.replace("_", "-")
+        flag = (flags or {}).get(name) or "--" + name.replace("_", "-")
         if value is None or value is False:
             continue
         if value is True:
@@ -159,7 +162,7 @@ def run_http(argv: list[str], problems: list[dict[str, Any]], chat: bool, port: 
 
     url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    root = str(Path(__file__).resolve().parents[2])  # the server runs this same dlrt
+    root = str(Path(dlrt.__file__).resolve().parent.parent)  # import root: the same dlrt
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     with tempfile.NamedTemporaryFile(prefix="dlrt-bench-serve-", suffix=".log",
                                      delete=False) as f:
@@ -185,11 +188,11 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     problems = load_prompts(args.data, args.num_prompts)
     check_writable(args.out)
     options = {"seed": 0, **options}  # one seed on both sides: sampling compares too
-    llm = LLM(args.model, **llm_kwargs)
+    llm = LLM(**llm_kwargs)
     problems = for_model(llm, problems)
     chat = args.chat and llm.tokenizer is not None
     greedy = llm.resolve(DecodingOptions.from_kwargs(options)).sampling.temperature == 0
-    info = dict(model=str(args.model), decoder=llm.decoder_name, dtype=str(llm.dtype),
+    info = dict(model=str(llm_kwargs.get("model")), decoder=llm.decoder_name, dtype=str(llm.dtype),
                 attention=llm.attention_backend, execution_mode=llm.execution_mode,
                 options=options)
     device = llm.device
@@ -200,14 +203,14 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
         torch.cuda.empty_cache()
     port = args.port or _free_port()
     argv = [sys.executable, "-m", "dlrt", "serve", "--port", str(port),
-            *_flags({"model": args.model, **llm_kwargs}), *_flags(options)]
+            *_flags(llm_kwargs, ENGINE_FLAGS), *_flags(options)]
     http = run_http(argv, problems, chat, port, args.startup_timeout)
     same = all(a["token_ids"] == b["token_ids"]
                for a, b in zip(direct["rows"], http["rows"], strict=True))
     compare = [dict(mode="direct", **direct["summary"]),
                dict(mode="http", **http["summary"], same_tokens=same)]
     print(table(compare, COLUMNS))
-    name = f"serve-{Path(str(args.model or 'default')).name}"
+    name = f"serve-{Path(str(llm_kwargs.get('model') or 'default')).name}"
     path = write_json(name, dict(**info, server_command=" ".join(argv), same_tokens=same,
                                  modes=dict(direct=direct, http=http), compare=compare),
                       device, args.out)

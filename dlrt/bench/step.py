@@ -10,9 +10,8 @@ sampling, strategy, commit) is timed over many rounds with CUDA events in four w
 bubble of the classic design. The per-stage breakdown times variants of the replayed round:
 attention (the backend call per layer) and sampling (probabilities, candidates, remasking
 strategy: `denoise_round`) run twice, the extra time being their cost; the dense projections
-(every `dlrt.layers.linear.linear`: QKV, o_proj, gate-up, down, LM head, and the GEMVs of fused
-layers, `dlrt.layers.gemv_layer`, with the norms, SiLU and residual adds inside them) are
-skipped (outputs left uninitialised), the time saved being their cost (repeating them would
+(every linear layer: QKV, o_proj, gate-up, down, LM head) are skipped (their method swapped for
+one that leaves the output uninitialised), the time saved being their cost (repeating them would
 read weights that fit in the 50 MB L2 from there). `other_us` is what remains (norms, RoPE +
 cache write, activations, embedding, state updates). The HBM floor is the bytes one round must
 read (weights it touches, the KV cache of the context) over the device-to-device copy bandwidth
@@ -28,34 +27,53 @@ from typing import Any
 
 import torch
 
-from dlrt import env
 from dlrt.bench.report import table, write_json
-from dlrt.kernels.gemm_select import event_us
+from dlrt.layers.quant import LinearMethod
+from dlrt.tuning.linear import linear_layers
+from dlrt.tuning.timing import event_us
 
 COLUMNS = ["context", "device_loop_us", "replay_us", "while_overhead_us", "host_loop_us",
            "host_bubble_us", "eager_us", "floor_us", "ratio_to_floor", "GBps"]
 STAGE_COLUMNS = ["context", "replay_us", "attention_us", "gemm_us", "sampling_us", "other_us"]
 
 
-def _skip_linear(x, weight, *args, **kwargs):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+class SkipLinear(LinearMethod):
+    """A linear method that computes nothing (the output left uninitialised)."""
+
+    name = "skip"
+
+    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], layer.weight.shape[0]))
 
 
 @contextlib.contextmanager
-def variant(owner, attr: str, how: str):
-    """Within the block, `owner.attr(...)` runs twice (how='repeat': same inputs, the second
-    result kept) or, for a projection (how='skip'), not at all."""
+def repeated(owner, attr: str):
+    """Within the block, `owner.attr(...)` runs twice (same inputs, the second result kept)."""
     fn = getattr(owner, attr)
 
     def twice(*args, **kwargs):
         fn(*args, **kwargs)
         return fn(*args, **kwargs)
 
-    setattr(owner, attr, twice if how == "repeat" else _skip_linear)
+    setattr(owner, attr, twice)
     try:
         yield
     finally:
         setattr(owner, attr, fn)
+
+
+@contextlib.contextmanager
+def skipped_linears(model):
+    """Within the block, every linear layer of `model` computes nothing."""
+    layers = linear_layers(model)
+    methods = {name: m.method for name, m in layers.items()}
+    for m in layers.values():
+        m.method = SkipLinear()
+    try:
+        yield
+    finally:
+        for name, m in layers.items():
+            m.method = methods[name]
 
 
 def copy_bandwidth(device, nbytes: int = 1 << 30) -> float:
@@ -70,14 +88,20 @@ def round_bytes(llm, context: int, b: int) -> int:
     """Bytes one round reads: every weight except the embedding table (B rows of it), the
     routed experts a block touches (expected distinct count under uniform routing), and the K/V
     of `context` cached tokens plus the block."""
+    from dlrt.layers.mlp import Experts
+    from dlrt.models.registry import family
+
     c = llm.config
     item = torch.empty((), dtype=llm.dtype).element_size()
+    embedding = family(c.family).embedding
+    experts = {id(p) for m in llm.model.modules() if isinstance(m, Experts)
+               for p in m.parameters()}
     total = 0
     for name, p in llm.model.named_parameters():
         n = p.numel()
-        if "embed_tokens" in name or "wte" in name:
+        if name == embedding:
             n = b * c.hidden_size
-        elif ".experts." in name:
+        elif id(p) in experts:
             e, k = c.num_experts, c.num_experts_per_tok
             n = int(n * (1 - (1 - k / e) ** b))
         total += n * item
@@ -88,8 +112,8 @@ def round_bytes(llm, context: int, b: int) -> int:
 class _Bench:
     """The decoder's program set at a given context, plus a counter for R-round loops."""
 
-    def __init__(self, llm, program, rounds: int):
-        self.llm, self.p, self.rounds = llm, program, rounds
+    def __init__(self, llm, program, params, rounds: int):
+        self.llm, self.p, self.params, self.rounds = llm, program, params, rounds
         dev = llm.device
         self.counter = torch.zeros((), dtype=torch.int64, device=dev)
         self.flag = program.state.flag
@@ -105,9 +129,10 @@ class _Bench:
         else:
             s.set_lens(context, context + b)
         s.set_request(b, 10**9, 0)
-        runner = self.llm.runner
-        if runner.plans_on_host:  # the round's forward at this context
-            runner.plan_attention(self.p.spans(*s.lens.tolist(), None))
+        s.set_values(self.params)
+        backend = self.llm.executor.backend
+        if backend.plans_on_host:  # the round's forward at this context
+            backend.plan_block(self.p.spans(*s.lens.tolist(), None))
         s.tokens.fill_(self.llm.config.mask_token_id)
         self.init_tokens.copy_(s.tokens)
 
@@ -134,7 +159,7 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
     from dlrt.runtime.graphs import WhileGraph, capture_parts
 
     program = _program(llm, params, max(contexts))
-    bench = _Bench(llm, program, rounds)
+    bench = _Bench(llm, program, params, rounds)
     bw = copy_bandwidth(llm.device)
     rows = []
     eager_rounds = max(rounds // 5, 1)
@@ -150,17 +175,13 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
         wg = WhileGraph(bench.begin, bench.body, bench.end, bench.flag, pool)
         capture_s = time.perf_counter() - t0
         stages = {}
-        from dlrt.kernels import skinny_gemm
-        from dlrt.layers import linear
         from dlrt.runtime import decoder
 
-        for stage, patches, how in (
-                ("attention", [(llm.runner.backend, "forward")], "repeat"),
-                ("gemm", [(linear, "linear"), (skinny_gemm, "gemv")], "skip"),
-                ("sampling", [(decoder, "denoise_round")], "repeat")):
-            with contextlib.ExitStack() as patched:
-                for owner, attr in patches:
-                    patched.enter_context(variant(owner, attr, how))
+        for stage, variant, how in (
+                ("attention", repeated(llm.runner.backend, "forward"), "repeat"),
+                ("gemm", skipped_linears(llm.model), "skip"),
+                ("sampling", repeated(decoder, "denoise_round"), "repeat")):
+            with variant:
                 stages[stage] = (capture_parts([bench.body], pool)[0], how)
         for ctx in contexts:
             bench.set_context(ctx)
@@ -199,7 +220,7 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
     torch.cuda.current_stream().wait_stream(stream)
     return rows, dict(**api, copy_bandwidth_TBps=bw / 1e12, capture_s=capture_s, rounds=rounds,
                       block_length=program.b, body_nodes=_body_nodes(wg),
-                      fused_kernels=env.fused_kernels())
+                      kernels=llm.engine_config.kernels)
 
 
 def _launch_api_us(wg, g_round, reps: int = 20) -> dict[str, float]:
@@ -231,26 +252,26 @@ def _program(llm, params, max_context: int):
     dec = llm.decoder
     from dlrt.runtime.block_decoder import BlockDecoder
     from dlrt.runtime.canvas_decoder import CanvasProgram
-    from dlrt.runtime.decoder import round_spec
+    from dlrt.runtime.decoder import round_kind
     from dlrt.runtime.lookahead_decoder import LookaheadProgram
 
-    spec, b = round_spec(params), params.block_length
+    kind, b = round_kind(params), params.block_length
     if isinstance(dec, BlockDecoder):
         return dec.program(params)
     if llm.decoder_name == "dllm_var":
-        return LookaheadProgram(llm.runner, spec, b, llm.config.mask_token_id)
-    return CanvasProgram(llm.runner, spec, b, -(-max_context // 64) * 64)
+        return LookaheadProgram(llm.runner, kind, b, llm.config.mask_token_id)
+    return CanvasProgram(llm.runner, kind, b, -(-max_context // 64) * 64)
 
 
 def _max_positions(model, default: int) -> int:
     """The checkpoint's position limit (config.json), or `default` for the embedded model."""
     from dlrt.checkpoint.folder import CheckpointFolder
-    from dlrt.config import ModelConfig
+    from dlrt.models.registry import model_config
 
     if not model:
         return default
     hf = CheckpointFolder.open(model, require_weights=False).hf_config
-    return ModelConfig.from_hf(hf).max_position_embeddings
+    return model_config(hf).max_position_embeddings
 
 
 def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
@@ -262,33 +283,28 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
         raise SystemExit("dlrt bench step needs a CUDA GPU")
     b = options.get("block_length") or 4
     need = max(contexts) + 2 * b + 64
-    limit = _max_positions(args.model, need)
+    limit = _max_positions(llm_kwargs.get("model"), need)
     if need > limit:
         raise SystemExit(f"context {max(contexts)} + 2 blocks + 64 exceeds the model's "
                          f"{limit} positions; largest context: {limit - 2 * b - 64}")
-    llm = LLM(args.model, max_model_len=llm_kwargs.pop("max_model_len", None) or need,
-              **llm_kwargs)
+    llm = LLM(**{**llm_kwargs, "max_model_len": llm_kwargs.get("max_model_len") or need})
     options = {**options, "block_length": b}
     params = llm.resolve(DecodingOptions.from_kwargs(options))
     rows, summary = run(llm, params, contexts, args.rounds)
     print(table(rows, COLUMNS))
     print(table(rows, STAGE_COLUMNS))
     print(table([summary], list(summary)))
-    for shape, rec in llm.gemm_choices.items():
-        if shape == "layer":
-            roles = " ".join(f"{r} {us:.1f}" for r, us in rec["role_us"].items())
-            print(f"dense layer projections: classic {rec['classic_us']:.1f} us, fused GEMVs "
-                  f"{rec['fused_us']:.1f} us ({roles}) -> {rec['chosen']}")
-            continue
+    for shape, rec in llm.linear_plan.records.items():
         triton_us = rec["triton_us"]
         print(f"projection [{shape}] after a norm: cublas {rec['cublas_us']:.1f} us, triton "
               f"{triton_us if triton_us is None else round(triton_us, 1)} us -> "
               f"{rec['chosen']}")
-    name = f"step-{str(args.model).rstrip('/').split('/')[-1]}"
-    path = write_json(name, dict(model=str(args.model), decoder=llm.decoder_name,
+    model = llm_kwargs.get("model")
+    name = f"step-{str(model).rstrip('/').split('/')[-1]}"
+    path = write_json(name, dict(model=str(model), decoder=llm.decoder_name,
                                  dtype=str(llm.dtype), attention=llm.attention_backend,
                                  options=options, rows=rows,
-                                 summary=summary, projections=llm.gemm_choices),
+                                 summary=summary, projections=llm.linear_plan.records),
                       llm.device, args.out)
     print(f"wrote {path}")
     return 0

@@ -20,12 +20,13 @@ import torch
 
 from dlrt.checkpoint.folder import INDEX_NAME, CheckpointFolder
 from dlrt.checkpoint.loader import random_tensor, weight_specs
-from dlrt.checkpoint.presets import PRESETS, TOKENIZER_DIR, preset, real_config
-from dlrt.config import ModelConfig
+from dlrt.checkpoint.presets import PRESETS, preset, real_config
 from dlrt.errors import CheckpointError
-from dlrt.models import build_model
+from dlrt.models.family import Family
+from dlrt.models.registry import build_model, family_of, model_config
+from dlrt.ops import reference
+from dlrt.resources import data_path
 
-_LAYER_KEYS = ("num_hidden_layers", "n_layers")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                     "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
@@ -81,18 +82,17 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
     if out.exists():
         _check_replaceable(out)
     hf, gen, src_dir = _source(source)
-    config = ModelConfig.from_hf(hf)
+    config = model_config(hf)
+    family = family_of(hf)
     if num_layers is not None:
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) \
                 or not 1 <= num_layers <= config.num_layers:
             raise CheckpointError(f"num_layers={num_layers!r} must be in [1, "
                                   f"{config.num_layers}] (keep only this many layers)")
-        hf[next(k for k in _LAYER_KEYS if k in hf)] = num_layers
-        if hf.get("max_window_layers"):
-            hf["max_window_layers"] = num_layers
-        config = ModelConfig.from_hf(hf)
+        hf = family.with_layers(hf, num_layers)
+        config = model_config(hf)
     with torch.device("meta"):
-        specs = weight_specs(build_model(config))
+        specs = weight_specs(build_model(config, reference.OPS))
     torch_dtype = DTYPES[dtype]
     itemsize = torch.empty((), dtype=torch_dtype).element_size()
     shards: list[list] = [[]]
@@ -126,7 +126,7 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
         hf["torch_dtype"] = dtype
         (tmp / "config.json").write_text(json.dumps(hf, indent=2))
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
-        _copy_tokenizer(src_dir, config.family, tmp)
+        _copy_tokenizer(src_dir, family, tmp)
         _default_modes(tmp)
         if out.exists() and overwrite:
             _check_replaceable(out)  # NOTE: again: it may have changed while writing
@@ -165,11 +165,12 @@ def _check_replaceable(out: Path) -> None:
                               "tokenizer files only): not replacing it; remove it yourself")
 
 
-def _copy_tokenizer(src_dir: Path | None, family: str, dst: Path) -> None:
+def _copy_tokenizer(src_dir: Path | None, family: Family, dst: Path) -> None:
+    """The source's tokenizer files, else the family's shipped tokenizer (if it has one)."""
     has_tokenizer = src_dir is not None and any((src_dir / n).is_file() for n in _TOKENIZER_FILES)
     src = src_dir if has_tokenizer else None
-    if src is None and family in ("sdar", "sdar_moe"):
-        src = TOKENIZER_DIR
+    if src is None and family.tokenizer is not None:
+        src = data_path(family.tokenizer)
     if src is None:
         return
     for n in _TOKENIZER_FILES:

@@ -1,4 +1,4 @@
-"""Built-in tiny configs and the embedded default model (tiny SDAR + the real SDAR tokenizer)."""
+"""Built-in tiny configs and the real configs shipped with the package, by name."""
 
 from __future__ import annotations
 
@@ -6,19 +6,16 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from dlrt import env
-from dlrt.checkpoint.folder import CheckpointFolder
-from dlrt.errors import CheckpointError
-
-TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "data" / "sdar-qwen3"
-# The real configs (config.json, generation_config.json) of the published checkpoints, by name.
-REAL_CONFIGS_DIR = Path(__file__).resolve().parent.parent / "data" / "configs"
+from dlrt.resources import data_path
 
 
 def real_config(name: str) -> Path | None:
-    """Folder of a shipped real config (e.g. 'SDAR-8B-Chat'), or None."""
-    path = REAL_CONFIGS_DIR / name
-    return path if name and "/" not in name and (path / "config.json").is_file() else None
+    """Folder of a shipped real config (`dlrt/data/configs`, e.g. 'SDAR-8B-Chat'), or None."""
+    if not name or "/" in name:
+        return None
+    path = data_path("configs", name)
+    return path if (path / "config.json").is_file() else None
+
 
 _SDAR_GEN = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
 
@@ -59,43 +56,6 @@ PRESET_GENERATION = {
     "tiny-llada": {"eos_token_id": 126081, "pad_token_id": 126081},
 }
 
-DEFAULT_PRESET = "tiny-sdar"
-DEFAULT_SEED = 0
-_DEFAULT_VERSION = "v1"
-
-
 def preset(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config, generation_config) of a built-in preset (copies)."""
     return copy.deepcopy(PRESETS[name]), copy.deepcopy(PRESET_GENERATION[name])
-
-
-def default_model_path() -> Path:
-    """The embedded default model; written (deterministically, seed 0) on first use, and
-    written again when the cached copy is broken (e.g. its weights are missing).
-
-    Raises:
-        CheckpointError: it cannot be written (DLRT_CACHE_DIR is a file or unwritable) or a
-            broken copy cannot be replaced.
-    """
-    from dlrt.checkpoint.make import make_checkpoint
-
-    path = env.cache_dir() / "models" / f"{DEFAULT_PRESET}-{_DEFAULT_VERSION}"
-    if not _loadable(path):
-        try:
-            make_checkpoint(DEFAULT_PRESET, path, seed=DEFAULT_SEED, overwrite=path.exists())
-        except CheckpointError as e:
-            if not _loadable(path):  # else another process made it first
-                raise CheckpointError(
-                    f"cannot make the embedded default model in {path}: {e}. Set "
-                    f"DLRT_CACHE_DIR to a writable folder, or delete {path}") from e
-    return path
-
-
-def _loadable(path: Path) -> bool:
-    if not (path / "config.json").is_file():
-        return False
-    try:
-        CheckpointFolder.open(path)
-    except CheckpointError:
-        return False
-    return True

@@ -1,50 +1,66 @@
 """One denoising round after the forward: candidates, confidences, remasking strategy, commit.
 
 Pure tensor code with fixed shapes (no `.item()`, no data-dependent Python branches), shared by
-every decoder and execution mode so they commit the same tokens. Rounds on CUDA take the
-candidates and confidences straight from the logits: greedy from `dlrt.kernels.greedy`, sampled
-from `dlrt.kernels.sampling` (except strategies that need the entropy of the probabilities).
+every decoder and execution mode so they commit the same tokens. The candidates and confidences
+come from the ops table's `candidates` (the reference below, or `dlrt.ops.triton`'s kernels
+straight from the logits), except for strategies that need the entropy of the probabilities.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from dlrt.decoding import rng
-from dlrt.decoding.sampling import SamplingSpec, candidates, entropy, probabilities
+from dlrt.decoding.sampling import SamplingMode, SamplingSpec, candidates, entropy, probabilities
 from dlrt.decoding.strategies import NEEDS_ENTROPY, NEEDS_RANDOM, StrategySpec, select
-from dlrt.layers.fused import use_kernels
+
+# (logits [n, V], sampling, mode, round_idx, positions [n]) -> (ids [n] int64, conf [n] fp32)
+CandidatesOp = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class RoundKind:
+    """What a round's code does, never with which values: the remasking strategy and the
+    sampling mode. Captured graphs are keyed on it, so every request of a kind shares them."""
+
+    strategy: str
+    sampling: SamplingMode
+
+    def __str__(self) -> str:
+        return f"{self.strategy}/{self.sampling}"
 
 
 @dataclass(frozen=True)
 class RoundSpec:
-    """What every round of a request shares."""
+    """What every round of a request shares. Values are host numbers, or 0-d device tensors
+    that a request writes before its blocks run (then `mode` must be given)."""
 
     strategy: StrategySpec
     sampling: SamplingSpec
-    steps: int  # the round budget T; the last round commits every remaining mask
+    steps: int | torch.Tensor  # the round budget T; the last round commits every remaining mask
+    mode: SamplingMode | None = None  # None: `SamplingMode.of(sampling)` (host values)
+
+    @property
+    def kind(self) -> RoundKind:
+        return RoundKind(self.strategy.name, self.mode or SamplingMode.of(self.sampling))
 
 
-def fused_candidates(logits: torch.Tensor, sampling: SamplingSpec, seed, round_idx,
-                     positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(candidates [n] int64, confidences [n] fp32) of logits [n, V] from the Triton kernels,
-    without fp32 [n, V] probabilities: greedy (`dlrt.kernels.greedy`) at temperature 0, else
-    the sampled draw (`dlrt.kernels.sampling`), equal to `candidates(probabilities(...))`.
-    seed, round_idx: ints or 0-d int64 device tensors."""
-    logits = logits.contiguous()
-    if sampling.temperature == 0:
-        from dlrt.kernels.greedy import greedy_candidates
-        return greedy_candidates(logits)
-    from dlrt.kernels.sampling import sample_candidates
-    return sample_candidates(logits, sampling.temperature, sampling.top_k, sampling.top_p, seed,
-                             round_idx, positions)
+def reference_candidates(logits: torch.Tensor, sampling: SamplingSpec, mode: SamplingMode,
+                         round_idx, positions: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(candidates [n] int64, confidences [n] fp32) of logits [n, V] through the fp32
+    probabilities (`dlrt.decoding.sampling`)."""
+    probs = probabilities(logits, sampling, mode)  # [n, V] fp32
+    return candidates(probs, sampling, round_idx, positions, mode=mode)
 
 
 def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
                   masked: torch.Tensor, positions: torch.Tensor, round_idx, quota,
-                  steps=None, seed=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  candidates_op: CandidatesOp = reference_candidates
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Commit some masked positions of a block.
 
     Args:
@@ -54,25 +70,22 @@ def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
         positions: [n] int64 absolute positions (keys of the sampling noise).
         round_idx: int or 0-d int64 tensor, round within the block (0-based).
         quota: int or 0-d int64 tensor, this round's quota k.
-        steps, seed: override `spec.steps` / `spec.sampling.seed` (ints or device tensors, so
-            one captured graph serves every request).
+        candidates_op: the ops table's candidate draw (equal to `reference_candidates`).
     Returns:
         (tokens [n] int64, masked [n] bool, commit [n] bool) after the round.
     """
-    seed = spec.sampling.seed if seed is None else seed
-    steps = spec.steps if steps is None else steps
+    kind = spec.kind
     ent = None
-    if spec.strategy.name not in NEEDS_ENTROPY and logits.dim() == 2 and use_kernels(logits):
-        cand, conf = fused_candidates(logits, spec.sampling, seed, round_idx, positions)
+    if kind.strategy in NEEDS_ENTROPY:
+        probs = probabilities(logits, spec.sampling, kind.sampling)  # [n, V] fp32
+        cand, conf = candidates(probs, spec.sampling, round_idx, positions, mode=kind.sampling)
+        ent = entropy(probs)
     else:
-        probs = probabilities(logits, spec.sampling)  # [n, V] fp32
-        cand, conf = candidates(probs, spec.sampling, round_idx, positions, seed)
-        if spec.strategy.name in NEEDS_ENTROPY:
-            ent = entropy(probs)
+        cand, conf = candidates_op(logits, spec.sampling, kind.sampling, round_idx, positions)
     rand = None
-    if spec.strategy.name in NEEDS_RANDOM:
-        rand = rng.uniform(seed, rng.REMASK_STREAM, round_idx, positions, 1)[:, 0]
+    if kind.strategy in NEEDS_RANDOM:
+        rand = rng.uniform(spec.sampling.seed, rng.REMASK_STREAM, round_idx, positions, 1)[:, 0]
     commit = select(spec.strategy, conf, masked, quota, ent, rand)
-    last = torch.as_tensor(round_idx, device=masked.device) >= steps - 1
+    last = torch.as_tensor(round_idx, device=masked.device) >= spec.steps - 1
     commit = commit | (masked & last)
     return torch.where(commit, cand, tokens), masked & ~commit, commit

@@ -6,6 +6,10 @@ the candidate is drawn by the Gumbel-max trick with counter-based noise (`dlrt.d
 which samples the same distribution as `torch.multinomial`; confidence = its probability.
 This is the reference; CUDA rounds take the same draw from `dlrt.kernels.sampling` (no sort,
 no [n, V] probabilities).
+
+The values of a `SamplingSpec` are host numbers or 0-d device tensors (a captured round reads
+them from device memory, so one graph serves every value); what the draw does with them, its
+`SamplingMode` (greedy, and which filters are on), is fixed per graph.
 """
 
 from __future__ import annotations
@@ -16,21 +20,50 @@ import torch
 
 from dlrt.decoding import rng
 
+Number = float | torch.Tensor  # a host value or a 0-d device tensor
+
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    temperature: float
-    top_k: int  # 0 = off
-    top_p: float  # 1.0 = off
-    seed: int
+    temperature: Number  # 0 = greedy
+    top_k: int | torch.Tensor  # 0 = off
+    top_p: Number  # 1.0 = off
+    seed: int | torch.Tensor
 
 
-def _filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
-    kth = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).values[..., -1:]
+@dataclass(frozen=True)
+class SamplingMode:
+    """What a draw does, never with which values: greedy, or sampled with or without the
+    top-k and top-p filters. Part of a captured round's key."""
+
+    greedy: bool
+    top_k: bool = False
+    top_p: bool = False
+
+    @staticmethod
+    def of(spec: SamplingSpec) -> SamplingMode:
+        """The mode of a spec of host values (temperature 0 is greedy; top_k 0 and top_p 1
+        are off)."""
+        if spec.temperature == 0:
+            return SamplingMode(True)
+        return SamplingMode(False, spec.top_k > 0, spec.top_p < 1.0)
+
+    def __str__(self) -> str:
+        if self.greedy:
+            return "greedy"
+        return "sample" + "+top_k" * self.top_k + "+top_p" * self.top_p
+
+
+def _filter_top_k(logits: torch.Tensor, k: int | torch.Tensor) -> torch.Tensor:
+    """Keep every logit >= the k-th largest of its row (k an int or a 0-d int64 tensor)."""
+    v = logits.shape[-1]
+    k = torch.clamp(torch.as_tensor(k, device=logits.device), 1, v)
+    ordered = torch.sort(logits, dim=-1, descending=True).values
+    kth = ordered.gather(-1, (k - 1).expand(*logits.shape[:-1], 1))
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def _filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+def _filter_top_p(logits: torch.Tensor, p: Number) -> torch.Tensor:
     # stable: of the logits tied at the cut, the lowest token ids are kept first (what a
     # stable CUDA sort gives the reference; dlrt.kernels.sampling keeps the same ones)
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
@@ -42,25 +75,28 @@ def _filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def probabilities(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
-    """[n, V] fp32 probabilities after temperature, top-k and top-p (plain softmax if greedy)."""
+def probabilities(logits: torch.Tensor, spec: SamplingSpec,
+                  mode: SamplingMode | None = None) -> torch.Tensor:
+    """[n, V] fp32 probabilities after temperature, top-k and top-p (plain softmax if greedy).
+    `mode` is required when the spec holds device tensors (default: `SamplingMode.of(spec)`)."""
+    mode = mode or SamplingMode.of(spec)
     x = logits.float()
-    if spec.temperature > 0:
+    if not mode.greedy:
         x = x / spec.temperature
-        if spec.top_k > 0:
+        if mode.top_k:
             x = _filter_top_k(x, spec.top_k)
-        if spec.top_p < 1.0:
+        if mode.top_p:
             x = _filter_top_p(x, spec.top_p)
     return torch.softmax(x, dim=-1)
 
 
 def candidates(probs: torch.Tensor, spec: SamplingSpec, round_idx, positions: torch.Tensor,
-               seed=None) -> tuple[torch.Tensor, torch.Tensor]:
+               seed=None, mode: SamplingMode | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (candidate ids [n] int64, confidences [n] fp32) from probs [n, V].
 
-    `seed` (int or 0-d int64 tensor) overrides `spec.seed` (captured graphs read it from
-    device memory)."""
-    if spec.temperature == 0:
+    `seed` (int or 0-d int64 tensor) overrides `spec.seed`; `mode` as in `probabilities`."""
+    if (mode or SamplingMode.of(spec)).greedy:
         conf, ids = probs.max(dim=-1)
         return ids, conf
     seed = spec.seed if seed is None else seed

@@ -18,6 +18,8 @@ from dlrt import __version__
 from dlrt.decoding.options import DecodingOptions
 from dlrt.errors import DlrtError
 
+BENCH_OUT = "benchmarks/runs"  # ignored by git: curated tables go to benchmarks/results
+OUT_HELP = f"folder for the JSON record (default: {BENCH_OUT})"
 _HELP = {
     "max_new_tokens": "tokens to generate at most (default 128)",
     "block_length": "block length B (default: the model's / decoder's)",
@@ -57,41 +59,44 @@ def decoding_kwargs(args: argparse.Namespace) -> dict:
     return {k: v for k, v in kw.items() if v is not None}
 
 
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None,
-                        help="checkpoint folder (default: the embedded tiny SDAR model)")
-    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on "
-                        "CPU), bfloat16, float16, float32 or float64")
-    parser.add_argument("--device", default="auto",
-                        help="auto (CUDA when available), cpu, cuda or cuda:N")
-    parser.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"],
-                        help="dummy: seeded random weights, no weight files needed")
-    parser.add_argument("--decoder", default=None,
-                        help="block, canvas or dllm_var (default depends on the model family: "
-                             "block for SDAR, canvas for LLaDA)")
-    parser.add_argument("--mask-token-id", type=int, default=None,
-                        help="mask token id (default: the config's, else the tokenizer's)")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="context limit in tokens (default: the config's maximum)")
-    parser.add_argument("--attention-backend", default=None,
-                        help="triton (CUDA default), flashinfer (FA3/FA2; planned on the host "
-                             "once per block), flashinfer-fa2, or sdpa (CPU default, eager "
-                             "only)")
-    parser.add_argument("--execution-mode", default=None,
-                        help="device_loop (CUDA default), host_loop or eager (CPU: the only "
-                             "mode); all give the same tokens")
+def _engine_flag(f: dataclasses.Field) -> str:
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+
+
+def _engine_dest(f: dataclasses.Field) -> str:
+    return _engine_flag(f)[2:].replace("-", "_")
+
+
+def add_engine_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """One flag per `EngineConfig` field (its default, choices and help are written there)."""
+    from dlrt.config.engine import EngineConfig
+
+    hints = typing.get_type_hints(EngineConfig)
+    for f in dataclasses.fields(EngineConfig):
+        if f.name in skip:
+            continue
+        flag = _engine_flag(f)
+        kind = next(t for t in (typing.get_args(hints[f.name]) or (hints[f.name],))
+                    if t is not type(None))
+        default = "" if f.default is None else f" (default: {f.default})"
+        parser.add_argument(flag, dest=_engine_dest(f), type=kind, default=f.default,
+                            choices=f.metadata["choices"],
+                            help=f.metadata["help"] + (default if f.name != "model" else ""))
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    names = ("dtype", "device", "load_format", "decoder", "mask_token_id", "max_model_len",
-             "attention_backend", "execution_mode")
-    return {n: getattr(args, n) for n in names}
+    """The engine options given on the command line (every `EngineConfig` field it has)."""
+    from dlrt.config.engine import EngineConfig
+
+    fields = dataclasses.fields(EngineConfig)
+    return {f.name: getattr(args, _engine_dest(f)) for f in fields
+            if hasattr(args, _engine_dest(f))}
 
 
 def _generate(args: argparse.Namespace) -> int:
     from dlrt import LLM
 
-    llm = LLM(args.model, **engine_kwargs(args))
+    llm = LLM(**engine_kwargs(args))
     prompt = args.prompt_ids or args.prompt
     kw = decoding_kwargs(args)
     if args.json:
@@ -135,25 +140,20 @@ def _bench_serve(args: argparse.Namespace) -> int:
 def _bench_step(args: argparse.Namespace) -> int:
     from dlrt.bench import step
 
-    kw = engine_kwargs(args)
-    kw.pop("execution_mode", None)
-    return step.main(args, kw, decoding_kwargs(args))
+    return step.main(args, engine_kwargs(args), decoding_kwargs(args))
 
 
 def _bench_kernels(args: argparse.Namespace) -> int:
     from dlrt.bench import kernels
 
-    kw = engine_kwargs(args)
-    kw.pop("execution_mode", None)
-    kw.pop("max_model_len", None)
-    return kernels.main(args, kw)
+    return kernels.main(args, engine_kwargs(args))
 
 
 def _serve(args: argparse.Namespace) -> int:
     from dlrt.server.serve import serve
 
     logging.getLogger("dlrt").setLevel(logging.INFO)
-    return serve(args.model, engine_kwargs(args), decoding_kwargs(args), args.host, args.port,
+    return serve(engine_kwargs(args), decoding_kwargs(args), args.host, args.port,
                  args.max_queue, args.request_timeout, args.max_body_bytes)
 
 
@@ -200,11 +200,11 @@ _port = _int_in(1, 65535)
 def add_prompt_flags(parser: argparse.ArgumentParser) -> None:
     """The HumanEval request flags of `bench humaneval` and `bench serve`."""
     parser.add_argument("--data", default=None,
-                        help="humaneval.jsonl (default: benchmarks/data)")
+                        help="humaneval.jsonl (default: the 164 problems shipped with dlrt)")
     parser.add_argument("--num-prompts", type=_positive(int), default=8,
                         help="the first N problems (default 8)")
     parser.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
-    parser.add_argument("--out", default="benchmarks/results", help="folder for the JSON record")
+    parser.add_argument("--out", default=BENCH_OUT, help=OUT_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -279,19 +279,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = bench.add_parser("step", help="round latency per context: device loop, replay, host "
                                        "loop, eager, HBM floor")
-    add_engine_flags(st)
+    add_engine_flags(st, skip=("execution_mode",))
     st.add_argument("--context", default="0,1024,4096,16384",
                     help="comma-separated context lengths")
     st.add_argument("--rounds", type=int, default=100, help="rounds per timing")
-    st.add_argument("--out", default="benchmarks/results", help="folder for the JSON record")
+    st.add_argument("--out", default=BENCH_OUT, help=OUT_HELP)
     add_decoding_flags(st)
     st.set_defaults(func=_bench_step)
 
     bk = bench.add_parser("kernels", help="fused small ops vs PyTorch and torch.compile, "
                                           "projections' bandwidth, at a model's shapes")
-    add_engine_flags(bk)
+    add_engine_flags(bk, skip=("execution_mode", "max_model_len", "kernels"))
     bk.add_argument("--rows", type=_positive(int), default=4, help="rows N (the block length)")
-    bk.add_argument("--out", default="benchmarks/results", help="folder for the JSON record")
+    bk.add_argument("--out", default=BENCH_OUT, help=OUT_HELP)
     bk.set_defaults(func=_bench_kernels)
     return parser
 

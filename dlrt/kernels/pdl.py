@@ -28,8 +28,6 @@ import triton
 import triton.language as tl
 from triton.language.extra import cuda as tlcuda
 
-from dlrt import env
-
 
 @functools.cache
 def _supported(index: int) -> bool:
@@ -38,8 +36,8 @@ def _supported(index: int) -> bool:
 
 def enabled(t: torch.Tensor) -> bool:
     """Launch the kernels that touch `t` with PDL: a CUDA tensor on a 9.0+ device, not under
-    TRITON_INTERPRET, and DLRT_PDL not '0'."""
-    if not t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1" or not env.pdl():
+    TRITON_INTERPRET."""
+    if not t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     return _supported(t.device.index if t.device.index is not None
                       else torch.cuda.current_device())

@@ -116,6 +116,16 @@ def _thresholds(stats_ptr, acc_ptr, zk_ptr, row, nsl, kk, top_p, passes,
 
 
 @triton.jit
+def _request(t_ptr, k_ptr, p_ptr, V):
+    """The request's values from device memory: 1 / temperature (fp64 -> fp32, as a host
+    division would round it), top-k minus one as fp32 (the k-th largest is the search target)
+    and top-p (fp32)."""
+    inv_t = (1.0 / tl.load(t_ptr)).to(tl.float32)
+    kk = (tl.minimum(tl.load(k_ptr), V) - 1).to(tl.float32)
+    return inv_t, kk, tl.load(p_ptr)
+
+
+@triton.jit
 def _block(logits_ptr, row, V, start, BLOCK: tl.constexpr):
     """One block of a row: ids, in-vocabulary mask, fp32 logits (-inf past V), their keys."""
     v = start + tl.arange(0, BLOCK)
@@ -143,7 +153,7 @@ def _max_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, V, nsl, SLICE: tl.conste
 
 
 @triton.jit
-def _pass_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, V, nsl, inv_t, kk, top_p, j,
+def _pass_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, V, nsl, t_ptr, k_ptr, p_ptr, j,
                  SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr,
                  MASS: tl.constexpr, USE_K: tl.constexpr, PDL: tl.constexpr):
     """Pass j of one search: for 16 probes, the count (MASS False: top-k) or the mass
@@ -156,6 +166,7 @@ def _pass_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, V, nsl, inv_t
     row = tl.program_id(0).to(tl.int64)
     sl = tl.program_id(1)
     d16 = tl.arange(0, 16)
+    inv_t, kk, top_p = _request(t_ptr, k_ptr, p_ptr, V)
     if MASS:
         lmax, t_k, prefix, _f, _pz = _thresholds(stats_ptr, acc_ptr, zk_ptr, row, nsl, kk,
                                                  top_p, j, SLICES, USE_K, True)
@@ -193,7 +204,7 @@ def _pass_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, V, nsl, inv_t
 
 @triton.jit
 def _race_kernel(logits_ptr, seed_ptr, round_ptr, pos_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr,
-                 race_ptr, race_idx_ptr, V, nsl, inv_t, kk, top_p,
+                 race_ptr, race_idx_ptr, V, nsl, t_ptr, k_ptr, p_ptr,
                  SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr,
                  USE_K: tl.constexpr, USE_P: tl.constexpr, PDL: tl.constexpr):
     """Per slice: the kept tokens' race winner (score w / -log u, first id on ties), its
@@ -201,6 +212,7 @@ def _race_kernel(logits_ptr, seed_ptr, round_ptr, pos_ptr, stats_ptr, acc_ptr, z
     pdl.begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     sl = tl.program_id(1)
+    inv_t, kk, top_p = _request(t_ptr, k_ptr, p_ptr, V)
     lmax, t_k, t_p, f, pz = _thresholds(stats_ptr, acc_ptr, zk_ptr, row, nsl, kk, top_p, 8,
                                         SLICES, USE_K, USE_P)
     keep_ties = tl.zeros([], tl.float64)  # how many logits equal to t_p are kept
@@ -273,26 +285,29 @@ def _layout(v: int) -> tuple[int, int]:
     return triton.cdiv(v, slice_len), slice_len
 
 
-def _as_device_int(x, dev) -> torch.Tensor:
+def _device_scalar(x, dtype: torch.dtype, dev) -> torch.Tensor:
+    """x (a host number or a 0-d tensor) as a [1] tensor of `dtype` on `dev`."""
     if torch.is_tensor(x):
-        return x.to(dev, torch.int64).reshape(1)
-    return torch.tensor([x], dtype=torch.int64, device=dev)
+        return x.to(dev, dtype).reshape(1)
+    return torch.tensor([x], dtype=dtype, device=dev)
 
 
-def sample_candidates(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
-                      seed, round_idx, positions: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_candidates(logits: torch.Tensor, temperature, top_k, top_p, seed, round_idx,
+                      positions: torch.Tensor, use_top_k: bool | None = None,
+                      use_top_p: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampled (candidate ids [n] int64, confidences [n] fp32) of logits [n, V].
 
     Args:
         logits: [n, V] contiguous, any float dtype (computed in fp32).
-        temperature: > 0. top_k: 0 = off. top_p: in (0, 1], 1 = off.
+        temperature (> 0; fp64 on the device), top_k (0 = off; int64), top_p (in (0, 1],
+            1 = off; fp32): host numbers, or 0-d device tensors that a captured graph reads
+            when it runs (then `use_top_k` and `use_top_p` say which filters run).
         seed, round_idx: ints or 0-d int64 device tensors (inside a captured graph).
         positions: [n] int64 absolute positions. Token v of row i races with the uniform
             `rng.uniform(seed, rng.SAMPLE_STREAM, round_idx, positions, V)[i, v]`.
     Raises:
-        ValueError: logits not a contiguous 2-D tensor, positions not [n], or an option out of
-            range.
+        ValueError: logits not a contiguous 2-D tensor, positions not [n], a host option out
+            of range, or device values without `use_top_k` / `use_top_p`.
     """
     if logits.dim() != 2 or not logits.is_contiguous():
         raise ValueError(f"sample_candidates expects contiguous [n, V] logits, got "
@@ -300,11 +315,16 @@ def sample_candidates(logits: torch.Tensor, temperature: float, top_k: int, top_
     n, v = logits.shape
     if positions.shape != (n,):
         raise ValueError(f"positions must be [{n}], got {tuple(positions.shape)}")
-    if not temperature > 0 or top_k < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"need temperature > 0, top_k >= 0, top_p in (0, 1]; got "
-                         f"{temperature}, {top_k}, {top_p}")
+    if use_top_k is None or use_top_p is None:
+        if any(torch.is_tensor(x) for x in (temperature, top_k, top_p)):
+            raise ValueError("sample_candidates: device values need use_top_k and use_top_p")
+        if not temperature > 0 or top_k < 0 or not 0 < top_p <= 1:
+            raise ValueError(f"need temperature > 0, top_k >= 0, top_p in (0, 1]; got "
+                             f"{temperature}, {top_k}, {top_p}")
+        use_top_k, use_top_p = top_k > 0, top_p < 1.0
     dev = logits.device
-    use_k, use_p = top_k > 0, top_p < 1.0
+    values = (_device_scalar(temperature, torch.float64, dev),
+              _device_scalar(top_k, torch.int64, dev), _device_scalar(top_p, torch.float32, dev))
     nsl, slice_len = _layout(v)
     sp2 = triton.next_power_of_2(nsl)
     f32 = dict(dtype=torch.float32, device=dev)
@@ -316,18 +336,17 @@ def sample_candidates(logits: torch.Tensor, temperature: float, top_k: int, top_
     race_idx = torch.empty(n * sp2, dtype=torch.int32, device=dev)
     ids = torch.empty(n, dtype=torch.int64, device=dev)
     conf = torch.empty(n, **f32)
-    kk = float(min(top_k, v) - 1)
-    inv_t = 1.0 / temperature
     opts = pdl.launch_options(logits)
     common = dict(SLICE=slice_len, SLICES=sp2, BLOCK=BLOCK, num_warps=NUM_WARPS, **opts)
     grid = (n, nsl)
     _max_kernel[grid](logits, stats, acc, zk, v, nsl, **common)
-    for mass, on in ((False, use_k), (True, use_p)):
+    for mass, on in ((False, use_top_k), (True, use_top_p)):
         for j in range(PASSES if on else 0):
-            _pass_kernel[grid](logits, stats, acc, zk, ties, v, nsl, inv_t, kk, top_p, j,
-                               MASS=mass, USE_K=use_k, **common)
-    _race_kernel[grid](logits, _as_device_int(seed, dev), _as_device_int(round_idx, dev),
+            _pass_kernel[grid](logits, stats, acc, zk, ties, v, nsl, *values, j,
+                               MASS=mass, USE_K=use_top_k, **common)
+    _race_kernel[grid](logits, _device_scalar(seed, torch.int64, dev),
+                       _device_scalar(round_idx, torch.int64, dev),
                        positions.to(torch.int64).contiguous(), stats, acc, zk, ties, race,
-                       race_idx, v, nsl, inv_t, kk, top_p, USE_K=use_k, USE_P=use_p, **common)
+                       race_idx, v, nsl, *values, USE_K=use_top_k, USE_P=use_top_p, **common)
     _pick_kernel[(n,)](race, race_idx, ids, conf, nsl, SLICES=sp2, num_warps=1, **opts)
     return ids, conf

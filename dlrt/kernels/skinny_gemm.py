@@ -2,7 +2,7 @@
 
 A denoising round multiplies a block of 4-64 rows by every weight matrix once, so the product
 is bound by reading the weights. Two kernels, configured per weight shape by timing against
-cuBLAS (`dlrt.kernels.gemm_select`):
+cuBLAS (`dlrt.tuning.linear`):
 
 - "dot": each program streams a [BLOCK_N, K / SPLIT_K] slab of `w` (software-pipelined by
   Triton) against x padded to 16 rows with tensor-core dots; with SPLIT_K > 1 the partial sums
@@ -13,8 +13,7 @@ cuBLAS (`dlrt.kernels.gemm_select`):
   reduces over K once at the end. No split-K, no second kernel. x is read in the weight
   tile's layout (no shared-memory round trip). Under programmatic dependent launch
   (`dlrt.kernels.pdl`) its first weight tiles are loaded before it waits for the kernel that
-  produces x. The small ops around a projection can run inside it: an RMSNorm or SiLU-and-mul
-  on its input, a residual add on its output (`dlrt.layers.gemv_layer`).
+  produces x.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ class GemmConfig:
 
     def x_row(self) -> bool:
         """GEMV: every warp of the tile lies along K (32 threads of VEC bf16 each), so x is
-        read and transformed once per column, not once per weight row."""
+        read once per column, not once per weight row."""
         return self.block_k % (32 * VEC * self.warps) == 0
 
     def max_rows(self) -> int:
@@ -103,46 +102,17 @@ def _reduce_kernel(part_ptr, y_ptr, M, N, SPLIT_K: tl.constexpr, BLOCK_M: tl.con
 
 @triton.jit
 def _x_load(x_ptr, m: tl.constexpr, t, k, z, K: tl.constexpr, BLOCK_K: tl.constexpr,
-            TILES: tl.constexpr, SILU: tl.constexpr, X_ROW: tl.constexpr):
-    """Raw tile t (clamped at the last) of input row m: (x, x), or (gate, up) for SILU, in
-    the weight tile's layout, so the broadcast needs no shared-memory layout conversion:
-    X_ROW: as [1, BLOCK_K] (the tile's warps all lie along K: each value loaded once);
-    else as [BLOCK_N, BLOCK_K] with the same value down the rows (z: zeros [BLOCK_N])."""
+            TILES: tl.constexpr, X_ROW: tl.constexpr):
+    """Tile t (clamped at the last) of input row m in the weight tile's layout, so the
+    broadcast needs no shared-memory layout conversion: X_ROW: as [1, BLOCK_K] (the tile's
+    warps all lie along K: each value loaded once); else as [BLOCK_N, BLOCK_K] with the same
+    value down the rows (z: zeros [BLOCK_N])."""
     kt = tl.minimum(t, TILES - 1) * BLOCK_K + k
     if X_ROW:
         cols = kt[None, :]
     else:
         cols = kt[None, :] + z[:, None]
-    if SILU:  # x is [M, 2K] = [gate | up]
-        return tl.load(x_ptr + m * 2 * K + cols), tl.load(x_ptr + m * 2 * K + K + cols)
-    x = tl.load(x_ptr + m * K + cols)
-    return x, x
-
-
-@triton.jit
-def _x_value(a, b, g, rstd, NORM: tl.constexpr, SILU: tl.constexpr):
-    """The GEMV's input in fp32 from a raw tile (`_x_load`), rounded as the unfused ops round
-    it: RMSNorm (`dlrt.kernels.rms_norm`; g the norm weight, rstd the row's statistics) or
-    SiLU-and-mul (`dlrt.kernels.activation`)."""
-    dtype = a.dtype
-    if SILU:
-        gate = a.to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        return (act * b.to(tl.float32)).to(dtype).to(tl.float32)
-    x = a.to(tl.float32)
-    if NORM:
-        x = (x * rstd).to(dtype).to(tl.float32)
-        x = (g * x).to(dtype).to(tl.float32)
-    return x
-
-
-@triton.jit
-def _rstd(x_ptr, m: tl.constexpr, K: tl.constexpr, K_P2: tl.constexpr, eps):
-    """1 / sqrt(mean(x[m]^2) + eps) in fp32, as `dlrt.kernels.rms_norm` computes it (the
-    whole row in one load: one memory latency, not one per tile)."""
-    k = tl.arange(0, K_P2)
-    x = tl.load(x_ptr + m * K + k, mask=k < K, other=0.0).to(tl.float32)
-    return tl.math.rsqrt(tl.sum(x * x, axis=0) / K + eps)
+    return tl.load(x_ptr + m * K + cols)
 
 
 @triton.jit
@@ -153,30 +123,25 @@ def _fma(acc, w, x, VEC: tl.constexpr):
 
 
 @triton.jit
-def _row_step(acc, w, p, q, g, rstd, x_ptr, m: tl.constexpr, t, k, z, K: tl.constexpr,
-              BLOCK_K: tl.constexpr, TILES: tl.constexpr, NORM: tl.constexpr,
-              SILU: tl.constexpr, X_ROW: tl.constexpr, VEC: tl.constexpr):
-    """Tile t of input row m: multiply its loaded raw tile (p, q) into acc, and load tile t+1.
-    Returns (acc, p, q)."""
-    x = _x_value(p, q, g, rstd, NORM, SILU)
-    p, q = _x_load(x_ptr, m, t + 1, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
-    return _fma(acc, w, x, VEC), p, q
+def _row_step(acc, w, p, x_ptr, m: tl.constexpr, t, k, z, K: tl.constexpr,
+              BLOCK_K: tl.constexpr, TILES: tl.constexpr, X_ROW: tl.constexpr,
+              VEC: tl.constexpr):
+    """Tile t of input row m: multiply its loaded tile p into acc, and load tile t+1.
+    Returns (acc, p)."""
+    x = p.to(tl.float32)
+    p = _x_load(x_ptr, m, t + 1, k, z, K, BLOCK_K, TILES, X_ROW)
+    return _fma(acc, w, x, VEC), p
 
 
 @triton.jit
-def _store_row(acc, y_ptr, res_ptr, m: tl.constexpr, n, N, RES: tl.constexpr):
-    y = tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty)
-    if RES:  # the residual add of the next norm, rounded as `x + residual`
-        r = tl.load(res_ptr + m * N + n, mask=n < N, other=0.0)
-        y = (y.to(tl.float32) + r.to(tl.float32)).to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + m * N + n, y, mask=n < N)
+def _store_row(acc, y_ptr, m: tl.constexpr, n, N):
+    tl.store(y_ptr + m * N + n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n < N)
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, res_ptr, N, eps, K: tl.constexpr,
-                 K_P2: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, AHEAD: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr,
-                 RES: tl.constexpr, VEC: tl.constexpr, X_ROW: tl.constexpr, PDL: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K: tl.constexpr, ROWS: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr,
+                 VEC: tl.constexpr, X_ROW: tl.constexpr, PDL: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * K  # clamped: no load masks
     k = tl.arange(0, BLOCK_K)
@@ -194,37 +159,22 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, res_ptr, N, eps, K: tl.constexpr,
     if AHEAD > 3:
         w3 = tl.load(rows + (tl.minimum(3, TILES - 1) * BLOCK_K + k)[None, :])
     pdl.wait(PDL)
-    r0 = 1.0
-    r1 = 1.0
-    r2 = 1.0
-    r3 = 1.0
-    if NORM:
-        r0 = _rstd(x_ptr, 0, K, K_P2, eps)
-        if ROWS > 1:
-            r1 = _rstd(x_ptr, 1, K, K_P2, eps)
-        if ROWS > 2:
-            r2 = _rstd(x_ptr, 2, K, K_P2, eps)
-        if ROWS > 3:
-            r3 = _rstd(x_ptr, 3, K, K_P2, eps)
     a0 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
     a1 = a0
     a2 = a0
     a3 = a0
     # the input's next tile is loaded one tile ahead too (it comes from L2, but a latency
     # per tile is what a program of a few tiles cannot hide)
-    p0, q0 = _x_load(x_ptr, 0, 0, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
-    p1, q1 = p0, q0
-    p2, q2 = p0, q0
-    p3, q3 = p0, q0
+    p0 = _x_load(x_ptr, 0, 0, k, z, K, BLOCK_K, TILES, X_ROW)
+    p1 = p0
+    p2 = p0
+    p3 = p0
     if ROWS > 1:
-        p1, q1 = _x_load(x_ptr, 1, 0, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
+        p1 = _x_load(x_ptr, 1, 0, k, z, K, BLOCK_K, TILES, X_ROW)
     if ROWS > 2:
-        p2, q2 = _x_load(x_ptr, 2, 0, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
+        p2 = _x_load(x_ptr, 2, 0, k, z, K, BLOCK_K, TILES, X_ROW)
     if ROWS > 3:
-        p3, q3 = _x_load(x_ptr, 3, 0, k, z, K, BLOCK_K, TILES, SILU, X_ROW)
-    g_next = 1.0
-    if NORM:
-        g_next, _ = _x_load(g_ptr, 0, 0, k, z, K, BLOCK_K, TILES, False, X_ROW)
+        p3 = _x_load(x_ptr, 3, 0, k, z, K, BLOCK_K, TILES, X_ROW)
     for t in range(0, TILES):
         w = w0.to(tl.float32)
         nxt = rows + (tl.minimum(t + AHEAD, TILES - 1) * BLOCK_K + k)[None, :]
@@ -242,81 +192,53 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, res_ptr, N, eps, K: tl.constexpr,
             w1 = w2
             w2 = w3
             w3 = tl.load(nxt)
-        g = g_next
-        if NORM:
-            g_next, _ = _x_load(g_ptr, 0, t + 1, k, z, K, BLOCK_K, TILES, False, X_ROW)
-            g = g.to(tl.float32)
-        a0, p0, q0 = _row_step(a0, w, p0, q0, g, r0, x_ptr, 0, t, k, z, K, BLOCK_K, TILES,
-                               NORM, SILU, X_ROW, VEC)
+        a0, p0 = _row_step(a0, w, p0, x_ptr, 0, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC)
         if ROWS > 1:
-            a1, p1, q1 = _row_step(a1, w, p1, q1, g, r1, x_ptr, 1, t, k, z, K, BLOCK_K, TILES,
-                                   NORM, SILU, X_ROW, VEC)
+            a1, p1 = _row_step(a1, w, p1, x_ptr, 1, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC)
         if ROWS > 2:
-            a2, p2, q2 = _row_step(a2, w, p2, q2, g, r2, x_ptr, 2, t, k, z, K, BLOCK_K, TILES,
-                                   NORM, SILU, X_ROW, VEC)
+            a2, p2 = _row_step(a2, w, p2, x_ptr, 2, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC)
         if ROWS > 3:
-            a3, p3, q3 = _row_step(a3, w, p3, q3, g, r3, x_ptr, 3, t, k, z, K, BLOCK_K, TILES,
-                                   NORM, SILU, X_ROW, VEC)
+            a3, p3 = _row_step(a3, w, p3, x_ptr, 3, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC)
     pdl.release(PDL)
-    _store_row(a0, y_ptr, res_ptr, 0, n, N, RES)
+    _store_row(a0, y_ptr, 0, n, N)
     if ROWS > 1:
-        _store_row(a1, y_ptr, res_ptr, 1, n, N, RES)
+        _store_row(a1, y_ptr, 1, n, N)
     if ROWS > 2:
-        _store_row(a2, y_ptr, res_ptr, 2, n, N, RES)
+        _store_row(a2, y_ptr, 2, n, N)
     if ROWS > 3:
-        _store_row(a3, y_ptr, res_ptr, 3, n, N, RES)
+        _store_row(a3, y_ptr, 3, n, N)
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, config: GemmConfig, *,
-         norm: torch.Tensor | None = None, eps: float = 0.0, silu: bool = False,
-         residual: torch.Tensor | None = None) -> torch.Tensor:
-    """The GEMV ("fma" config) with the small ops around a projection folded in:
-    y = prologue(x) @ w^T (+ residual).
+def gemv(x: torch.Tensor, w: torch.Tensor, config: GemmConfig) -> torch.Tensor:
+    """The GEMV ("fma" config): y = x @ w^T.
 
     Args:
-        x: [M <= 4, K] contiguous; with `silu`, [M, 2K] = [gate | up] of a fused gate-up
-            projection, and the input is silu(gate) * up (`dlrt.kernels.activation.silu_mul`).
-        w: [N, K] contiguous, x's dtype.
-        norm: RMSNorm weight [K]: the input is `rms_norm(x, norm, eps)`
-            (`dlrt.kernels.rms_norm`, same roundings); not with `silu`.
-        residual: [M, N]: y = (x @ w^T rounded) + residual, rounded as `a + residual` is.
+        x: [M <= 4, K] contiguous. w: [N, K] contiguous, x's dtype and device.
     Returns:
-        y: [M, N] in x.dtype, a new tensor. Each op is rounded to x.dtype where the unfused
-        ops round; only the order of the fp32 sums differs from them.
+        y: [M, N] in x.dtype, a new tensor (fp32 sums).
     Raises:
-        ValueError: x, w, norm or residual of the wrong shape, strides, dtype or device, or a
-            config that does not fit w.
+        ValueError: x or w of the wrong shape, strides, dtype or device, or a config that
+            does not fit w.
     """
     if config.kind != "fma":
         raise ValueError(f"gemv needs an 'fma' config, got {config}")
-    if silu and norm is not None:
-        raise ValueError("gemv: norm and silu prologues do not combine")
     bad = x.dim() != 2 or w.dim() != 2 or not (x.is_contiguous() and w.is_contiguous())
     n, k = w.shape if w.dim() == 2 else (0, 0)
-    if bad or x.shape[1] != (2 * k if silu else k) or x.shape[0] > FMA_ROWS:
+    if bad or x.shape[1] != k or x.shape[0] > FMA_ROWS:
         raise ValueError(f"gemv: x {tuple(x.shape)} and w {tuple(w.shape)} must be contiguous "
-                         f"[M<={FMA_ROWS}, {'2K' if silu else 'K'}] and [N, K]")
+                         f"[M<={FMA_ROWS}, K] and [N, K]")
     m = x.shape[0]
     if not config.fits(n, k):
         raise ValueError(f"gemv: {config} does not fit N={n}, K={k}")
-    if norm is not None and (tuple(norm.shape) != (k,) or not norm.is_contiguous()):
-        raise ValueError(f"gemv: norm weight {tuple(norm.shape)} is not a contiguous [{k}]")
-    if residual is not None and (tuple(residual.shape) != (m, n) or not residual.is_contiguous()):
-        raise ValueError(f"gemv: residual {tuple(residual.shape)} is not a contiguous [{m}, {n}]")
-    for name, t in (("w", w), ("norm weight", norm), ("residual", residual)):
-        if t is not None and (t.dtype != x.dtype or t.device != x.device):
-            raise ValueError(f"gemv: {name} is {t.dtype} on {t.device}, x is {x.dtype} on "
-                             f"{x.device}")
+    if w.dtype != x.dtype or w.device != x.device:
+        raise ValueError(f"gemv: w is {w.dtype} on {w.device}, x is {x.dtype} on {x.device}")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:  # the kernel always computes row 0
         return y
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
-        x, w, y, norm if norm is not None else w, residual if residual is not None else y, n,
-        float(eps), K=k, K_P2=triton.next_power_of_2(k) if norm is not None else 1, ROWS=m,
-        BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        AHEAD=config.stages, NORM=norm is not None, SILU=silu, RES=residual is not None,
-        VEC=VEC, X_ROW=config.x_row(), num_warps=config.warps, num_stages=1,
-        **pdl.launch_options(x))
+        x, w, y, n, K=k, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        AHEAD=config.stages, VEC=VEC, X_ROW=config.x_row(), num_warps=config.warps,
+        num_stages=1, **pdl.launch_options(x))
     return y
 
 

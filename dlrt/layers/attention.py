@@ -1,8 +1,8 @@
 """The attention layer: from the fused QKV projection to the attention output.
 
-Per layer: split q/k/v, per-head q/k RMSNorm (SDAR), RoPE, K/V write into the paged cache,
-attention by the forward's backend. On CUDA the first four are one kernel
-(`dlrt.kernels.rope.qk_norm_rope_write`); the unfused ops are the reference.
+Per layer: split q/k/v, per-head q/k RMSNorm (SDAR), RoPE, K/V write into the paged cache (the
+ops table's `qk_norm_rope_write`: one kernel with Triton), then attention by the forward's
+backend. The layer holds per-layer constants; it names no kernel.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dlrt.attention import ForwardContext
-from dlrt.layers.fused import use_kernels
+from dlrt.attention.base import ForwardContext
 from dlrt.layers.norm import RMSNorm
 from dlrt.layers.rotary import RotaryEmbedding
+from dlrt.ops import Ops
 
 
 class Attention(nn.Module):
@@ -23,7 +23,8 @@ class Attention(nn.Module):
     q_norm/k_norm: per-head RMSNorms (SDAR) or None (LLaDA).
     """
 
-    def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int):
+    def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 ops: Ops):
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads "
@@ -31,34 +32,17 @@ class Attention(nn.Module):
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim**-0.5
+        self.ops = ops
 
     def forward(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 rotary: RotaryEmbedding, ctx: ForwardContext,
                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None) -> torch.Tensor:
         layer, cache = self.layer_id, ctx.cache
-        if use_kernels(qkv):
-            from dlrt.kernels.rope import qk_norm_rope_write
-            q = qk_norm_rope_write(
-                qkv, self.num_heads, self.num_kv_heads, self.head_dim,
-                q_norm.weight if q_norm is not None else None,
-                k_norm.weight if k_norm is not None else None,
-                q_norm.eps if q_norm is not None else 0.0, cos, sin, ctx.meta.positions,
-                cache.k[layer], cache.v[layer], cache.page_table, rotary.full_precision)
-        else:
-            q = self.reference_qkv(qkv, cos, sin, rotary, cache, ctx.meta.positions, q_norm,
-                                   k_norm)
+        q = self.ops.qk_norm_rope_write(
+            qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+            q_norm.weight if q_norm is not None else None,
+            k_norm.weight if k_norm is not None else None,
+            q_norm.eps if q_norm is not None else 0.0, cos, sin, ctx.meta.positions,
+            cache.k[layer], cache.v[layer], cache.page_table, rotary.full_precision)
         out = ctx.attend(layer, q, self.scale)  # [N, Hq, D]
         return out.reshape(out.shape[0], -1)
-
-    def reference_qkv(self, qkv, cos, sin, rotary, cache, positions, q_norm,
-                      k_norm) -> torch.Tensor:
-        """Unfused: returns q [N, Hq, D] after writing k/v into `cache` at `positions`."""
-        n, d = qkv.shape[0], self.head_dim
-        q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d,
-                             self.num_kv_heads * d], dim=-1)
-        q, k = q.reshape(n, -1, d), k.reshape(n, -1, d)
-        if q_norm is not None:
-            q, k = q_norm(q), k_norm(k)
-        q, k = rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
-        cache.write(self.layer_id, positions, k, v.reshape(n, -1, d))
-        return q

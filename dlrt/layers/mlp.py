@@ -4,37 +4,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dlrt.layers.fused import use_kernels
 from dlrt.layers.linear import Linear, MergedLinear
-
-
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up of a fused gate-up output [N, 2I] -> [N, I] (one kernel on CUDA)."""
-    if gate_up.dim() == 2 and use_kernels(gate_up):
-        from dlrt.kernels.activation import silu_mul
-        return silu_mul(gate_up)
-    return silu_and_mul_reference(gate_up)
-
-
-def silu_and_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
-    """The unfused ops of `silu_and_mul` (the CPU path and the kernel's reference)."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+from dlrt.ops import Ops
 
 
 class SwiGLU(nn.Module):
     """down_proj(silu(gate_proj(x)) * up_proj(x)); x: [N, H] -> [N, H].
 
-    gate_proj and up_proj are one merged weight (`gate_up_proj`, one GEMM)."""
+    gate_proj and up_proj are one merged weight (`gate_up_proj`, one GEMM); SiLU-and-mul is
+    the ops table's (one kernel with Triton)."""
 
-    def __init__(self, hidden: int, intermediate: int):
+    def __init__(self, hidden: int, intermediate: int, ops: Ops):
         super().__init__()
         self.gate_up_proj = MergedLinear(hidden, {"gate_proj": intermediate,
                                                   "up_proj": intermediate})
         self.down_proj = Linear(intermediate, hidden)
+        self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class Experts(nn.Module):

@@ -7,7 +7,7 @@ final K/V enter the cache; here that forward is folded into the next block's fir
 round 0 of block k+1 forwards [block k (decided) + block k+1 (masked)] block-causally (block k
 sees the prefix and itself, exactly its separate forward; block k+1 also sees block k), with
 logits for block k+1 only. One forward per block saved, same attention pattern. Program per
-block: begin (block 0) | begin_folded (later blocks, runs round 0) -> rounds -> end.
+block: phase "first" (block 0) | "folded" (later blocks, runs round 0) -> rounds -> end.
 """
 
 from __future__ import annotations
@@ -16,16 +16,15 @@ from collections.abc import Iterator
 
 import torch
 
-from dlrt.attention.backend import AttentionSpan
+from dlrt.attention.base import AttentionSpan
 from dlrt.decoding.options import DecodingParams
-from dlrt.decoding.round import RoundSpec
+from dlrt.decoding.round import RoundKind
 from dlrt.runtime.decoder import (
     BlockResult,
     DecoderBase,
     ProgramBase,
     block_result,
-    commit_round,
-    round_spec,
+    round_kind,
     run_blocks,
 )
 from dlrt.runtime.runner import ModelRunner
@@ -36,10 +35,11 @@ PREFILL_CHUNK = 512  # prompt tokens per prefill forward (attention scratch grow
 class BlockProgram(ProgramBase):
     """One SDAR block of B positions at `state.lens = (start, start + B)`."""
 
-    def __init__(self, runner: ModelRunner, spec: RoundSpec, b: int, mask_token_id: int):
-        super().__init__("block", runner, spec, b, mask_token_id=mask_token_id)
+    def __init__(self, runner: ModelRunner, kind: RoundKind, b: int, mask_token_id: int):
+        super().__init__("block", runner, kind, b, mask_token_id=mask_token_id)
         self.prev = torch.zeros(b, dtype=torch.int64, device=runner.device)  # decided block
         self.shift = torch.tensor([-b, 0], dtype=torch.int32, device=runner.device)
+        self.phases = {"first": self.begin, "folded": self.begin_folded}
 
     def buffers(self) -> list[torch.Tensor]:
         return [*self.state.tensors(), self.prev]
@@ -62,18 +62,18 @@ class BlockProgram(ProgramBase):
         logits = self.runner.forward(chunk, s.lens + self.shift, self.b,
                                      rows=slice(self.b, 2 * self.b))
         positions = s.lens[0].long() + self.runner.arange(self.b)
-        commit_round(self.spec, s, logits, positions)
+        self.commit(logits, positions)
 
     def round(self) -> None:
         s = self.state
         logits = self.runner.forward(s.tokens, s.lens, self.b, rows=slice(None))  # [B, V]
         positions = s.lens[0].long() + self.runner.arange(self.b)
-        commit_round(self.spec, s, logits, positions)
+        self.commit(logits, positions)
 
-    def spans(self, start: int, kv_len: int, begin) -> list[AttentionSpan]:
+    def spans(self, start: int, kv_len: int, phase: str | None) -> list[AttentionSpan]:
         b = self.b
         rounds = AttentionSpan(b, b, start, kv_len)
-        if begin == self.begin_folded:
+        if phase == "folded":
             return [AttentionSpan(2 * b, b, start - b, kv_len), rounds]
         return [rounds]
 
@@ -87,9 +87,9 @@ class BlockProgram(ProgramBase):
 class BlockDecoder(DecoderBase):
 
     def program(self, params: DecodingParams) -> BlockProgram:
-        spec, b = round_spec(params), params.block_length
-        return self.cached_program((b, spec), lambda: BlockProgram(
-            self.runner, spec, b, self.mask_token_id))
+        kind, b = round_kind(params), params.block_length
+        return self.cached_program((b, kind), lambda: BlockProgram(
+            self.runner, kind, b, self.mask_token_id))
 
     def max_positions(self, prompt_len: int, params: DecodingParams) -> int:
         b = params.block_length
@@ -107,6 +107,7 @@ class BlockDecoder(DecoderBase):
             self.runner.forward_at(ids[lo:lo + step], lo, chunk_block=b, rows=None)
         fixed = prompt[start:]
         state.set_request(b, params.denoising_steps, params.sampling.seed)
+        state.set_values(params)
         state.set_lens(start, start + b)
         first = b - len(fixed)
         n_blocks = 1 + -(-max(0, params.max_new_tokens - first) // b)
@@ -115,9 +116,9 @@ class BlockDecoder(DecoderBase):
             if k == 0:
                 state.load_block(fixed + [self.mask_token_id] * first,
                                  [False] * len(fixed) + [True] * first)
-            self.executor.run_block(prog, begin=prog.begin if k == 0 else prog.begin_folded)
+            self.executor.run_block(prog, "first" if k == 0 else "folded")
 
-        blocks = run_blocks(self.executor, self.runner, state, launch, n_blocks)
+        blocks = run_blocks(self.executor, state, launch, n_blocks)
         for k, (tokens, commits, rounds) in enumerate(blocks):
             yield block_result(tokens, commits, rounds, skip=len(fixed) if k == 0 else 0,
                                extra_forwards=-(-start // step) if k == 0 else 0)

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import torch
 
+from dlrt.decoding.options import DecodingParams
+from dlrt.decoding.round import RoundKind, RoundSpec
+from dlrt.decoding.sampling import SamplingSpec
 from dlrt.decoding.schedule import round_quotas
+from dlrt.decoding.strategies import StrategySpec
 
 
 class BlockState:
@@ -15,6 +19,9 @@ class BlockState:
     by a round), round 0-d int64 (rounds run), flag [1] int32 (1 = run another round),
     steps 0-d int64 (budget T), seed 0-d int64, quotas [n + 1] int64 (quota of round r at
     min(r, n)), lens [2] int32 (start, kv_len) of the block's forward.
+    The request's values, 0-d: temperature fp64, top_k int64, top_p fp32, threshold fp32,
+    eb_threshold fp32 (`set_values`); a captured round reads them (`round_spec`), so one graph
+    serves every value.
     """
 
     def __init__(self, n: int, device: torch.device):
@@ -29,12 +36,33 @@ class BlockState:
         self.seed = torch.zeros((), dtype=torch.int64, device=device)
         self.quotas = torch.zeros(n + 1, dtype=torch.int64, device=device)
         self.lens = torch.zeros(2, dtype=torch.int32, device=device)
+        self.temperature = torch.zeros((), dtype=torch.float64, device=device)
+        self.top_k = torch.zeros((), dtype=torch.int64, device=device)
+        self.top_p = torch.ones((), dtype=torch.float32, device=device)
+        self.threshold = torch.zeros((), dtype=torch.float32, device=device)
+        self.eb_threshold = torch.zeros((), dtype=torch.float32, device=device)
         self._pinned: list[torch.Tensor] = []  # two host buffers for read-backs (CUDA)
         self._slot = 0
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.tokens, self.masked, self.commit_round, self.round, self.flag, self.steps,
-                self.seed, self.quotas, self.lens]
+                self.seed, self.quotas, self.lens, self.temperature, self.top_k, self.top_p,
+                self.threshold, self.eb_threshold]
+
+    def round_spec(self, kind: RoundKind) -> RoundSpec:
+        """The round of `kind` reading this state's request values and budget."""
+        return RoundSpec(StrategySpec(kind.strategy, self.threshold, self.eb_threshold),
+                         SamplingSpec(self.temperature, self.top_k, self.top_p, self.seed),
+                         self.steps, kind.sampling)
+
+    def set_values(self, params: DecodingParams) -> None:
+        """The request's sampling and strategy values (host -> device, stream ordered)."""
+        s, st = params.sampling, params.strategy
+        # NOTE: a top-k past the vocabulary keeps every token; clamped to fit int64.
+        for t, v in ((self.temperature, s.temperature), (self.top_k, min(s.top_k, 2**62)),
+                     (self.top_p, s.top_p), (self.threshold, st.threshold),
+                     (self.eb_threshold, st.eb_threshold)):
+            t.fill_(v)
 
     def set_request(self, length: int, steps: int, seed: int) -> None:
         """Round budget, seed and the quotas of a block of `length` free positions."""

@@ -14,16 +14,15 @@ from collections.abc import Iterator
 
 import torch
 
-from dlrt.attention.backend import AttentionSpan
+from dlrt.attention.base import AttentionSpan
 from dlrt.decoding.options import DecodingParams
-from dlrt.decoding.round import RoundSpec
+from dlrt.decoding.round import RoundKind
 from dlrt.runtime.decoder import (
     BlockResult,
     DecoderBase,
     ProgramBase,
     block_result,
-    commit_round,
-    round_spec,
+    round_kind,
     run_blocks,
 )
 from dlrt.runtime.runner import ModelRunner
@@ -34,14 +33,15 @@ PAD_TO = 64
 class CanvasProgram(ProgramBase):
     """Sub-block window [lo, lo + B) of a canvas of `size` slots; lens = (0, canvas length)."""
 
-    def __init__(self, runner: ModelRunner, spec: RoundSpec, b: int, size: int):
-        super().__init__("canvas", runner, spec, b, size)
+    def __init__(self, runner: ModelRunner, kind: RoundKind, b: int, size: int):
+        super().__init__("canvas", runner, kind, b, size)
         self.size = size
         dev = runner.device
         self.canvas = torch.zeros(size, dtype=torch.int64, device=dev)
         self.canvas_masked = torch.zeros(size, dtype=torch.bool, device=dev)
         self.lo = torch.zeros((), dtype=torch.int64, device=dev)
         self.window = runner.arange(b)
+        self.phases = {"first": self.begin}
 
     def rows(self) -> torch.Tensor:
         return self.lo + self.window
@@ -56,13 +56,12 @@ class CanvasProgram(ProgramBase):
     def round(self) -> None:
         rows = self.rows()
         logits = self.runner.forward(self.canvas, self.state.lens, None, rows=rows)
-        commit_round(self.spec, self.state, logits, rows, rows,
-                     canvas=(self.canvas, self.canvas_masked))
+        self.commit(logits, rows, rows, canvas=(self.canvas, self.canvas_masked))
 
     def buffers(self) -> list[torch.Tensor]:
         return [*self.state.tensors(), self.canvas, self.canvas_masked, self.lo]
 
-    def spans(self, start: int, kv_len: int, begin) -> list[AttentionSpan]:
+    def spans(self, start: int, kv_len: int, phase: str | None) -> list[AttentionSpan]:
         return [AttentionSpan(self.size, None, start, kv_len)]
 
     def end(self) -> None:
@@ -85,10 +84,11 @@ class CanvasDecoder(DecoderBase):
         b, p = params.block_length, len(prompt)
         total = p + params.max_new_tokens
         size = self._size(p, params)
-        spec = round_spec(params)
-        prog = self.cached_program((b, size, spec),
-                                   lambda: CanvasProgram(self.runner, spec, b, size))
+        kind = round_kind(params)
+        prog = self.cached_program((b, size, kind),
+                                   lambda: CanvasProgram(self.runner, kind, b, size))
         state = prog.state
+        state.set_values(params)
         pad = size - total
         prog.canvas.copy_(torch.tensor(prompt + [self.mask_token_id] * (total - p + pad)))
         prog.canvas_masked.copy_(torch.tensor([False] * p + [True] * (total - p) + [False] * pad))
@@ -100,8 +100,8 @@ class CanvasDecoder(DecoderBase):
             length = min(b, total - starts[k])
             if k == 0 or length != b:
                 state.set_request(length, params.denoising_steps, params.sampling.seed)
-            self.executor.run_block(prog)
+            self.executor.run_block(prog, "first")
 
-        blocks = run_blocks(self.executor, self.runner, state, launch, len(starts))
+        blocks = run_blocks(self.executor, state, launch, len(starts))
         for k, (tokens, commits, rounds) in enumerate(blocks):
             yield block_result(tokens, commits, rounds, keep=min(b, total - starts[k]))

@@ -1,23 +1,29 @@
 """What every decoder shares: the block result, the program interface, the decoder protocol.
 
 A decoder turns a prompt into a stream of decided blocks. The work of one block is a *program*:
-`begin` (prepare the block), `round` (one forward + commit), `end` (after the last round),
-pure tensor code on the program's static `BlockState`, run by an `Executor` eagerly, as graphs
-replayed from the host, or as one CUDA graph whose WHILE node repeats `round` on the device.
+a begin phase (prepare the block; programs name theirs in `phases`), `round` (one forward +
+commit), `end` (after the last round), pure tensor code on the program's static `BlockState`,
+run by an `Executor` eagerly, as graphs replayed from the host, or as one CUDA graph whose
+WHILE node repeats `round` on the device. A program serves every request of its round kind:
+the request's values live in its state's device memory.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from dlrt.attention.backend import AttentionSpan
+from dlrt.attention.base import AttentionSpan
 from dlrt.decoding.options import DecoderDefaults, DecodingParams
-from dlrt.decoding.round import RoundSpec, denoise_round
+from dlrt.decoding.round import RoundKind, RoundSpec, denoise_round
+from dlrt.decoding.sampling import SamplingMode
 from dlrt.runtime.block_state import BlockState
+
+MAX_PROGRAMS = 8  # programs (and their captured graphs) a decoder keeps, least recent dropped
 
 
 @dataclass
@@ -34,9 +40,8 @@ class BlockResult:
 
 class Program(Protocol):
     state: BlockState
-    key: tuple  # identifies the captured graphs of this program
-
-    def begin(self) -> None: ...
+    key: tuple  # identifies the program (and so its captured graphs)
+    phases: dict[str, Callable[[], None]]  # begin phase name -> its function
 
     def round(self) -> None: ...
 
@@ -46,10 +51,9 @@ class Program(Protocol):
         """Every device buffer the program mutates (saved around the warm-up before capture)."""
         ...
 
-    def spans(self, start: int, kv_len: int,
-              begin: Callable[[], None] | None) -> list[AttentionSpan]:
-        """The forwards of one block launched with `state.lens == (start, kv_len)` and
-        `begin` (None: its rounds only), for backends that plan on the host."""
+    def spans(self, start: int, kv_len: int, phase: str | None) -> list[AttentionSpan]:
+        """The forwards of one block launched with `state.lens == (start, kv_len)` and begin
+        `phase` (None: its rounds only), for backends that plan on the host."""
         ...
 
 
@@ -64,16 +68,22 @@ class Decoder(Protocol):
         ...
 
 
-class ProgramBase:
-    """What programs share: the runner, the round spec, B, a `BlockState` of B positions, the
-    graph key (`kind`, B, extra key parts, spec), and a block of mask tokens when given.
-    Default `buffers`: the block state (programs with more device state extend it)."""
+def round_kind(params: DecodingParams) -> RoundKind:
+    """The round kind of a request: its strategy and sampling mode (values excluded)."""
+    return RoundKind(params.strategy.name, SamplingMode.of(params.sampling))
 
-    def __init__(self, kind: str, runner, spec: RoundSpec, b: int, *key: object,
+
+class ProgramBase:
+    """What programs share: the runner, a `BlockState` of B positions, the round spec reading
+    the state's request values, the key (`name`, B, extra key parts, round kind), and a block
+    of mask tokens when given. Default `buffers`: the block state."""
+
+    def __init__(self, name: str, runner, kind: RoundKind, b: int, *key: object,
                  mask_token_id: int | None = None):
-        self.runner, self.spec, self.b = runner, spec, b
+        self.runner, self.b = runner, b
         self.state = BlockState(b, runner.device)
-        self.key = (kind, b, *key, spec)
+        self.spec: RoundSpec = self.state.round_spec(kind)
+        self.key = (name, b, *key, kind)
         if mask_token_id is not None:
             self.mask_block = torch.full((b,), mask_token_id, dtype=torch.int64,
                                          device=runner.device)
@@ -81,57 +91,63 @@ class ProgramBase:
     def buffers(self) -> list[torch.Tensor]:
         return self.state.tensors()
 
+    def commit(self, logits: torch.Tensor, positions: torch.Tensor,
+               rows: torch.Tensor | None = None,
+               canvas: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Apply one round's commit to the state from `logits` [n, V] (device only).
+
+        With `canvas=(ids, masked)` the block is the window `rows` of a larger canvas, whose
+        ids and mask are updated in place; otherwise the state's own tokens/masked are.
+        """
+        state = self.state
+        if canvas is None:
+            tokens, masked = state.tokens, state.masked
+        else:
+            tokens, masked = canvas[0].index_select(0, rows), canvas[1].index_select(0, rows)
+        new_tokens, new_masked, commit = denoise_round(
+            self.spec, logits, tokens, masked, positions, state.round, state.quota(),
+            candidates_op=self.runner.ops.candidates)
+        if canvas is None:
+            state.tokens.copy_(new_tokens)
+            state.masked.copy_(new_masked)
+        else:
+            canvas[0].index_copy_(0, rows, new_tokens)
+            canvas[1].index_copy_(0, rows, new_masked)
+            state.masked.copy_(new_masked)
+        state.commit_round.copy_(torch.where(commit, state.round, state.commit_round))
+        state.round.add_(1)
+        state.update_flag()
+
 
 class DecoderBase:
-    """What decoders hold: the runner, the executor, and their programs by key (a program
-    owns static buffers that its captured graphs point at, so it lives as long as the LLM)."""
+    """What decoders hold: the runner, the executor, and their programs by key, at most
+    `MAX_PROGRAMS` (a program owns static buffers that its captured graphs point at; the least
+    recently used one is dropped together with its graphs)."""
 
     def __init__(self, runner, mask_token_id: int, defaults: DecoderDefaults, executor):
         self.runner = runner
         self.mask_token_id = mask_token_id
         self.defaults = defaults
         self.executor = executor
-        self._programs: dict[tuple, Program] = {}
+        self._programs: OrderedDict[tuple, Program] = OrderedDict()
 
-    def cached_program(self, key: tuple, make) -> Program:
-        if key not in self._programs:
+    def cached_program(self, key: tuple, make: Callable[[], Program]) -> Program:
+        if key in self._programs:
+            self._programs.move_to_end(key)
+        else:
+            while len(self._programs) >= MAX_PROGRAMS:
+                _, old = self._programs.popitem(last=False)
+                self.executor.forget(old)
             self._programs[key] = make()
         return self._programs[key]
 
-
-def round_spec(params: DecodingParams) -> RoundSpec:
-    """The graph-cache key part of a request's round: seed and budget live in device memory."""
-    return RoundSpec(params.strategy, replace(params.sampling, seed=0), 0)
-
-
-def commit_round(spec: RoundSpec, state: BlockState, logits: torch.Tensor,
-                 positions: torch.Tensor, rows: torch.Tensor | None = None,
-                 canvas: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-    """Apply one round's commit to the state from `logits` [n, V] (device only).
-
-    With `canvas=(ids, masked)` the block is the window `rows` of a larger canvas, whose ids
-    and mask are updated in place; otherwise the state's own tokens/masked are.
-    """
-    if canvas is None:
-        tokens, masked = state.tokens, state.masked
-    else:
-        tokens, masked = canvas[0].index_select(0, rows), canvas[1].index_select(0, rows)
-    new_tokens, new_masked, commit = denoise_round(
-        spec, logits, tokens, masked, positions, state.round, state.quota(),
-        steps=state.steps, seed=state.seed)
-    if canvas is None:
-        state.tokens.copy_(new_tokens)
-        state.masked.copy_(new_masked)
-    else:
-        canvas[0].index_copy_(0, rows, new_tokens)
-        canvas[1].index_copy_(0, rows, new_masked)
-        state.masked.copy_(new_masked)
-    state.commit_round.copy_(torch.where(commit, state.round, state.commit_round))
-    state.round.add_(1)
-    state.update_flag()
+    @property
+    def programs(self) -> list[Program]:
+        """The programs kept now, least recently used first."""
+        return list(self._programs.values())
 
 
-def run_blocks(executor, runner, state: BlockState, launch: Callable[[int], None],
+def run_blocks(executor, state: BlockState, launch: Callable[[int], None],
                n_blocks: int) -> Iterator[tuple[list[int], list[int], int]]:
     """Run blocks 0..n_blocks-1 (`launch(k)` enqueues block k) and yield each one's read-back
     (tokens, commit rounds, rounds run), in order.
@@ -143,7 +159,7 @@ def run_blocks(executor, runner, state: BlockState, launch: Callable[[int], None
     blocks one after the other (nothing to overlap), and so does a host-planned attention
     backend (`Executor.launches_ahead`).
     """
-    ahead = executor.launches_ahead(runner)
+    ahead = executor.launches_ahead
     launch(0)
     pending = state.readback_async()
     for k in range(n_blocks):

@@ -1,9 +1,12 @@
-"""Decoder registry: which block loop serves a family, with its default options."""
+"""Decoder registry: the block loops by name, with their default options."""
 
 from __future__ import annotations
 
+import importlib
+
 from dlrt.decoding.options import DecoderDefaults
 from dlrt.errors import OptionError
+from dlrt.models.family import Family
 
 # name -> (module, class, defaults). block_length None = one block over the whole generation.
 DECODERS = {
@@ -14,27 +17,30 @@ DECODERS = {
     "dllm_var": ("dlrt.runtime.lookahead_decoder", "LookaheadDecoder",
                  DecoderDefaults(block_length=64, remasking_strategy="low_confidence_dynamic")),
 }
-FAMILY_DECODER = {"sdar": "block", "sdar_moe": "block", "llada": "canvas"}
-# Stop ids a family's decoders add to generation_config's: LLaDA-Instruct ends a turn with
-# <|eot_id|> (126348) and pads with <|endoftext|> (126081).
-FAMILY_STOP_IDS = {"llada": (126081, 126348)}
-COMPATIBLE = {"sdar": {"block"}, "sdar_moe": {"block"}, "llada": {"canvas", "dllm_var"}}
 
 
-def decoder_for(family: str, name: str | None,
+def decoder_for(family: Family, name: str | None,
                 trained_block: int | None) -> tuple[str, DecoderDefaults]:
-    """Resolve the decoder name and its defaults for a family.
+    """Resolve the decoder name (None: the family's default) and its defaults; the "block"
+    decoder takes the block length the model was trained with.
 
     Raises:
         OptionError: unknown decoder, or one that does not fit the family.
     """
-    name = name or FAMILY_DECODER[family]
+    name = name or family.default_decoder
     if name not in DECODERS:
         raise OptionError(f"unknown decoder {name!r}; one of {sorted(DECODERS)}")
-    if name not in COMPATIBLE[family]:
-        raise OptionError(f"decoder {name!r} does not fit a {family} model; "
-                          f"use one of {sorted(COMPATIBLE[family])}")
+    if name not in family.decoders:
+        raise OptionError(f"decoder {name!r} does not fit a {family.name} model; "
+                          f"use one of {sorted(family.decoders)}")
     defaults = DECODERS[name][2]
     if name == "block" and trained_block:
         defaults = DecoderDefaults(trained_block, defaults.remasking_strategy)
     return name, defaults
+
+
+def build_decoder(name: str, runner, mask_token_id: int, defaults: DecoderDefaults, executor):
+    """An instance of decoder `name` (imported on first use)."""
+    module, cls, _ = DECODERS[name]
+    return getattr(importlib.import_module(module), cls)(runner, mask_token_id, defaults,
+                                                         executor)

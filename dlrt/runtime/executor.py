@@ -1,29 +1,33 @@
 """Runs a block program in one of three execution modes (one decoding contract):
 
-- `eager`: begin, then rounds from Python until the device flag says stop (one host sync per
-  round), then end. The only mode on the CPU.
-- `host_loop`: begin, round and end each captured as a CUDA graph; the host replays the round
-  graph and reads the flag after each (the classic design: one sync per round).
+- `eager`: the begin phase, then rounds from Python until the device flag says stop (one host
+  sync per round), then end. The only mode on the CPU.
+- `host_loop`: the begin phase, round and end each captured as a CUDA graph; the host replays
+  the round graph and reads the flag after each (the classic design: one sync per round).
 - `device_loop`: one CUDA graph per block, begin -> WHILE(flag) { round } -> end, launched once;
   the GPU repeats the rounds (`dlrt.runtime.graphs.WhileGraph`).
 
 The three run the same tensor code on the same static buffers, so they commit the same tokens.
-Graphs are captured on first use per (program, begin variant) and kept.
+Graphs are captured on first use per (program, begin phase, mode) and kept in a bounded cache
+(`MAX_GRAPHS`; the least recently used are freed). The attention backend's host hooks
+(`plan_block`, `end_block`) are called here and nowhere else.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections import OrderedDict
 
 import torch
 
+from dlrt.attention.base import AttentionBackend
 from dlrt.errors import OptionError
 
 log = logging.getLogger(__name__)
 
 MODES = ("device_loop", "host_loop", "eager")
+MAX_GRAPHS = 16
 
 
 def check_mode(mode: str, device: torch.device) -> str:
@@ -37,64 +41,82 @@ def check_mode(mode: str, device: torch.device) -> str:
 
 
 class Executor:
-    def __init__(self, mode: str, device: torch.device):
+    def __init__(self, mode: str, device: torch.device, backend: AttentionBackend):
         self.mode = check_mode(mode, device)
         self.device = device
-        self._graphs: dict[tuple, object] = {}
+        self.backend = backend
+        self._graphs: OrderedDict[tuple, object] = OrderedDict()
         self._pool = None
+        self.captures = 0  # graphs captured so far (all modes)
 
-    def launches_ahead(self, runner) -> bool:
+    @property
+    def launches_ahead(self) -> bool:
         """Whether block k+1 is launched before block k is read back: in the graph modes,
-        unless the runner's attention backend plans each block on the host (from lengths that
-        block k advances on the device, so block k+1 is planned after block k ended)."""
-        return self.mode != "eager" and not runner.plans_on_host
+        unless the attention backend plans each block on the host (from lengths that block k
+        advances on the device, so block k+1 is planned after block k ended)."""
+        return self.mode != "eager" and not self.backend.plans_on_host
 
-    def run_block(self, program, begin: Callable[[], None] | None = None) -> None:
-        """Decide one block: begin (default `program.begin`), rounds, end. Asynchronous in
-        the graph modes; the caller reads the block back (one sync)."""
-        begin = begin or program.begin
-        flag = program.state.flag
-        runner = program.runner
+    def run_block(self, program, phase: str) -> None:
+        """Decide one block: begin `phase` (a name in `program.phases`), rounds, end.
+        Asynchronous in the graph modes; the caller reads the block back (one sync)."""
+        planned = self.backend.plans_on_host
         with torch.inference_mode():
-            if runner.plans_on_host:  # the block's lengths: one sync (nothing runs ahead)
+            if planned:  # the block's lengths: one sync (nothing runs ahead)
                 start, kv_len = program.state.lens.tolist()
-                runner.plan_attention(program.spans(start, kv_len, begin))
+                self.backend.plan_block(program.spans(start, kv_len, phase))
             try:
-                self._run(program, begin, flag)
+                self._run(program, phase)
             finally:
-                if runner.plans_on_host:
-                    runner.backend.disarm()
+                if planned:
+                    self.backend.end_block()
 
-    def _run(self, program, begin, flag) -> None:
+    def _run(self, program, phase: str) -> None:
+        flag = program.state.flag
         if self.mode == "eager":
-            begin()
+            program.phases[phase]()
             while bool(flag.item()):
                 program.round()
             program.end()
         elif self.mode == "host_loop":
-            g_begin, g_round, g_end = self._get(program, begin)
+            g_begin, g_round, g_end = self._get(program, phase)
             g_begin.replay()
             while bool(flag.item()):
                 g_round.replay()
             g_end.replay()
         else:
-            self._get(program, begin).launch()
+            self._get(program, phase).launch()
 
-    def _get(self, program, begin):
-        key = (id(program), begin.__name__, self.mode)
-        if key not in self._graphs:
-            t0 = time.perf_counter()
-            self._graphs[key] = self._capture(program, begin)
-            dt = time.perf_counter() - t0
-            log.info("captured %s graphs for %s/%s in %.2f s", self.mode, program.key[0],
-                     begin.__name__, dt)
-        return self._graphs[key]
+    def _get(self, program, phase: str):
+        key = (id(program), phase, self.mode)
+        if key in self._graphs:
+            self._graphs.move_to_end(key)
+            return self._graphs[key]
+        while len(self._graphs) >= MAX_GRAPHS:
+            _, old = self._graphs.popitem(last=False)
+            self._free(old)
+        t0 = time.perf_counter()
+        graphs = self._graphs[key] = self._capture(program, phase)
+        self.captures += 1
+        log.info("captured %s graphs for %s/%s in %.2f s", self.mode, program.key[0], phase,
+                 time.perf_counter() - t0)
+        return graphs
 
-    def _capture(self, program, begin):
+    def forget(self, program) -> None:
+        """Free the graphs of a program that is dropped (they point at its buffers)."""
+        for key in [k for k in self._graphs if k[0] == id(program)]:
+            self._free(self._graphs.pop(key))
+
+    @property
+    def graph_count(self) -> int:
+        """Captured graph sets held now."""
+        return len(self._graphs)
+
+    def _capture(self, program, phase: str):
         from dlrt.runtime.graphs import WhileGraph, capture_parts
 
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
+        begin = program.phases[phase]
         saved = [t.clone() for t in program.buffers()]
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -111,3 +133,10 @@ class Executor:
                                     self._pool)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         return graphs
+
+    def _free(self, graphs) -> None:
+        """Release captured graphs (their memory returns to the graph pool) once the device
+        has finished with them."""
+        torch.cuda.synchronize(self.device)
+        for g in graphs if isinstance(graphs, list) else [graphs]:
+            g.reset() if isinstance(g, torch.cuda.CUDAGraph) else g.close()

@@ -7,9 +7,10 @@ here with `cuda.bindings`:
 
 Each part is captured by torch (`torch.cuda.graph(keep_graph=True)`, so torch's memory pool and
 allocator stay in charge) and nested as a child graph. The loop condition is set on the GPU by
-`csrc/graph_cond.cu`, a one-thread kernel that copies a device flag into the node's conditional
-handle; it is compiled with nvcc on first use into the dlrt cache and launched through the driver
-API, so it is captured like any other kernel. All capture mechanics live in this module.
+`csrc/graph_cond.cu` (shipped in the package as `dlrt/csrc`), a one-thread kernel that copies a
+device flag into the node's conditional handle; it is compiled with nvcc on first use into the
+dlrt cache and launched through the driver API, so it is captured like any other kernel. All
+capture mechanics live in this module.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import torch
 
 from dlrt import env
 from dlrt.errors import DlrtError
+from dlrt.resources import csrc_path
 
-_SRC = Path(__file__).resolve().parents[2] / "csrc" / "graph_cond.cu"
+_SRC = csrc_path("graph_cond.cu")
 _KERNEL = b"dlrt_set_condition"
 _cond_kernel = None
 
@@ -158,6 +160,18 @@ class WhileGraph:
         """Run begin, the rounds, and end on torch's current stream (asynchronous)."""
         stream = torch.cuda.current_stream().cuda_stream
         _check(self._rt.cudaGraphLaunch(self.exec, stream))
+
+    def close(self) -> None:
+        """Destroy the instantiated and the assembled graph and release the captured parts
+        (call when the device no longer runs it)."""
+        if self.exec is None:
+            return
+        _check(self._rt.cudaGraphExecDestroy(self.exec))
+        _check(self._rt.cudaGraphDestroy(self.graph))
+        for part in self._parts:
+            part.reset()
+        self.exec = self.graph = None
+        self._parts = []
 
 
 def node_types(graph: torch.cuda.CUDAGraph) -> dict[str, int]:

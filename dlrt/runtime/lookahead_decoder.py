@@ -5,8 +5,9 @@ Fully bidirectional attention. The prompt is forwarded together with the first m
 prompt's K/V enter the cache and the block's logits serve as its round 0. Each later block
 starts with one forward of [finished block + new mask block]: the finished block's K/V (which
 see the new block, as in the reference) enter the cache, and the new block gets its round 0.
-Blocks are counted from the end of the prompt. Program: begin (look-ahead forward + round 0)
--> rounds; block 0 begins on the host (the prefill forward has a prompt-dependent length).
+Blocks are counted from the end of the prompt. Program: phase "next" (look-ahead forward +
+round 0) -> rounds; block 0 begins on the host (the prefill forward has a prompt-dependent
+length) and its graph has phase "first" (the flag only).
 """
 
 from __future__ import annotations
@@ -15,16 +16,15 @@ from collections.abc import Iterator
 
 import torch
 
-from dlrt.attention.backend import AttentionSpan
+from dlrt.attention.base import AttentionSpan
 from dlrt.decoding.options import DecodingParams
-from dlrt.decoding.round import RoundSpec
+from dlrt.decoding.round import RoundKind
 from dlrt.runtime.decoder import (
     BlockResult,
     DecoderBase,
     ProgramBase,
     block_result,
-    commit_round,
-    round_spec,
+    round_kind,
     run_blocks,
 )
 from dlrt.runtime.runner import ModelRunner
@@ -33,10 +33,11 @@ from dlrt.runtime.runner import ModelRunner
 class LookaheadProgram(ProgramBase):
     """The current block at `state.lens = (start, start + B)`; begin moves to the next."""
 
-    def __init__(self, runner: ModelRunner, spec: RoundSpec, b: int, mask_token_id: int):
-        super().__init__("dllm_var", runner, spec, b, mask_token_id=mask_token_id)
+    def __init__(self, runner: ModelRunner, kind: RoundKind, b: int, mask_token_id: int):
+        super().__init__("dllm_var", runner, kind, b, mask_token_id=mask_token_id)
         self.step = torch.tensor([0, b], dtype=torch.int32, device=runner.device)
         self.positions = runner.arange(b)
+        self.phases = {"first": self.flag_only, "next": self.begin}
 
     def _reset_block(self) -> None:
         s = self.state
@@ -54,7 +55,7 @@ class LookaheadProgram(ProgramBase):
                                      rows=slice(self.b, 2 * self.b))
         s.lens.add_(self.b)
         self._reset_block()
-        commit_round(self.spec, s, logits, s.lens[0].long() + self.positions)
+        self.commit(logits, s.lens[0].long() + self.positions)
 
     def begin_first(self, prompt: list[int]) -> None:
         """Block 0 (host): forward [prompt + mask block]; the prompt's K/V enter the cache."""
@@ -63,7 +64,7 @@ class LookaheadProgram(ProgramBase):
         logits = self.runner.forward_at(chunk, 0, None, rows=slice(p, p + self.b))
         s.set_lens(p, p + self.b)
         self._reset_block()
-        commit_round(self.spec, s, logits, s.lens[0].long() + self.positions)
+        self.commit(logits, s.lens[0].long() + self.positions)
 
     def flag_only(self) -> None:
         self.state.update_flag()
@@ -71,11 +72,11 @@ class LookaheadProgram(ProgramBase):
     def round(self) -> None:
         s = self.state
         logits = self.runner.forward(s.tokens, s.lens, None, rows=slice(None))
-        commit_round(self.spec, s, logits, s.lens[0].long() + self.positions)
+        self.commit(logits, s.lens[0].long() + self.positions)
 
-    def spans(self, start: int, kv_len: int, begin) -> list[AttentionSpan]:
+    def spans(self, start: int, kv_len: int, phase: str | None) -> list[AttentionSpan]:
         b = self.b
-        if begin == self.begin:  # the look-ahead forward, then rounds one block further
+        if phase == "next":  # the look-ahead forward, then rounds one block further
             return [AttentionSpan(2 * b, None, start, kv_len + b),
                     AttentionSpan(b, None, start + b, kv_len + b)]
         return [AttentionSpan(b, None, start, kv_len)]
@@ -93,16 +94,17 @@ class LookaheadDecoder(DecoderBase):
     @torch.inference_mode()
     def decode(self, prompt: list[int], params: DecodingParams) -> Iterator[BlockResult]:
         b = params.block_length
-        spec = round_spec(params)
-        prog = self.cached_program((b, spec), lambda: LookaheadProgram(
-            self.runner, spec, b, self.mask_token_id))
+        kind = round_kind(params)
+        prog = self.cached_program((b, kind), lambda: LookaheadProgram(
+            self.runner, kind, b, self.mask_token_id))
         prog.state.set_request(b, params.denoising_steps, params.sampling.seed)
+        prog.state.set_values(params)
         prog.begin_first(prompt)
 
         def launch(k: int) -> None:
-            self.executor.run_block(prog, begin=prog.flag_only if k == 0 else prog.begin)
+            self.executor.run_block(prog, "first" if k == 0 else "next")
 
         n_blocks = -(-params.max_new_tokens // b)
-        blocks = run_blocks(self.executor, self.runner, prog.state, launch, n_blocks)
+        blocks = run_blocks(self.executor, prog.state, launch, n_blocks)
         for tokens, commits, rounds in blocks:
             yield block_result(tokens, commits, rounds, extra_forwards=0)

@@ -5,17 +5,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dlrt.attention import AttentionBackend, ForwardContext, ForwardMeta
-from dlrt.attention.backend import AttentionSpan
-from dlrt.runtime.kv_cache import PagedKVCache
+from dlrt.attention.base import AttentionBackend, ForwardContext, ForwardMeta
+from dlrt.attention.kv_cache import PagedKVCache
+from dlrt.ops import Ops
 
 
 class ModelRunner:
-    """Owns the model, the attention backend and the KV cache of the single request."""
+    """Owns the model, its ops table, the attention backend and the KV cache of the single
+    request."""
 
-    def __init__(self, model: nn.Module, backend: AttentionBackend, cache: PagedKVCache,
-                 device: torch.device):
+    def __init__(self, model: nn.Module, ops: Ops, backend: AttentionBackend,
+                 cache: PagedKVCache, device: torch.device):
         self.model = model
+        self.ops = ops
         self.backend = backend
         self.cache = cache
         self.device = device
@@ -26,15 +28,6 @@ class ModelRunner:
         if n not in self._aranges:
             self._aranges[n] = torch.arange(n, device=self.device)
         return self._aranges[n]
-
-    @property
-    def plans_on_host(self) -> bool:
-        """Whether the backend needs `plan_attention` before each block launch."""
-        return getattr(self.backend, "plans_on_host", False)
-
-    def plan_attention(self, spans: list[AttentionSpan]) -> None:
-        """Hand a host-planned backend the forwards of the block about to be launched."""
-        self.backend.plan_block(spans, self.cache, self.model.config.num_heads)
 
     def lens(self, start: int, kv_len: int) -> torch.Tensor:
         """A fresh (start, kv_len) int32 tensor on the device (eager callers)."""

@@ -29,14 +29,17 @@ def check_defaults(llm, defaults: dict) -> None:
         raise OptionError(f"{flag}{e}") from e
 
 
-def serve(model: str | None, llm_kwargs: dict, defaults: dict, host: str, port: int,
-          max_queue: int, request_timeout: float, max_body_bytes: int) -> int:
+def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int,
+          request_timeout: float, max_body_bytes: int) -> int:
+    """Load `LLM(**llm_kwargs)` on every rank and serve it from rank 0 (blocks until shutdown).
+    Returns the process exit code (3: the server could not start)."""
     from dlrt import LLM
 
     ranks = Ranks()
     if llm_kwargs.get("device") in (None, "auto"):
         llm_kwargs = {**llm_kwargs, "device": ranks.device()}
-    llm = LLM(model, **llm_kwargs)
+    llm = LLM(**llm_kwargs)
+    model = llm_kwargs.get("model")
     check_defaults(llm, defaults)  # on every rank: all of them stop
     if not ranks.leader:
         log.info("rank %d following rank 0", ranks.rank)

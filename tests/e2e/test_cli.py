@@ -19,8 +19,9 @@ import torch
 from safetensors.torch import load_file
 
 from dlrt import LLM, GenerationResult
+from dlrt.checkpoint.default import default_model_path
 from dlrt.checkpoint.make import make_checkpoint
-from dlrt.checkpoint.presets import PRESETS, default_model_path
+from dlrt.checkpoint.presets import PRESETS
 from dlrt.entrypoints.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[2]

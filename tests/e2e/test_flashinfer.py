@@ -21,11 +21,12 @@ import pytest
 import torch
 from test_execution_modes import _assert_same, _llm, _run_modes
 
-from dlrt.attention.backend import AttentionSpan, ForwardMeta, get_backend
+from dlrt.attention.base import AttentionSpan, ForwardMeta
+from dlrt.attention.kv_cache import PagedKVCache
+from dlrt.attention.registry import get_backend
 from dlrt.attention.sdpa import SDPABackend
 from dlrt.checkpoint.make import make_checkpoint
 from dlrt.checkpoint.presets import preset
-from dlrt.runtime.kv_cache import PagedKVCache
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("flashinfer")
@@ -70,11 +71,11 @@ def test_forward_matches_sdpa(name, span, h_q, h_kv):
     q = torch.randn(span.n, h_q, d, device="cuda", dtype=torch.bfloat16)
     lens = torch.tensor([span.start, span.kv_len], dtype=torch.int32, device="cuda")
     meta = ForwardMeta(span.start + torch.arange(span.n, device="cuda"), lens, span.chunk_block)
-    got = get_backend(name).forward(1, q, d ** -0.5, meta, cache)
+    got = get_backend(name, cache, h_q).forward(1, q, d ** -0.5, meta, cache)
     ref_cache = PagedKVCache(2, h_kv, d, 16384 + 64, torch.float32, "cuda")
     ref_cache.k.copy_(cache.k)
     ref_cache.v.copy_(cache.v)
-    want = SDPABackend().forward(1, q.float(), d ** -0.5, meta, ref_cache)
+    want = SDPABackend(ref_cache, h_q).forward(1, q.float(), d ** -0.5, meta, ref_cache)
     n = min(span.n, span.kv_len - span.start)  # canvas padding rows are never read
     err = ((got[:n].float() - want[:n]).norm() / want[:n].norm()).item()
     assert got.dtype == torch.bfloat16 and err < 1e-2, err

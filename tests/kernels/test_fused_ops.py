@@ -1,4 +1,4 @@
-"""Fused small-op kernels against the unfused PyTorch layers they replace.
+"""Fused small-op kernels against the reference ops they replace (`dlrt.ops.reference`).
 
 RMSNorm (+ residual add), per-head q/k RMSNorm + RoPE + paged K/V write, SiLU-and-mul. Fresh
 random inputs, awkward shapes (odd rows, hidden sizes that are not powers of two, GQA, pages
@@ -19,8 +19,8 @@ from dlrt.kernels.activation import silu_mul  # noqa: E402
 from dlrt.kernels.rms_norm import rms_norm  # noqa: E402
 from dlrt.kernels.rope import qk_norm_rope_write  # noqa: E402
 from dlrt.kernels.skinny_gemm import GemmConfig, gemv, skinny_gemm  # noqa: E402
-from dlrt.layers.norm import RMSNorm  # noqa: E402
 from dlrt.layers.rotary import RotaryEmbedding  # noqa: E402
+from dlrt.ops import reference  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32] + ([torch.bfloat16] if DEV == "cuda" else [])
@@ -43,16 +43,14 @@ def test_rms_norm(n, h, with_residual, dtype):
     gen = torch.Generator().manual_seed(n * h)
     x = torch.randn(n, h, generator=gen).to(DEV, dtype) * 3
     res = torch.randn(n, h, generator=gen).to(DEV, dtype)
-    norm = RMSNorm(h, 1e-6).to(DEV, dtype)
-    with torch.no_grad():
-        norm.weight.copy_(torch.rand(h, generator=gen) + 0.5)
+    weight = (torch.rand(h, generator=gen) + 0.5).to(DEV, dtype)
     if with_residual:
-        ref, ref_res = norm.reference(x + res), x + res
+        ref, ref_res = reference.add_rms_norm(x, res, weight, 1e-6)
         kernel_res = res.clone()
-        out = rms_norm(x, norm.weight, 1e-6, kernel_res)
+        out = rms_norm(x, weight, 1e-6, kernel_res)
         close(kernel_res, ref_res)
     else:
-        ref, out = norm.reference(x), rms_norm(x, norm.weight, 1e-6)
+        ref, out = reference.rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6)
     close(out, ref)
 
 
@@ -63,6 +61,7 @@ def test_silu_mul(n, i, dtype):
     gu = (torch.randn(n, 2 * i, generator=gen) * 4).to(DEV, dtype)
     g, u = gu.chunk(2, dim=-1)
     close(silu_mul(gu), torch.nn.functional.silu(g) * u, rel=1e-4)
+    close(silu_mul(gu), reference.silu_and_mul(gu), rel=1e-4)
 
 
 CASES = [  # n, hq, hkv, d, page, first position, norm, full precision
@@ -87,22 +86,28 @@ def test_qk_norm_rope_write(case, dtype):
     v_cache = torch.zeros_like(k_cache)
     rotary = RotaryEmbedding(d, 10000.0 if fp32_rope else 1e6, full_precision=fp32_rope).to(DEV)
     cos, sin = rotary.cos_sin(positions)
-    q_norm = k_norm = None
+    q_w = k_w = None
     if norm:
-        q_norm, k_norm = RMSNorm(d, 1e-6).to(DEV, dtype), RMSNorm(d, 1e-6).to(DEV, dtype)
-        with torch.no_grad():
-            q_norm.weight.copy_(torch.rand(d, generator=gen) + 0.5)
-            k_norm.weight.copy_(torch.rand(d, generator=gen) + 0.5)
+        q_w = (torch.rand(d, generator=gen) + 0.5).to(DEV, dtype)
+        k_w = (torch.rand(d, generator=gen) + 0.5).to(DEV, dtype)
 
-    q = qk_norm_rope_write(qkv, hq, hkv, d, q_norm and q_norm.weight, k_norm and k_norm.weight,
-                           1e-6, cos, sin, positions, k_cache, v_cache, page_table, fp32_rope)
+    q = qk_norm_rope_write(qkv, hq, hkv, d, q_w, k_w, 1e-6, cos, sin, positions, k_cache,
+                           v_cache, page_table, fp32_rope)
 
     rq, rk, rv = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
     rq, rk, rv = rq.reshape(n, hq, d), rk.reshape(n, hkv, d), rv.reshape(n, hkv, d)
     if norm:
-        rq, rk = q_norm.reference(rq), k_norm.reference(rk)
-    rq, rk = rotary.rotate(rq, cos, sin), rotary.rotate(rk, cos, sin)
+        rq, rk = reference.rms_norm(rq, q_w, 1e-6), reference.rms_norm(rk, k_w, 1e-6)
+    rq = reference.rope_rotate(rq, cos, sin, fp32_rope)
+    rk = reference.rope_rotate(rk, cos, sin, fp32_rope)
     close(q, rq)
+    # the reference op writes the same cache (`dlrt.ops.reference.qk_norm_rope_write`)
+    ref_k, ref_v = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+    ref_q = reference.qk_norm_rope_write(qkv, hq, hkv, d, q_w, k_w, 1e-6, cos, sin, positions,
+                                         ref_k, ref_v, page_table, fp32_rope)
+    close(q, ref_q)
+    close(k_cache, ref_k)
+    assert torch.equal(v_cache, ref_v)
     slots = page_table[positions // page].long() * page + positions % page
     close(k_cache.view(-1, hkv, d)[slots], rk)
     assert torch.equal(v_cache.view(-1, hkv, d)[slots], rv)
@@ -153,6 +158,11 @@ GEMM_CASES = [  # m, n, k, config: "dot" with split-K, then the GEMV ("fma", M <
     (3, 64, 1024, GemmConfig(4, 256, 1, stages=1, kind="fma")),
     (2, 129, 384, GemmConfig(8, 128, 1, stages=2, kind="fma")),
     (4, 40, 256, GemmConfig(8, 128, 1, stages=2, kind="fma")),
+    # tiles whose warps all lie along K: x read as one [1, BLOCK_K] row (GemmConfig.x_row)
+    (4, 33, 512, GemmConfig(4, 256, 1, stages=2, warps=1, kind="fma")),
+    (3, 20, 512, GemmConfig(8, 512, 1, stages=1, warps=2, kind="fma")),
+    (4, 40, 1024, GemmConfig(4, 512, 1, stages=4, warps=2, kind="fma")),
+    (2, 30, 1024, GemmConfig(8, 64, 1, stages=4, kind="fma")),
 ]
 
 
@@ -174,104 +184,15 @@ def test_skinny_gemm(case, dtype):
     assert skinny_gemm(x[:0], w, cfg).shape == (0, n)  # no rows: nothing read or written
 
 
-GEMV_FUSED_CASES = [  # m, n, k, config, prologue ("norm" / "silu" / None), residual
-    (4, 100, 256, GemmConfig(8, 64, 1, stages=2, kind="fma"), "norm", False),
-    (3, 37, 512, GemmConfig(16, 128, 1, stages=4, kind="fma"), "norm", True),
-    (1, 64, 128, GemmConfig(4, 128, 1, stages=1, kind="fma"), "silu", True),
-    (4, 129, 384, GemmConfig(8, 128, 1, stages=3, kind="fma"), "silu", False),
-    (2, 50, 192, GemmConfig(4, 64, 1, stages=2, kind="fma"), None, True),
-    # tiles whose warps all lie along K: x read as one [1, BLOCK_K] row (GemmConfig.x_row)
-    (4, 33, 512, GemmConfig(4, 256, 1, stages=2, warps=1, kind="fma"), "norm", True),
-    (3, 20, 512, GemmConfig(8, 512, 1, stages=1, warps=2, kind="fma"), "silu", True),
-    (4, 40, 1024, GemmConfig(4, 512, 1, stages=4, warps=2, kind="fma"), None, False),
-    # K not a power of two (the statistics load is masked); 4 tiles ahead over 16 tiles
-    (3, 45, 192, GemmConfig(8, 64, 1, stages=2, kind="fma"), "norm", True),
-    (2, 30, 1024, GemmConfig(8, 64, 1, stages=4, kind="fma"), "silu", False),
-]
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", GEMV_FUSED_CASES, ids=[f"{c[:3]}-{c[4]}-res{int(c[5])}"
-                                                        for c in GEMV_FUSED_CASES])
-def test_gemv_prologue_and_residual_match_the_unfused_ops(case, dtype):
-    """gemv(norm=/silu=/residual=) against RMSNorm.reference / silu_and_mul_reference, the
-    product in float64 rounded to the dtype, and `+ residual`: fresh random inputs. fp32
-    within 1e-5 of the largest output; bf16 within 2^-6 of it (the reference rounds its
-    product once, the GEMV sums in another order; `test_gemv_prologue_rounds_like_the_unfused
-    _kernels` checks the rounding points)."""
-    from dlrt.layers.mlp import silu_and_mul_reference
-
-    m, n, k, cfg, prologue, with_res = case
-    gen = torch.Generator().manual_seed(m * n + k)
-    x = torch.randn(m, 2 * k if prologue == "silu" else k, generator=gen).to(DEV, dtype) * 3
-    w = (torch.randn(n, k, generator=gen) / k**0.5).to(DEV, dtype)
-    res = torch.randn(m, n, generator=gen).to(DEV, dtype) if with_res else None
-    norm = RMSNorm(k, 1e-6).to(DEV, dtype)
-    norm.weight.data = torch.rand(k, generator=gen).to(DEV, dtype) + 0.5
-    if prologue == "norm":
-        h = norm.reference(x)
-    elif prologue == "silu":
-        h = silu_and_mul_reference(x)
-    else:
-        h = x
-    ref = (h.double() @ w.double().T).to(dtype)
-    if res is not None:
-        ref = ref + res
-    out = gemv(x, w, cfg, norm=norm.weight if prologue == "norm" else None, eps=norm.eps,
-               silu=prologue == "silu", residual=res)
-    tol = 1e-5 if dtype == torch.float32 else 2 ** -6
-    err = ((out.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
-    assert out.shape == (m, n) and err < tol, err
-    assert torch.equal(out, gemv(x, w, cfg, norm=norm.weight if prologue == "norm" else None,
-                                 eps=norm.eps, silu=prologue == "silu", residual=res))
-
-
-ROUNDING_CONFIGS = [GemmConfig(8, 64, 1, stages=2, kind="fma"),  # x down every weight row
-                    GemmConfig(4, 256, 1, stages=3, warps=1, kind="fma")]  # x as one row
-
-
-@pytest.mark.parametrize("cfg", ROUNDING_CONFIGS, ids=["x_bcast", "x_row"])
-def test_gemv_prologue_rounds_like_the_unfused_kernels(cfg):
-    """In bf16 the fused prologues and epilogue give what the unfused kernels feeding the same
-    GEMV give: SiLU-and-mul and the residual add bit for bit; RMSNorm within 1e-3 of the
-    largest output on the GPU (its row statistics are summed in another order there; the
-    interpreter gives the same bits). A prologue that skipped a rounding step is off by
-    2.5e-3 or more."""
-    gen = torch.Generator().manual_seed(7)
-    m, n, k = 4, 48, 512
-    bf = torch.bfloat16
-    x = (torch.randn(m, k, generator=gen) * 3).to(DEV, bf)
-    gu = (torch.randn(m, 2 * k, generator=gen) * 3).to(DEV, bf)
-    w = (torch.randn(n, k, generator=gen) / k**0.5).to(DEV, bf)
-    g = (torch.rand(k, generator=gen) + 0.5).to(DEV, bf)
-    r = torch.randn(m, n, generator=gen).to(DEV, bf)
-    assert torch.equal(gemv(gu, w, cfg, silu=True), gemv(silu_mul(gu), w, cfg))
-    summed = r.clone()
-    rms_norm(gemv(x, w, cfg), torch.ones(n, dtype=bf, device=DEV), 1e-6, summed)
-    assert torch.equal(gemv(x, w, cfg, residual=r), summed)
-    fused, ref = gemv(x, w, cfg, norm=g, eps=1e-6), gemv(rms_norm(x, g, 1e-6), w, cfg)
-    if DEV == "cpu":
-        assert torch.equal(fused, ref)
-    else:
-        err = ((fused.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-        assert err < 1e-3, err
-
-
 def test_gemv_rejects_what_does_not_fit():
     cfg = GemmConfig(8, 64, 1, stages=2, kind="fma")
     x, w = torch.zeros(2, 64, device=DEV), torch.zeros(8, 64, device=DEV)
-    with pytest.raises(ValueError, match="2K"):
-        gemv(x, w, cfg, silu=True)  # silu needs [M, 2K]
-    with pytest.raises(ValueError, match="norm weight"):
-        gemv(x, w, cfg, norm=torch.ones(32, device=DEV))
-    with pytest.raises(ValueError, match="residual"):
-        gemv(x, w, cfg, residual=torch.zeros(2, 4, device=DEV))
-    with pytest.raises(ValueError, match="do not combine"):
-        gemv(torch.zeros(2, 128, device=DEV), w, cfg, silu=True, norm=torch.ones(64, device=DEV))
+    with pytest.raises(ValueError, match=r"\[M<=4, K\]"):
+        gemv(torch.zeros(2, 128, device=DEV), w, cfg)  # K differs
+    with pytest.raises(ValueError, match="contiguous"):
+        gemv(torch.zeros(64, 2, device=DEV).t(), w, cfg)
     with pytest.raises(ValueError, match="'fma'"):
         gemv(x, w, GemmConfig(16, 64, 1))
-    with pytest.raises(ValueError, match="contiguous"):  # a strided norm weight
-        gemv(x, w, cfg, norm=torch.ones(128, device=DEV)[::2])
     with pytest.raises(ValueError, match="float64"):
         gemv(x, w.double(), cfg)
     with pytest.raises(ValueError, match="does not fit"):  # K = 0, a tile not a power of two
@@ -286,7 +207,8 @@ def test_gemv_rejects_what_does_not_fit():
 
 
 def test_skinny_gemv_rows_and_linear_fallback(monkeypatch):
-    from dlrt.layers import linear
+    from dlrt.layers.linear import Linear
+    from dlrt.layers.quant.unquantized import SkinnyGemmLinear
 
     cfg = GemmConfig(8, 64, 1, stages=1, kind="fma")
     with pytest.raises(ValueError, match="M<=4"):
@@ -294,16 +216,17 @@ def test_skinny_gemv_rows_and_linear_fallback(monkeypatch):
     with pytest.raises(ValueError, match="does not fit"):
         skinny_gemm(torch.zeros(2, 64, device=DEV), torch.zeros(8, 64, device=DEV),
                     GemmConfig(8, 64, 2, stages=1, kind="fma"))
-    # more rows than the GEMV serves: `linear` takes F.linear for that call
-    w = torch.randn(8, 64, device=DEV)
-    monkeypatch.setitem(linear.CHOICES, (8, 64, w.dtype), cfg)
-    monkeypatch.setattr(linear, "use_kernels", lambda x: True)
+    # more rows than the GEMV serves: the method takes F.linear for that call
+    layer = Linear(64, 8).to(DEV)
+    w = layer.weight.detach()
+    layer.method = SkinnyGemmLinear(cfg)
     calls = []
     import dlrt.kernels.skinny_gemm as sg
     monkeypatch.setattr(sg, "skinny_gemm", lambda *a: calls.append(a) or torch.zeros(4, 8))
     x8 = torch.randn(8, 64, device=DEV)
-    torch.testing.assert_close(linear.linear(x8, w), x8 @ w.T)
-    linear.linear(torch.randn(4, 64, device=DEV), w)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x8), x8 @ w.T)
+        layer(torch.randn(4, 64, device=DEV))
     assert not calls[1:] and len(calls) == 1 and calls[0][0].shape == (4, 64)
 
 
@@ -317,25 +240,10 @@ def test_skinny_gemm_rejects_bad_shapes():
 
 
 def test_gemm_candidates_fit_and_offer_the_gemv_for_few_rows():
-    from dlrt.kernels.gemm_select import candidates
+    from dlrt.tuning.linear import candidates
 
     for n, k in ((4096, 2048), (2048, 6144), (151936, 4096), (100, 512)):
         four, eight = candidates(n, k, 132, rows=4), candidates(n, k, 132, rows=8)
         assert four and all(c.fits(n, k) for c in four + eight)
         assert {c.kind for c in four} == {"dot", "fma"}
         assert {c.kind for c in eight} == {"dot"}
-
-
-def test_fused_layer_roles_get_row_tiles_where_one_fits():
-    """The GEMVs with a prologue take tiles whose warps lie along K when one fits K (real
-    models), else any GEMV config (small test models: K = 64); o_proj takes every GEMV."""
-    from dlrt.kernels.gemm_select import role_candidates
-
-    big, small = torch.empty(4096, 2048), torch.empty(64, 64)
-    for role in ("qkv", "gate_up", "down"):
-        row = role_candidates(role, big, 132, 4)
-        assert row and all(c.kind == "fma" and c.x_row() for c in row)
-        assert role_candidates(role, small, 132, 4)  # a fallback, not nothing
-        assert not role_candidates(role, big, 132, 8)  # more rows than the GEMV serves
-    o = role_candidates("o", big, 132, 4)
-    assert {c.x_row() for c in o} == {True, False}

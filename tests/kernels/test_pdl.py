@@ -18,8 +18,8 @@ import torch
 from dlrt.kernels import pdl
 
 P16, P32, I32, I64 = "*bf16", "*fp32", "*i32", "*i64"
-GEMV_ARGS = dict(x_ptr=P16, w_ptr=P16, y_ptr=P16, g_ptr=P16, res_ptr=P16, N="i32", eps="fp32")
-GEMV_CONSTS = dict(K=4096, K_P2=4096, ROWS=4, BLOCK_N=8, BLOCK_K=256, AHEAD=2, VEC=8, X_ROW=False)
+GEMV_ARGS = dict(x_ptr=P16, w_ptr=P16, y_ptr=P16, N="i32")
+GEMV_CONSTS = dict(K=4096, ROWS=4, BLOCK_N=8, BLOCK_K=256, AHEAD=2, VEC=8, X_ROW=False)
 
 
 def _kernels() -> dict:
@@ -38,12 +38,12 @@ def _kernels() -> dict:
     return {
         "sample_max": (sampling._max_kernel, search, slices),
         "sample_pass": (sampling._pass_kernel,
-                        dict(search, ties_ptr=P32, inv_t="fp32", kk="fp32", top_p="fp32",
+                        dict(search, ties_ptr=P32, t_ptr="*fp64", k_ptr=I64, p_ptr=P32,
                              j="i32"), dict(slices, MASS=True, USE_K=True)),
         "sample_race": (sampling._race_kernel,
                         dict(search, seed_ptr=I64, round_ptr=I64, pos_ptr=I64, ties_ptr=P32,
-                             race_ptr=P32, race_idx_ptr=I32, inv_t="fp32", kk="fp32",
-                             top_p="fp32"), dict(slices, USE_K=True, USE_P=True)),
+                             race_ptr=P32, race_idx_ptr=I32, t_ptr="*fp64", k_ptr=I64,
+                             p_ptr=P32), dict(slices, USE_K=True, USE_P=True)),
         "sample_pick": (sampling._pick_kernel, dict(race_ptr=P32, race_idx_ptr=I32, ids_ptr=I64,
                                                     conf_ptr=P32, nsl="i32"), dict(SLICES=64)),
         "rms_norm": (rms_norm._rms_norm_kernel, dict(x_ptr=P16, res_ptr=P16, w_ptr=P16, y_ptr=P16,
@@ -74,25 +74,19 @@ def _kernels() -> dict:
         "gemm": (skinny_gemm._gemm_kernel, dict(x_ptr=P16, w_ptr=P16, y_ptr=P16, part_ptr=P32,
                                                 M="i32", N="i32"),
                  dict(K=4096, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, SPLIT_K=4, PRECISION="tf32")),
-        "gemv": (skinny_gemm._gemv_kernel, GEMV_ARGS,
-                 dict(GEMV_CONSTS, NORM=False, SILU=False, RES=False)),
-        "gemv_norm": (skinny_gemm._gemv_kernel, GEMV_ARGS,
-                      dict(GEMV_CONSTS, NORM=True, SILU=False, RES=True)),
-        "gemv_silu": (skinny_gemm._gemv_kernel, GEMV_ARGS,
-                      dict(GEMV_CONSTS, NORM=False, SILU=True, RES=True)),
+        "gemv": (skinny_gemm._gemv_kernel, GEMV_ARGS, GEMV_CONSTS),
         "gemv_row": (skinny_gemm._gemv_kernel, GEMV_ARGS,  # 4 warps along K: x as one row
-                     dict(GEMV_CONSTS, BLOCK_N=4, BLOCK_K=1024, X_ROW=True, NORM=True,
-                          SILU=False, RES=True)),
+                     dict(GEMV_CONSTS, BLOCK_N=4, BLOCK_K=1024, X_ROW=True)),
         "gemm_reduce": (skinny_gemm._reduce_kernel, dict(part_ptr=P32, y_ptr=P16, M="i32",
                                                          N="i32"),
                         dict(SPLIT_K=4, BLOCK_M=16, BLOCK=1024)),
     }
 
-NAMES = ["attention_merge", "attention_split", "gemm", "gemm_reduce", "gemv", "gemv_norm",
-         "gemv_row", "gemv_silu", "greedy_merge", "greedy_slice", "qk_norm_rope", "rms_norm",
-         "sample_max", "sample_pass", "sample_pick", "sample_race", "silu_mul"]
+NAMES = ["attention_merge", "attention_split", "gemm", "gemm_reduce", "gemv", "gemv_row",
+         "greedy_merge", "greedy_slice", "qk_norm_rope", "rms_norm", "sample_max", "sample_pass",
+         "sample_pick", "sample_race", "silu_mul"]
 PDL_OFF = ["rms_norm", "gemm"]
-GEMVS = ["gemv", "gemv_norm", "gemv_row", "gemv_silu"]
+GEMVS = ["gemv", "gemv_row"]
 WEIGHT_FIRST = GEMVS  # load their first weight tiles before the wait
 
 

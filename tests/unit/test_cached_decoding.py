@@ -29,9 +29,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrt.attention import ForwardContext, ForwardMeta, get_backend
+from dlrt.attention.base import ForwardContext, ForwardMeta
+from dlrt.attention.kv_cache import PagedKVCache
+from dlrt.attention.registry import get_backend
 from dlrt.llm import LLM
-from dlrt.runtime.kv_cache import PagedKVCache
 
 SHARPEN = 50.0
 SDAR_MASK, SDAR_STOP = 151669, frozenset({151645, 151643})  # DESIGN §1, §3.4
@@ -170,7 +171,7 @@ def sdar_logits(llm: LLM, seq: list[int], b: int, lo: int) -> torch.Tensor:
     ids, positions = torch.tensor(seq, dtype=torch.int64), torch.arange(n)
     cache = PagedKVCache(c.num_layers, c.num_kv_heads, c.head_dim, n, llm.dtype, "cpu")
     meta = ForwardMeta(positions, torch.tensor([0, n], dtype=torch.int32), b)
-    ctx = ForwardContext(get_backend("sdpa"), meta, cache)
+    ctx = ForwardContext(get_backend("sdpa", cache, c.num_heads), meta, cache)
     with torch.inference_mode():
         hidden = llm.model(ids, positions, ctx)
         return llm.model.logits(hidden[lo:])

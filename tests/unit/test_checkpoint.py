@@ -15,14 +15,17 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from dlrt import LLM, CheckpointError, ConfigError, DlrtError, OptionError
+from dlrt.checkpoint import default as default_mod
 from dlrt.checkpoint import make as make_mod
+from dlrt.checkpoint.default import default_model_path
 from dlrt.checkpoint.folder import INDEX_NAME
 from dlrt.checkpoint.loader import random_tensor, weight_specs
 from dlrt.checkpoint.make import make_checkpoint
-from dlrt.checkpoint.presets import PRESETS, TOKENIZER_DIR, default_model_path
-from dlrt.config import ModelConfig
+from dlrt.checkpoint.presets import PRESETS
 from dlrt.entrypoints.cli import main as cli_main
-from dlrt.models import build_model
+from dlrt.models.registry import build_model, model_config
+from dlrt.ops import reference
+from dlrt.resources import data_path
 from dlrt.tokenizer import load_tokenizer
 
 MODELS = Path(__file__).resolve().parents[2] / "dlrt" / "data" / "configs"
@@ -46,7 +49,7 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 def meta_model(hf: dict) -> torch.nn.Module:
     with torch.device("meta"):
-        return build_model(ModelConfig.from_hf(hf))
+        return build_model(model_config(hf), reference.OPS)
 
 
 def meta_specs(hf: dict) -> dict[str, tuple[int, ...]]:
@@ -293,7 +296,7 @@ def test_llada_names_match_llada_8b(tiny_llada):
 def test_tokenizer_files_only_for_sdar(tiny_sdar, tiny_sdar_moe, tiny_llada):
     for folder in (tiny_sdar, tiny_sdar_moe):
         for n in TOKENIZER_FILES:
-            assert (folder / n).read_bytes() == (TOKENIZER_DIR / n).read_bytes(), n
+            assert (folder / n).read_bytes() == (data_path("sdar-qwen3") / n).read_bytes(), n
     assert not any((tiny_llada / n).exists() for n in TOKENIZER_FILES + ("tokenizer.json",))
     gen = json.loads((tiny_sdar / "generation_config.json").read_text())
     assert gen["eos_token_id"] == [151645, 151643]
@@ -396,7 +399,7 @@ def test_concurrent_default_creation_keeps_the_first(tmp_path, monkeypatch):
         _other_process_finishes_first(monkeypatch, Path(out))
         return real_make(source, out, **kw)
 
-    monkeypatch.setattr(make_mod, "make_checkpoint", racing_make)
+    monkeypatch.setattr(default_mod, "make_checkpoint", racing_make)
     path = default_model_path()
     assert path.parent == tmp_path / "cache" / "models"
     assert (path / "other.marker").is_file()
@@ -649,7 +652,7 @@ def test_auto_map_never_runs_code(tiny_sdar, tmp_path):
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
     llm = LLM(folder, dtype="float32")
     assert type(llm.tokenizer).__name__.startswith("Qwen2Tokenizer")
-    assert llm.encode("hello") == load_tokenizer(TOKENIZER_DIR).encode("hello")
+    assert llm.encode("hello") == load_tokenizer(data_path("sdar-qwen3")).encode("hello")
     assert len(llm.generate("hello", 2, temperature=0).token_ids) == 2
     assert not marker.exists()
     import importlib.util  # the bait works when imported

@@ -1,13 +1,13 @@
-"""`ModelConfig.from_hf`: every field of a bad type or value is a ConfigError naming the field
-and the value."""
+"""`model_config` (each family's normaliser): every field of a bad type or value is a
+ConfigError naming the field and the value."""
 
 from __future__ import annotations
 
 import pytest
 
 from dlrt.checkpoint.presets import PRESETS
-from dlrt.config import ModelConfig
 from dlrt.errors import ConfigError
+from dlrt.models.registry import model_config
 
 
 def config(preset: str, **changes) -> dict:
@@ -52,26 +52,26 @@ def config(preset: str, **changes) -> dict:
 ])
 def test_bad_field_names_field_and_value(preset, key, value):
     with pytest.raises(ConfigError) as e:
-        ModelConfig.from_hf(config(preset, **{key: value}))
+        model_config(config(preset, **{key: value}))
     msg = str(e.value)
     assert key in msg and repr(value) in msg, msg
 
 
 def test_heads_not_a_multiple_of_kv_heads():
     with pytest.raises(ConfigError, match=r"num_key_value_heads=3 must divide .*\(4\)"):
-        ModelConfig.from_hf(config("tiny-sdar", num_key_value_heads=3))
+        model_config(config("tiny-sdar", num_key_value_heads=3))
 
 
 def test_each_eos_id_must_be_an_int():
     with pytest.raises(ConfigError, match=r"eos_token_id='2'"):
-        ModelConfig.from_hf(config("tiny-sdar", eos_token_id=[151643, "2"]))
+        model_config(config("tiny-sdar", eos_token_id=[151643, "2"]))
 
 
 def test_null_optional_fields_take_their_defaults():
-    cfg = ModelConfig.from_hf(config("tiny-sdar", num_key_value_heads=None, head_dim=None,
+    cfg = model_config(config("tiny-sdar", num_key_value_heads=None, head_dim=None,
                                      block_size=None, mask_token_id=None, eos_token_id=None))
     assert (cfg.num_kv_heads, cfg.head_dim, cfg.block_size) == (4, 16, None)
     assert cfg.mask_token_id is None and cfg.eos_token_ids == ()
-    cfg = ModelConfig.from_hf(config("tiny-sdar", rope_theta=1000000, eos_token_id=[1, 2]))
+    cfg = model_config(config("tiny-sdar", rope_theta=1000000, eos_token_id=[1, 2]))
     assert cfg.rope_theta == 1e6 and isinstance(cfg.rope_theta, float)
     assert cfg.eos_token_ids == (1, 2)

@@ -1,28 +1,34 @@
-"""The kernel-selection environment variables: values, defaults, and bad values refused."""
+"""The environment variables: only whole-process settings (engine options are `EngineConfig`
+fields); the attention backend's variable is the default of `attention_backend="auto"`."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from dlrt import env
+from dlrt.config.engine import EngineConfig
 from dlrt.errors import OptionError
 
 
-def test_skinny_gemm_values(monkeypatch):
-    monkeypatch.delenv("DLRT_SKINNY_GEMM", raising=False)
-    assert env.skinny_gemm() == "1"
-    for value in ("0", "1", "all"):
-        monkeypatch.setenv("DLRT_SKINNY_GEMM", value)
-        assert env.skinny_gemm() == value
-    monkeypatch.setenv("DLRT_SKINNY_GEMM", "yes")
-    with pytest.raises(OptionError, match="DLRT_SKINNY_GEMM must be 0, 1 or all"):
-        env.skinny_gemm()
+def test_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("DLRT_CACHE_DIR", str(tmp_path / "c"))
+    assert env.cache_dir() == tmp_path / "c"
+    monkeypatch.delenv("DLRT_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert env.cache_dir() == tmp_path / "xdg" / "dlrt"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert env.cache_dir() == Path.home() / ".cache" / "dlrt"
 
 
-def test_pdl_and_fused_kernels_switches(monkeypatch):
-    monkeypatch.delenv("DLRT_PDL", raising=False)
-    monkeypatch.delenv("DLRT_FUSED_KERNELS", raising=False)
-    assert env.pdl() and env.fused_kernels()
-    monkeypatch.setenv("DLRT_PDL", "0")
-    monkeypatch.setenv("DLRT_FUSED_KERNELS", "0")
-    assert not env.pdl() and not env.fused_kernels()
+def test_attention_backend_variable_is_the_auto_default(monkeypatch):
+    monkeypatch.setenv("DLRT_ATTENTION_BACKEND", "sdpa")
+    cfg = EngineConfig.from_kwargs(device="cpu").resolve_device()
+    assert cfg.attention_backend == "sdpa"
+    monkeypatch.setenv("DLRT_ATTENTION_BACKEND", "warp")
+    with pytest.raises(OptionError, match="DLRT_ATTENTION_BACKEND=warp"):
+        EngineConfig.from_kwargs(device="cpu").resolve_device()
+    # an explicit option wins over the variable
+    cfg = EngineConfig.from_kwargs(device="cpu", attention_backend="sdpa").resolve_device()
+    assert cfg.attention_backend == "sdpa"

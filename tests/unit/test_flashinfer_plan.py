@@ -19,16 +19,17 @@ import torch.nn.functional as F
 
 from dlrt import LLM, OptionError
 from dlrt.attention import flashinfer as fi_backend
-from dlrt.attention.backend import (
-    AttentionSpan,
-    ForwardMeta,
-    check_device,
-    check_model,
-    default_backend,
+from dlrt.attention.base import AttentionSpan, ForwardMeta
+from dlrt.attention.flashinfer import (
+    Requests,
+    check_head_dim,
+    kernel_for_span,
+    on_triton,
+    requests,
 )
-from dlrt.attention.flashinfer import Requests, kernel_for_span, on_triton, requests
+from dlrt.attention.kv_cache import PagedKVCache
+from dlrt.attention.registry import check_backend, default_backend
 from dlrt.attention.sdpa import SDPABackend
-from dlrt.runtime.kv_cache import PagedKVCache
 
 
 def _flashinfer_semantics(q, k_pages, v_pages, reqs, scale):
@@ -72,7 +73,7 @@ def test_requests_reproduce_the_chunk_mask(span):
     got = _flashinfer_semantics(q, cache.k[1], cache.v[1], reqs, 0.3)
     lens = torch.tensor([span.start, span.kv_len], dtype=torch.int32)
     meta = ForwardMeta(span.start + torch.arange(span.n), lens, span.chunk_block)
-    want = SDPABackend().forward(1, q, 0.3, meta, cache)
+    want = SDPABackend(cache, h_q).forward(1, q, 0.3, meta, cache)
     n_real = min(span.n, span.kv_len - span.start)  # canvas padding rows see all keys
     assert torch.allclose(got[:n_real], want[:n_real], atol=1e-5, rtol=1e-5)
     assert reqs.kv_indptr[-1].item() == reqs.kv_indices.numel()
@@ -102,18 +103,19 @@ class RecordingBackend(SDPABackend):
 
     plans_on_host = True
 
-    def __init__(self):
+    def __init__(self, cache, num_q_heads):
+        super().__init__(cache, num_q_heads)
         self.armed: list[AttentionSpan] = []
         self.planned: list[list[AttentionSpan]] = []
         self.used: set[AttentionSpan] = set()
         self.unplanned: list[AttentionSpan] = []
         self.mismatched: list[AttentionSpan] = []
 
-    def plan_block(self, spans, cache, h_q):
+    def plan_block(self, spans):
         self.armed = list(spans)
         self.planned.append(list(spans))
 
-    def disarm(self):
+    def end_block(self):
         self.armed = []
 
     def forward(self, layer, q, scale, meta, cache):
@@ -128,11 +130,16 @@ class RecordingBackend(SDPABackend):
         return super().forward(layer, q, scale, meta, cache)
 
 
+def use_backend(llm, backend):
+    """Run `llm`'s forwards on `backend`, its host hooks called by the executor."""
+    llm.runner.backend = llm.executor.backend = backend
+
+
 def _record(path, prompt_len, **kw):
     llm = LLM(path, device="cpu", max_model_len=512, **{k: v for k, v in kw.items()
                                                           if k == "decoder"})
-    rec = RecordingBackend()
-    llm.runner.backend = rec
+    rec = RecordingBackend(llm.runner.cache, llm.config.num_heads)
+    use_backend(llm, rec)
     options = {k: v for k, v in kw.items() if k != "decoder"}
     llm.generate(list(range(100, 100 + prompt_len)), temperature=0, **options)
     return rec
@@ -168,9 +175,9 @@ def test_flashinfer_needs_a_gpu_and_a_head_size_it_builds(tiny_sdar):
         with pytest.raises(OptionError, match="needs a CUDA GPU"):
             LLM(tiny_sdar, attention_backend="flashinfer")
     with pytest.raises(OptionError, match="head_dim"):
-        check_model("flashinfer-fa2", 16)
-    check_model("flashinfer", 128)
-    check_model("triton", 16)
+        check_head_dim("flashinfer-fa2", 16)
+    check_head_dim("flashinfer", 128)
+    check_backend("triton", torch.device("cuda"), torch.bfloat16, "eager", 16)
     with pytest.raises(OptionError, match="unknown attention backend"):
         LLM(tiny_sdar, attention_backend="flashinfer3")
 
@@ -254,7 +261,7 @@ def test_flashinfer_backend_decodes_like_sdpa(fake_flashinfer, tiny_sdar, tiny_l
     path = tiny_sdar if preset == "sdar" else tiny_llada
     kw = dict(device="cpu", max_model_len=1024, decoder=decoder)
     ref, fi = LLM(path, **kw), LLM(path, **kw)
-    fi.runner.backend = fi_backend.FlashInferBackend()
+    use_backend(fi, fi_backend.FlashInferBackend(fi.runner.cache, fi.config.num_heads))
     for llm in (ref, fi):  # sharper distributions: greedy choices are far from ties
         head = llm.model.lm_head.weight if hasattr(llm.model, "lm_head") else \
             llm.model.model.transformer.ff_out.weight
@@ -266,13 +273,10 @@ def test_flashinfer_backend_decodes_like_sdpa(fake_flashinfer, tiny_sdar, tiny_l
 def test_flashinfer_checks(monkeypatch, tiny_sdar):
     monkeypatch.setattr(fi_backend, "kernel_for", lambda device, kernels, name: "fa2")
     with pytest.raises(OptionError, match="bfloat16 or float16"):
-        check_device("flashinfer", torch.device("cuda"), torch.float32)
+        check_backend("flashinfer", torch.device("cuda"), torch.float32, "eager")
     monkeypatch.setenv("DLRT_ATTENTION_BACKEND", "warp")
     with pytest.raises(OptionError, match="DLRT_ATTENTION_BACKEND=warp"):
         LLM(tiny_sdar, device="cpu")
     monkeypatch.delenv("DLRT_ATTENTION_BACKEND")
-    import dlrt.llm
-
-    monkeypatch.setattr(dlrt.llm, "check_device", lambda *a: None)
     with pytest.raises(OptionError, match="head_dim"):  # tiny-sdar has head_dim 16
-        LLM(tiny_sdar, device="cpu", attention_backend="flashinfer")
+        LLM(tiny_sdar, device="cpu", dtype="bfloat16", attention_backend="flashinfer")

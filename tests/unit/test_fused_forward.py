@@ -1,12 +1,10 @@
-"""The fused-kernel forward equals the unfused one on whole models.
+"""The Triton ops table's forward equals the reference table's on whole models.
 
-On the CPU the layers take the PyTorch ops; here they are switched to the Triton kernels (run by
-the interpreter) to check the wiring: merged projections through the skinny GEMM (9 rows, "dot")
-or the GEMV (4 rows, "fma"), or whole dense layers as fused GEMVs (`dlrt.layers.gemv_layer`:
-norms, SiLU and residual adds inside the projections; on all layers, or on one layer so that
-the stream crosses between the fused and the classic form in both directions), residual
-plumbing through the fused RMSNorm, q/k norm + RoPE + cache write, SiLU-and-mul. fp32 weights;
-logits within 1e-4 relative, and the cache holds the same K/V.
+On the CPU an LLM takes the PyTorch ops; here a second LLM of the same checkpoint takes the
+Triton ops (`kernels="triton"`, run by the interpreter), and its linear layers a plan that puts
+the projections on the skinny GEMM (9 rows, "dot") or the GEMV (4 rows, "fma"): the wiring of
+merged projections, residual plumbing through the fused RMSNorm, q/k norm + RoPE + cache write,
+SiLU-and-mul. fp32 weights; logits within 1e-4 relative, and the caches hold the same K/V.
 """
 
 from __future__ import annotations
@@ -17,8 +15,12 @@ import torch
 pytest.importorskip("triton")
 
 from dlrt import LLM  # noqa: E402
+from dlrt.decoding.round import RoundSpec, denoise_round  # noqa: E402
+from dlrt.decoding.sampling import SamplingSpec  # noqa: E402
+from dlrt.decoding.strategies import StrategySpec  # noqa: E402
 from dlrt.kernels.skinny_gemm import GemmConfig  # noqa: E402
-from dlrt.layers import attention, gemv_layer, linear, mlp, norm  # noqa: E402
+from dlrt.layers.quant.unquantized import SkinnyGemmLinear  # noqa: E402
+from dlrt.tuning.linear import LinearPlan, linear_layers  # noqa: E402
 
 
 def forward(llm: LLM, tokens: torch.Tensor, chunk_block: int | None):
@@ -28,44 +30,33 @@ def forward(llm: LLM, tokens: torch.Tensor, chunk_block: int | None):
 
 
 GEMMS = {"dot": (9, GemmConfig(16, 16, 2)),
-         "gemv": (4, GemmConfig(4, 32, 1, stages=2, kind="fma")),
-         "gemv_layer": (4, GemmConfig(8, 32, 1, stages=3, kind="fma"))}
-
-
+         "gemv": (4, GemmConfig(4, 32, 1, stages=2, kind="fma"))}
 MODELS = [("tiny_sdar", 4), ("tiny_sdar_moe", 4), ("tiny_llada", None)]
-CASES = [(*m, gemm, None) for m in MODELS for gemm in ("dot", "gemv")] + [
-    (*m, "gemv_layer", layers) for m in (MODELS[0], MODELS[2]) for layers in ("all", 0, 1)]
 
 
-@pytest.mark.parametrize("ckpt,chunk_block,gemm,fused_layers", CASES)
-def test_fused_forward_matches_unfused(ckpt, chunk_block, gemm, fused_layers, request,
-                                       monkeypatch):
-    llm = LLM(request.getfixturevalue(ckpt), max_model_len=64)
-    gen = torch.Generator().manual_seed(5)
+def skinny_plan(llm: LLM, cfg: GemmConfig) -> LinearPlan:
+    """The skinny GEMM on every projection it fits (the LM head stays on cuBLAS: too wide
+    for the interpreter to be quick)."""
+    method = SkinnyGemmLinear(cfg)
+    return LinearPlan({name: method for name, m in linear_layers(llm.model).items()
+                       if m.weight.shape[1] % 32 == 0 and m.weight.shape[0] <= 1024})
+
+
+@pytest.mark.parametrize("ckpt,chunk_block", MODELS)
+@pytest.mark.parametrize("gemm", list(GEMMS))
+def test_triton_forward_matches_reference(ckpt, chunk_block, gemm, request):
+    path = request.getfixturevalue(ckpt)
+    ref_llm = LLM(path, max_model_len=64)
+    llm = LLM(path, max_model_len=64, kernels="triton")
+    assert ref_llm.engine.ops.name == "reference" and llm.engine.ops.name == "triton"
     n, cfg = GEMMS[gemm]
+    plan = skinny_plan(llm, cfg)
+    plan.apply(llm.model)
+    assert len(plan.methods) >= 4
+    gen = torch.Generator().manual_seed(5)
     tokens = torch.randint(0, llm.config.vocab_size, (n,), generator=gen)
-    ref = forward(llm, tokens, chunk_block)
-    llm.runner.cache.k.zero_()
-    llm.runner.cache.v.zero_()
-    for module in (attention, mlp, norm, linear, gemv_layer):
-        monkeypatch.setattr(module, "use_kernels", lambda x: True)
-    for p in llm.model.parameters():  # the layers' projections via the skinny GEMM
-        if p.dim() == 2 and p.shape[1] % 32 == 0 and p.shape[0] <= 1024:
-            monkeypatch.setitem(linear.CHOICES, (*p.shape, p.dtype), cfg)
-    fused = []
-    if gemm == "gemv_layer":  # both tiny models have two dense layers
-        layers = [m for m in llm.model.modules() if callable(getattr(m, "dense_weights", None))]
-        for i, m in enumerate(layers):
-            if fused_layers in ("all", i):
-                monkeypatch.setattr(m, "gemvs", gemv_layer.LayerGEMVs(cfg, cfg, cfg, cfg))
-                fused.append(m)
-        assert len(layers) == 2 and fused
-        calls = []
-        real = gemv_layer.forward
-        monkeypatch.setattr(gemv_layer, "forward", lambda *a: calls.append(1) or real(*a))
+    ref = forward(ref_llm, tokens, chunk_block)
     out = forward(llm, tokens, chunk_block)
-    if fused:
-        assert len(calls) == len(fused)  # every dense layer took the fused form
     for a, b in zip(out, ref, strict=True):
         err = (a - b).abs().max() / b.abs().max()
         assert err < 1e-4, float(err)
@@ -74,12 +65,10 @@ def test_fused_forward_matches_unfused(ckpt, chunk_block, gemm, fused_layers, re
 
 @pytest.mark.parametrize("strategy", ["low_confidence_static", "low_confidence_dynamic",
                                       "threshold", "dynamic_pmax"])
-def test_greedy_round_kernel_matches_probabilities(strategy, monkeypatch):
-    """A greedy round through `dlrt.kernels.greedy` commits what the fp32 softmax path does."""
-    from dlrt.decoding import round as round_mod
-    from dlrt.decoding.round import RoundSpec, denoise_round
-    from dlrt.decoding.sampling import SamplingSpec
-    from dlrt.decoding.strategies import StrategySpec
+def test_greedy_round_kernel_matches_probabilities(strategy):
+    """A greedy round through the Triton table's candidates (`dlrt.kernels.greedy`) commits
+    what the fp32 softmax path does."""
+    from dlrt.ops import triton as triton_ops
 
     spec = RoundSpec(StrategySpec(strategy, 0.3, 0.5), SamplingSpec(0.0, 0, 1.0, 0), steps=4)
     gen = torch.Generator().manual_seed(11)
@@ -89,9 +78,7 @@ def test_greedy_round_kernel_matches_probabilities(strategy, monkeypatch):
         masked = torch.rand(8, generator=gen) < 0.8
         args = (spec, logits, tokens, masked, torch.arange(8), 1, 2)
         ref = denoise_round(*args)
-        monkeypatch.setattr(round_mod, "use_kernels", lambda x: True)
-        out = denoise_round(*args)
-        monkeypatch.undo()
+        out = denoise_round(*args, candidates_op=triton_ops.candidates)
         for a, b in zip(out, ref, strict=True):
             assert torch.equal(a, b)
         assert ref[2].any()  # something was committed

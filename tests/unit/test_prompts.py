@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dlrt.checkpoint.presets import TOKENIZER_DIR
 from dlrt.errors import PromptError
+from dlrt.resources import data_path
 from dlrt.tokenizer import encode_prompt, load_tokenizer
 
 VOCAB = 151936
@@ -13,7 +13,7 @@ VOCAB = 151936
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return load_tokenizer(TOKENIZER_DIR)
+    return load_tokenizer(data_path("sdar-qwen3"))
 
 
 @pytest.mark.parametrize("chat", [False, True])

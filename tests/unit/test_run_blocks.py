@@ -11,15 +11,13 @@ from dlrt.runtime.decoder import run_blocks
 from dlrt.runtime.executor import Executor
 
 
-def _executor(mode: str) -> Executor:
-    """An executor in `mode` without a device (only its launch policy is used here)."""
+def _executor(mode: str, host_planned: bool = False) -> Executor:
+    """An executor in `mode` without a device (only its launch policy is used here), over an
+    attention backend that does or does not plan on the host."""
     ex = object.__new__(Executor)
     ex.mode = mode
+    ex.backend = SimpleNamespace(plans_on_host=host_planned)
     return ex
-
-
-def _runner(host_planned: bool = False) -> SimpleNamespace:
-    return SimpleNamespace(plans_on_host=host_planned)
 
 
 class FakeState:
@@ -46,7 +44,7 @@ def test_order_and_lookahead(mode, planned, ahead):
         state.last = k
 
     got = []
-    for tokens, _, _ in run_blocks(_executor(mode), _runner(planned), state, launch, 3):
+    for tokens, _, _ in run_blocks(_executor(mode, planned), state, launch, 3):
         log.append(f"yield {tokens[0]}")
         got.append(tokens[0])
     assert got == [0, 1, 2]
@@ -64,7 +62,7 @@ def test_stopping_early_leaves_at_most_one_block_launched():
         log.append(f"launch {k}")
         state.last = k
 
-    blocks = run_blocks(_executor("device_loop"), _runner(), state, launch, 10)
+    blocks = run_blocks(_executor("device_loop"), state, launch, 10)
     next(blocks)
     blocks.close()
     assert [e for e in log if e.startswith("launch")] == ["launch 0", "launch 1"]

@@ -1,1 +1,11 @@
-"""LLaDA (ML-GSAI/LLaDA, OLMo-style names): bidirectional MHA transformer; dLLM-Var shares it."""
+"""LLaDA (ML-GSAI/LLaDA) and dLLM-Var (LLaDA weights, block decoding with look-ahead)."""
+
+from dlrt.models.family import Family
+from dlrt.models.llada.config import llada_config, with_layers
+from dlrt.models.llada.model import LLaDAModelLM
+
+# NOTE: LLaDA-Instruct ends a turn with <|eot_id|> (126348) and pads with <|endoftext|> (126081).
+LLADA = Family(name="llada", model_types=("llada",), architectures=("LLaDAModelLM",),
+               normalise=llada_config, model=LLaDAModelLM, decoders=("canvas", "dllm_var"),
+               with_layers=with_layers, embedding="model.transformer.wte.weight",
+               stop_ids=(126081, 126348))

@@ -10,66 +10,50 @@ the logits at position i predict the token at position i. Other names match the 
 import torch
 from torch import nn
 
-from dlrt.attention import ForwardContext
-from dlrt.config import ModelConfig
-from dlrt.layers import gemv_layer
+from dlrt.attention.base import ForwardContext
+from dlrt.config.model import ModelConfig
 from dlrt.layers.attention import Attention
 from dlrt.layers.linear import Linear, MergedLinear
 from dlrt.layers.mlp import SparseMoE, SwiGLU
 from dlrt.layers.norm import RMSNorm
 from dlrt.layers.rotary import RotaryEmbedding
+from dlrt.ops import Ops
 
 
 class SDARAttention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int):
+    def __init__(self, config: ModelConfig, layer_id: int, ops: Ops):
         super().__init__()
         c = config
         kv = c.num_kv_heads * c.head_dim
         self.qkv_proj = MergedLinear(c.hidden_size, {"q_proj": c.num_heads * c.head_dim,
                                                      "k_proj": kv, "v_proj": kv})
         self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size)
-        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
-        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
-        self.attn = Attention(layer_id, c.num_heads, c.num_kv_heads, c.head_dim)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, ops)
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, ops)
+        self.attn = Attention(layer_id, c.num_heads, c.num_kv_heads, c.head_dim, ops)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 rotary: RotaryEmbedding, ctx: ForwardContext) -> torch.Tensor:
-        return self.o_proj(self.attend(self.qkv_proj(x), rope, rotary, ctx))
-
-    def attend(self, qkv, rope, rotary, ctx) -> torch.Tensor:
-        """qkv [N, (Hq + 2 Hkv) D] -> attention output [N, Hq D] (before o_proj)."""
-        return self.attn(qkv, *rope, rotary, ctx, self.q_norm, self.k_norm)
+        qkv = self.qkv_proj(x)  # [N, (Hq + 2 Hkv) D]
+        return self.o_proj(self.attn(qkv, *rope, rotary, ctx, self.q_norm, self.k_norm))
 
 
 class SDARDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int):
+    def __init__(self, config: ModelConfig, layer_id: int, ops: Ops):
         super().__init__()
         c = config
-        self.self_attn = SDARAttention(c, layer_id)
+        self.self_attn = SDARAttention(c, layer_id, ops)
         if layer_id in c.moe_layers:
             self.mlp = SparseMoE(c.hidden_size, c.moe_intermediate_size, c.num_experts,
                                  c.num_experts_per_tok, c.norm_topk_prob)
         else:
-            self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.gemvs: gemv_layer.LayerGEMVs | None = None  # set by gemm_select.tune
-
-    def dense_weights(self) -> gemv_layer.DenseWeights | None:
-        """The norms and weights of the fused GEMV layer; None for an MoE layer."""
-        if not isinstance(self.mlp, SwiGLU):
-            return None
-        a = self.self_attn
-        return gemv_layer.DenseWeights(self.input_layernorm, a.qkv_proj.weight, a.o_proj.weight,
-                                       self.post_attention_layernorm,
-                                       self.mlp.gate_up_proj.weight, self.mlp.down_proj.weight)
+            self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, ops)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, ops)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, ops)
 
     def forward(self, x, residual, rope, rotary, ctx):
         """x: the previous layer's output [N, H]; residual: the stream before it (None at
         the first layer). Returns (this layer's output, residual); the sum is the stream."""
-        if gemv_layer.applies(self.gemvs, x):
-            return gemv_layer.forward(x, residual, self.dense_weights(), self.gemvs,
-                                      lambda qkv: self.self_attn.attend(qkv, rope, rotary, ctx))
         h, residual = self.input_layernorm.add_norm(x, residual)
         h = self.self_attn(h, rope, rotary, ctx)
         h, residual = self.post_attention_layernorm(h, residual)
@@ -77,11 +61,12 @@ class SDARDecoderLayer(nn.Module):
 
 
 class SDARModel(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, ops: Ops):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(SDARDecoderLayer(config, i) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(SDARDecoderLayer(config, i, ops)
+                                    for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
 
     def forward(self, input_ids, positions, ctx):
@@ -96,10 +81,10 @@ class SDARForCausalLM(nn.Module):
     """forward(input_ids [N] int64, positions [N] int64, ctx) -> hidden [N, H];
     logits(hidden [n, H]) -> [n, V] in the model dtype."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, ops: Ops):
         super().__init__()
         self.config = config
-        self.model = SDARModel(config)
+        self.model = SDARModel(config, ops)
         self.lm_head = Linear(config.hidden_size, config.vocab_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from dlrt.ops.reference import paged_slots, paged_write
+
 
 class PagedKVCache:
     """K/V of one request.
@@ -33,15 +35,12 @@ class PagedKVCache:
 
     def slots(self, positions: torch.Tensor) -> torch.Tensor:
         """Flat slot index [n] int64 of each position [n]."""
-        return (self.page_table[positions // self.page_size].long() * self.page_size
-                + positions % self.page_size)
+        return paged_slots(self.page_table, self.page_size, positions)
 
     def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor) -> None:
         """Write k, v: [n, Hkv, D] of the tokens at `positions` [n] (no host sync)."""
-        slots = self.slots(positions)
-        self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, slots, k)
-        self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, slots, v)
+        paged_write(self.k[layer], self.v[layer], self.page_table, positions, k, v)
 
     def read(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first `length` tokens' k, v of layer `layer`: [length, Hkv, D] each."""

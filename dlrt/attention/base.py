@@ -1,0 +1,92 @@
+"""The attention backend interface and the per-forward context that layers receive.
+
+A forward processes a chunk of N tokens at positions start..start+N-1. The attention layer
+first writes every chunk token's K/V into the paged cache at its position (positions past the
+committed length are scratch: the decoder decides what is committed); then each query attends
+to cache keys 0..kv_len-1: the whole prefix before `start`, and inside the chunk either every
+key (full, `chunk_block=None`) or its own block and earlier ones (block-causal, blocks of
+`chunk_block` tokens counted from the chunk start). `start` and `kv_len` live in a device
+tensor (`lens`), so a captured CUDA graph serves every context length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dlrt.attention.kv_cache import PagedKVCache
+
+
+@dataclass(frozen=True)
+class ForwardMeta:
+    """Layout of one forward.
+
+    positions: [N] int64 absolute positions of the chunk (start + arange(N)).
+    lens: [2] int32 on the model's device: (start, kv_len).
+    chunk_block: block-causal block length inside the chunk, or None for full attention.
+    """
+
+    positions: torch.Tensor
+    lens: torch.Tensor
+    chunk_block: int | None
+
+
+@dataclass(frozen=True)
+class AttentionSpan:
+    """Host-side lengths of one forward: n queries, chunk_block (None = full attention), and
+    the (start, kv_len) its `lens` will hold. Host-planned backends plan from these."""
+
+    n: int
+    chunk_block: int | None
+    start: int
+    kv_len: int
+
+
+class AttentionBackend:
+    """Computes attention for one layer of one forward.
+
+    Backends are built with the cache they read and the number of query heads. The hooks
+    around a block let a backend whose kernels read a plan made on the host from the lengths
+    (FlashInfer) prepare it; the executor calls them, nothing else does:
+
+    - `plan_block(spans)`: before a block's graphs are captured, replayed or launched, with
+      the forwards that block will run (`Program.spans`);
+    - `end_block()`: the block is launched; later forwards (a prefill) are not part of it.
+
+    `plans_on_host` says whether the backend needs them: the executor then reads a block's
+    lengths on the host (one sync) and does not launch a block before the previous one ended.
+    """
+
+    plans_on_host = False
+
+    def __init__(self, cache: PagedKVCache, num_q_heads: int):
+        self.cache = cache
+        self.num_q_heads = num_q_heads
+
+    def forward(self, layer: int, q: torch.Tensor, scale: float, meta: ForwardMeta,
+                cache: PagedKVCache) -> torch.Tensor:
+        """q: [N, Hq, D] (RoPE applied) -> [N, Hq, D] in q.dtype.
+
+        The chunk's K/V are already in `cache` at `meta.positions` (the attention layer
+        writes them); Hq is a multiple of the cache's Hkv.
+        """
+        raise NotImplementedError
+
+    def plan_block(self, spans: list[AttentionSpan]) -> None:
+        """Host hook before a block runs (see the class docstring). Default: nothing."""
+
+    def end_block(self) -> None:
+        """Host hook once a block is launched. Default: nothing."""
+
+
+@dataclass
+class ForwardContext:
+    """What the attention layers of one forward need: the backend, its metadata, the cache."""
+
+    backend: AttentionBackend
+    meta: ForwardMeta
+    cache: PagedKVCache
+
+    def attend(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor:
+        return self.backend.forward(layer, q, scale, self.meta, self.cache)

@@ -1,0 +1,219 @@
+"""`EngineConfig`: every engine option of `LLM(...)` and of the CLI's engine flags, in one frozen
+dataclass. Each option's default, choices and help are written once, in its field; the CLI
+generates its flags from them (`dlrt.entrypoints.cli`).
+
+Two steps, both here: `EngineConfig.from_kwargs` checks names, types and choices before
+anything is read (a bad value never waits for a checkpoint to load); `resolve` replaces every
+"auto" by a concrete value for one checkpoint and device and checks what depends on them (the
+decoder fits the family, the attention backend serves the device, dtype and head size, the
+context fits the model). The resolved config is frozen too; nothing changes it afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dlrt import env
+from dlrt.attention.registry import backend_names, check_backend, default_backend
+from dlrt.config.model import ModelConfig
+from dlrt.decoding.options import DecoderDefaults
+from dlrt.errors import ConfigError, OptionError
+from dlrt.models.registry import family
+from dlrt.ops import NAMES as KERNELS
+from dlrt.runtime.decoders import DECODERS, decoder_for
+from dlrt.runtime.executor import MODES, check_mode
+from dlrt.tuning.linear import POLICIES as LINEAR_KERNELS
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+          "float64": torch.float64}
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+QUANTIZATIONS = ("none",)
+
+
+def _option(default: Any, help: str, choices: tuple | None = None, flag: str | None = None):
+    return field(default=default, metadata=dict(help=help, choices=choices, flag=flag))
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine options of one `LLM` (before `resolve`: as given, "auto" allowed)."""
+
+    model: str | None = _option(
+        None, "checkpoint folder (default: the embedded tiny SDAR model)")
+    dtype: str = _option(
+        "auto", "weights and activations: auto (bfloat16 on CUDA, float32 on the CPU)",
+        ("auto", *DTYPES))
+    device: str = _option("auto", "auto (CUDA when available), cpu, cuda or cuda:N")
+    load_format: str = _option(
+        "auto", "auto/safetensors: read the weights; dummy: seeded random weights, no weight "
+        "files needed", LOAD_FORMATS)
+    seed: int = _option(0, "seed of the dummy weights (--load-format dummy)",
+                        flag="--load-seed")
+    max_model_len: int | None = _option(
+        None, "context limit in tokens (default: the config's maximum)")
+    decoder: str = _option(
+        "auto", "the block loop; auto: the model family's default (block for SDAR, canvas for "
+        "LLaDA; dllm_var decodes LLaDA weights block by block)", ("auto", *DECODERS))
+    mask_token_id: int | None = _option(
+        None, "mask token id (default: the config's, else the tokenizer's)")
+    execution_mode: str = _option(
+        "auto", "device_loop (one CUDA graph per block, its WHILE node runs the rounds; auto "
+        "on CUDA), host_loop (a graph per round), eager (auto on the CPU); all give the "
+        "same tokens", ("auto", *MODES))
+    attention_backend: str = _option(
+        "auto", "auto (sdpa on the CPU; flashinfer for the canvas decoder on Hopper when "
+        "installed; else triton; DLRT_ATTENTION_BACKEND overrides auto), triton, flashinfer "
+        "(FA3/FA2, planned on the host once per block), flashinfer-fa2, sdpa (eager only)",
+        ("auto", *backend_names()))
+    quantization: str = _option("none", "weight quantization", QUANTIZATIONS)
+    kernels: str = _option(
+        "auto", "the small ops of a forward and a round: auto (triton on CUDA, reference on the "
+        "CPU), triton (Triton kernels; on the CPU only under TRITON_INTERPRET=1), reference "
+        "(plain PyTorch)", ("auto", *KERNELS))
+    linear_kernels: str = _option(
+        "auto", "projections on CUDA with Triton kernels: auto (per weight shape, cuBLAS or the "
+        "skinny Triton GEMM, whichever was timed faster at load), cublas, triton (the fastest "
+        "Triton config for every shape)", LINEAR_KERNELS)
+
+    # -- the first step: names, types, choices ------------------------------------------------
+    @staticmethod
+    def from_kwargs(**kwargs: Any) -> EngineConfig:
+        """Build from keyword options; None means the default.
+
+        Raises:
+            OptionError: an unknown option, a value of the wrong type, or a value not among
+                the option's choices (the message names the option).
+        """
+        fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
+        unknown = sorted(set(kwargs) - set(fields))
+        if unknown:
+            raise OptionError(f"unknown engine option(s) {unknown}; known: {sorted(fields)}")
+        given = {k: v for k, v in kwargs.items() if v is not None}
+        for name, value in given.items():
+            _check_value(fields[name], value)
+        return EngineConfig(**given)
+
+    # -- the second step: concrete values for one checkpoint ----------------------------------
+    @property
+    def torch_device(self) -> torch.device:
+        return _device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def resolve_device(self) -> EngineConfig:
+        """Device, dtype, execution mode, kernels and (when asked for) the attention backend:
+        what needs no checkpoint, checked before one is opened.
+
+        Raises:
+            OptionError: a device that does not exist here, a mode or backend it cannot run,
+                Triton kernels without Triton.
+        """
+        device = _device(self.device)
+        dtype = self.dtype if self.dtype != "auto" else (
+            "bfloat16" if device.type == "cuda" else "float32")
+        mode = self.execution_mode if self.execution_mode != "auto" else (
+            "device_loop" if device.type == "cuda" else "eager")
+        check_mode(mode, device)
+        kernels = self.kernels if self.kernels != "auto" else (
+            "triton" if device.type == "cuda" else "reference")
+        if kernels == "triton" and device.type != "cuda" \
+                and os.environ.get("TRITON_INTERPRET") != "1":
+            raise OptionError("kernels 'triton' need a CUDA device (on the CPU they run only in "
+                              "Triton's interpreter, TRITON_INTERPRET=1); use 'reference'")
+        attention = self.attention_backend
+        if attention == "auto" and env.attention_backend():
+            attention = env.attention_backend()
+            try:
+                check_backend(attention, device, DTYPES[dtype], mode)
+            except OptionError as e:
+                raise OptionError(f"{e} (DLRT_ATTENTION_BACKEND={attention})") from e
+        elif attention != "auto":
+            check_backend(attention, device, DTYPES[dtype], mode)
+        return dataclasses.replace(self, device=str(device), dtype=dtype, execution_mode=mode,
+                                   kernels=kernels, attention_backend=attention)
+
+    def resolve(self, config: ModelConfig, tokenizer_mask_id: int | None = None
+                ) -> tuple[EngineConfig, ModelConfig, DecoderDefaults]:
+        """Every "auto" made concrete for the checkpoint `config`: (engine config, the model
+        config with its mask token, the decoder's defaults).
+
+        Raises:
+            OptionError: a decoder that does not fit the family, an attention backend that
+                cannot serve the model, max_model_len or mask_token_id out of range.
+            ConfigError: no mask token anywhere (config, tokenizer, option).
+        """
+        out = self.resolve_device()
+        device, dtype = out.torch_device, out.torch_dtype
+        decoder, defaults = decoder_for(family(config.family),
+                                        None if out.decoder == "auto" else out.decoder,
+                                        config.block_size)
+        attention = out.attention_backend
+        if attention == "auto":
+            attention = default_backend(device, dtype, decoder, config.head_dim)
+        check_backend(attention, device, dtype, out.execution_mode, config.head_dim)
+        max_len = _context(config, out.max_model_len)
+        mask = _mask_token(config, out.mask_token_id, tokenizer_mask_id)
+        out = dataclasses.replace(out, decoder=decoder, attention_backend=attention,
+                                  max_model_len=max_len, mask_token_id=mask)
+        return out, config.replace(mask_token_id=mask), defaults
+
+
+def _check_value(f: dataclasses.Field, value: Any) -> None:
+    name, choices = f.name, f.metadata["choices"]
+    if name in ("model",):
+        return  # a path: checked when the checkpoint is opened
+    want = int if name in ("seed", "max_model_len", "mask_token_id") else str
+    if isinstance(value, bool) or not isinstance(value, want):
+        raise OptionError(f"{name} must be {'an integer' if want is int else 'a string'}, "
+                          f"got {value!r}")
+    if choices is not None and value not in choices:
+        raise OptionError(f"{name} {value!r}: unknown {name.replace('_', ' ')}; one of "
+                          f"{list(choices)}")
+
+
+def _device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise OptionError(f"device {device!r} is not a valid device") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise OptionError(f"device {device!r} asked for, but CUDA is not available")
+    if dev.type not in ("cpu", "cuda"):
+        raise OptionError(f"device {device!r}: only cpu and cuda are supported")
+    return dev
+
+
+def _context(config: ModelConfig, max_model_len: int | None) -> int:
+    limit = config.max_position_embeddings
+    if max_model_len is None:
+        return limit
+    if not 1 <= max_model_len <= limit:
+        raise OptionError(f"max_model_len={max_model_len!r} must be in [1, {limit}]")
+    return max_model_len
+
+
+def _mask_token(config: ModelConfig, option: int | None, tokenizer_mask: int | None) -> int:
+    if option is not None:
+        if not 0 <= option < config.vocab_size:
+            raise OptionError(f"mask_token_id={option!r} is not a token id of the vocabulary")
+        return option
+    if config.mask_token_id is not None:
+        return int(config.mask_token_id)
+    if tokenizer_mask is not None:
+        return int(tokenizer_mask)
+    raise ConfigError("config.json has no mask_token_id and the tokenizer no mask token; "
+                      "pass mask_token_id=...")
+
+
+# option -> its command-line flag, where the flag is not `--` + the name with dashes
+ENGINE_FLAGS = {f.name: f.metadata["flag"] for f in dataclasses.fields(EngineConfig)
+                if f.metadata["flag"]}

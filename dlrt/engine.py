@@ -1,0 +1,119 @@
+"""The engine: one checkpoint loaded for one `EngineConfig`, with everything a request runs on.
+
+`Engine.create` opens the checkpoint, resolves the config (`EngineConfig.resolve`) and builds, in
+order: the tokenizer, the ops table, the model (meta device, then weights), the linear layers'
+methods (`dlrt.tuning.linear`), the paged KV cache, the attention backend, the runner, the
+executor and the decoder. Nothing here is global: two engines in one process are independent.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from dlrt.attention.kv_cache import PagedKVCache
+from dlrt.attention.registry import get_backend
+from dlrt.checkpoint.folder import CheckpointFolder
+from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize
+from dlrt.config.engine import EngineConfig
+from dlrt.config.model import ModelConfig
+from dlrt.decoding.options import DecoderDefaults
+from dlrt.errors import ConfigError
+from dlrt.models.registry import build_model, family, model_config
+from dlrt.ops import Ops, get_ops
+from dlrt.runtime.decoders import build_decoder
+from dlrt.runtime.executor import Executor
+from dlrt.runtime.runner import ModelRunner
+from dlrt.tokenizer import load_tokenizer
+from dlrt.tuning.linear import LinearPlan, tune
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Engine:
+    """What `LLM` runs on; every part built from `config` (resolved: no "auto" left)."""
+
+    config: EngineConfig
+    folder: CheckpointFolder
+    model_config: ModelConfig
+    decoder_defaults: DecoderDefaults
+    tokenizer: Any
+    eos_token_ids: tuple[int, ...]
+    ops: Ops
+    model: nn.Module
+    linear_plan: LinearPlan
+    runner: ModelRunner
+    executor: Executor
+    decoder: Any
+
+    @staticmethod
+    def create(options: EngineConfig) -> Engine:
+        """Load the checkpoint and build the engine.
+
+        Raises:
+            CheckpointError, ConfigError, OptionError: the message names the problem; option
+                errors that need no checkpoint come before it is opened.
+        """
+        options = options.resolve_device()
+        path = options.model
+        if path is None:
+            from dlrt.checkpoint.default import default_model_path
+
+            path = default_model_path()
+        folder = CheckpointFolder.open(path, require_weights=options.load_format != "dummy")
+        tokenizer = load_tokenizer(folder.path)
+        try:
+            config, mconfig, defaults = options.resolve(
+                model_config(folder.hf_config), getattr(tokenizer, "mask_token_id", None))
+        except ConfigError as e:
+            raise ConfigError(f"{folder.path}: {e}") from e
+        device, dtype = config.torch_device, config.torch_dtype
+        ops = get_ops(config.kernels)
+        model = _load(mconfig, ops, folder, config)
+        plan = _plan_linears(model, config, defaults)
+        plan.apply(model)
+        cache = PagedKVCache(mconfig.num_layers, mconfig.num_kv_heads, mconfig.head_dim,
+                             config.max_model_len, dtype, device)
+        backend = get_backend(config.attention_backend, cache, mconfig.num_heads)
+        runner = ModelRunner(model, ops, backend, cache, device)
+        executor = Executor(config.execution_mode, device, backend)
+        decoder = build_decoder(config.decoder, runner, mconfig.mask_token_id, defaults,
+                                executor)
+        return Engine(config, folder, mconfig, defaults, tokenizer,
+                      _eos_ids(folder, mconfig), ops, model, plan, runner, executor, decoder)
+
+
+def _load(config: ModelConfig, ops: Ops, folder: CheckpointFolder,
+          engine: EngineConfig) -> nn.Module:
+    """Build on the meta device, materialise on the engine's device, fill the weights."""
+    with torch.device("meta"):
+        model = build_model(config, ops)
+    materialize(model, engine.torch_dtype, engine.torch_device)
+    if engine.load_format == "dummy":
+        init_dummy(model, engine.seed, config.initializer_range)
+    else:
+        load_safetensors(model, folder)
+    return model.eval()
+
+
+def _plan_linears(model: nn.Module, config: EngineConfig,
+                  defaults: DecoderDefaults) -> LinearPlan:
+    """On CUDA with the Triton kernels: per weight shape, cuBLAS or the skinny Triton GEMM
+    (timed once per device at the block's rows, then cached). Otherwise cuBLAS everywhere."""
+    if config.torch_device.type != "cuda" or config.kernels != "triton":
+        return tune(model, policy="cublas")
+    rows = defaults.block_length or 4
+    return tune(model, rows=min(rows, 16), policy=config.linear_kernels)
+
+
+def _eos_ids(folder: CheckpointFolder, config: ModelConfig) -> tuple[int, ...]:
+    """generation_config.json's eos ids (else config.json's) plus the family's stop ids."""
+    gen_eos = folder.generation_config.get("eos_token_id")
+    eos = tuple(gen_eos if isinstance(gen_eos, list) else [gen_eos]) if gen_eos is not None \
+        else config.eos_token_ids
+    return tuple(dict.fromkeys(eos + family(config.family).stop_ids))

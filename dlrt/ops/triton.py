@@ -1,0 +1,43 @@
+"""The ops as dlrt's Triton kernels (`dlrt.kernels`), with the numerics of `dlrt.ops.reference`.
+
+Each takes what its kernel takes (contiguous 2-D activations); the round's candidates come
+straight from the logits: greedy (`dlrt.kernels.greedy`) or sampled with the request's values
+read from device memory (`dlrt.kernels.sampling`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dlrt.decoding.sampling import SamplingMode, SamplingSpec
+from dlrt.kernels.activation import silu_mul
+from dlrt.kernels.greedy import greedy_candidates
+from dlrt.kernels.rms_norm import rms_norm as _rms_norm
+from dlrt.kernels.rope import qk_norm_rope_write
+from dlrt.kernels.sampling import sample_candidates
+from dlrt.ops import Ops
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One kernel: `residual` is updated in place to x + residual and returned."""
+    return _rms_norm(x, weight, eps, residual), residual
+
+
+def candidates(logits: torch.Tensor, sampling: SamplingSpec, mode: SamplingMode, round_idx,
+               positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(candidates [n] int64, confidences [n] fp32) of logits [n, V] without fp32 [n, V]
+    probabilities; equal to `dlrt.decoding.round.reference_candidates`."""
+    logits = logits.contiguous()
+    if mode.greedy:
+        return greedy_candidates(logits)
+    return sample_candidates(logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                             sampling.seed, round_idx, positions, mode.top_k, mode.top_p)
+
+
+OPS = Ops("triton", rms_norm=rms_norm, add_rms_norm=add_rms_norm, silu_and_mul=silu_mul,
+          qk_norm_rope_write=qk_norm_rope_write, candidates=candidates)
