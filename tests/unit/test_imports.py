@@ -1,0 +1,118 @@
+"""dlrt's imports point down and never form a circle.
+
+Every `import` statement of every module (lazy ones inside functions included) is read with
+`ast`. Packages are ranked from the bottom (errors, kernels) to the top (server, CLI); a module
+may import from its own rank or a lower one, never upward, and the module graph has no cycle.
+Adding a package means giving it a rank here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import dlrt
+
+ROOT = Path(dlrt.__file__).resolve().parent
+RANKS = [  # bottom to top
+    ("dlrt.errors", "dlrt.env", "dlrt.resources", "dlrt.outputs"),
+    ("dlrt.kernels",),
+    ("dlrt.config.hf", "dlrt.config.model", "dlrt.decoding", "dlrt.tokenizer", "dlrt.stops"),
+    ("dlrt.ops",),
+    ("dlrt.attention",),
+    ("dlrt.layers",),
+    ("dlrt.models",),
+    ("dlrt.checkpoint", "dlrt.tuning"),
+    ("dlrt.runtime", "dlrt.distributed"),
+    ("dlrt.config.engine", "dlrt.engine"),
+    ("dlrt.llm", "dlrt"),
+    ("dlrt.server", "dlrt.bench", "dlrt.entrypoints", "dlrt.__main__"),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(("dlrt", *parts)).removesuffix(".__init__")
+
+
+def is_module(name: str) -> bool:
+    rel = Path(*name.split(".")[1:]) if "." in name else Path()
+    return (ROOT / rel).with_suffix(".py").is_file() or (ROOT / rel / "__init__.py").is_file()
+
+
+def imports(path: Path) -> set[str]:
+    """The dlrt modules a file imports (`from pkg import mod` counts as pkg.mod)."""
+    mod = module_name(path)
+    pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            if base.split(".")[0] != "dlrt":
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.add(sub if is_module(sub) else base)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == "dlrt"}
+    out.discard(mod)
+    return out
+
+
+def rank(name: str) -> tuple[int, str]:
+    """(rank, the ranked prefix) of a module: its longest listed prefix."""
+    best = None
+    for i, names in enumerate(RANKS):
+        for prefix in names:
+            if (name == prefix or name.startswith(prefix + ".")) and \
+                    (best is None or len(prefix) > len(best[1])):
+                best = (i, prefix)
+    assert best is not None, f"{name} has no rank in RANKS"
+    return best
+
+
+GRAPH = {module_name(p): imports(p) for p in ROOT.rglob("*.py")}
+
+
+def test_every_module_has_a_rank():
+    for name in GRAPH:
+        rank(name)
+
+
+def test_imports_point_down():
+    upward = []
+    for name, targets in GRAPH.items():
+        r = rank(name)[0]
+        for t in targets:
+            if rank(t)[0] > r:
+                upward.append(f"{name} -> {t}")
+    assert not upward, upward
+
+
+def test_no_import_circles():
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    cycles = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for t in sorted(GRAPH.get(name, ())):
+            if state.get(t) == 1:
+                cycles.append(path[path.index(t):] + [t])
+            elif t not in state:
+                visit(t, path + [t])
+        state[name] = 2
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, cycles
+
+
+def test_lazy_imports_count():
+    """An import inside a function is an edge too (a circle hidden in a function is still a
+    circle): the engine imports the default model's maker only when it needs it."""
+    assert "dlrt.checkpoint.default" in GRAPH["dlrt.engine"]
+    assert "dlrt.kernels.skinny_gemm" in GRAPH["dlrt.layers.quant.unquantized"]
