@@ -1,0 +1,109 @@
+"""The programs in `examples/` run as a user runs them (subprocesses on the embedded default
+model) and print what they promise: the streamed blocks add up to the generated result."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+MAX_NEW = 12  # three blocks of four
+BLOCK = re.compile(r"block (\d+): (\d+) rounds, (\d+) tokens: (.*)")
+
+
+def _env() -> dict[str, str]:
+    # NOTE: DLRT_CACHE_DIR (set by the conftest) passes through; this checkout's dlrt comes
+    # first on the path, so the examples run against the dlrt they ship with.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", PYTHONIOENCODING="utf-8")
+
+
+def run(*argv: str, timeout: float = 180) -> str:
+    """Run a command in its own process group (torchrun's ranks included); its stdout."""
+    proc = subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            encoding="utf-8", start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{argv} ran past {timeout} s:\n{out}\n{err}")
+    assert proc.returncode == 0, f"{argv} exited with {proc.returncode}:\n{out}\n{err}"
+    return out
+
+
+def sections(out: str) -> dict[str, list[str]]:
+    """The output's lines under each `== title ==` header."""
+    parts: dict[str, list[str]] = {}
+    lines: list[str] = parts.setdefault("", [])
+    for line in out.splitlines():
+        if line.startswith("== ") and line.endswith(" =="):
+            lines = parts.setdefault(line[3:-3], [])
+        else:
+            lines.append(line)
+    return parts
+
+
+def fields(lines: list[str]) -> dict[str, str]:
+    """`name: value` lines (the last one of each name)."""
+    return dict(line.split(": ", 1) for line in lines if ": " in line)
+
+
+def blocks(lines: list[str]) -> list[tuple[int, int, int, str]]:
+    """(index, rounds, tokens, text) of each `block ...` line."""
+    out = []
+    for line in lines:
+        m = BLOCK.fullmatch(line)
+        if m:
+            out.append((int(m[1]), int(m[2]), int(m[3]), ast.literal_eval(m[4])))
+    return out
+
+
+def check_finish(reason: str, tokens: int) -> None:
+    """A stop token ends the output early; "length" means exactly max_new_tokens."""
+    assert reason in ("stop", "length"), reason
+    assert tokens == MAX_NEW if reason == "length" else 0 <= tokens < MAX_NEW, (reason, tokens)
+
+
+def check_result(lines: list[str]) -> dict[str, str]:
+    """A printed GenerationResult is consistent; its fields."""
+    f = fields(lines)
+    check_finish(f["finish_reason"], int(f["tokens"]))
+    assert float(f["TPS"]) > 0
+    rounds = ast.literal_eval(f["rounds per block"])
+    assert rounds and all(1 <= r <= 4 for r in rounds), rounds  # B = T = 4
+    assert isinstance(ast.literal_eval(f["text"]), str)
+    return f
+
+
+@pytest.fixture(scope="module", autouse=True)
+def default_model():
+    """Make the embedded default once, before several processes would race to make it."""
+    from dlrt.checkpoint.presets import default_model_path
+
+    return default_model_path()
+
+
+def test_offline_generate():
+    parts = sections(run(sys.executable, "examples/offline_generate.py",
+                         "--max-new-tokens", str(MAX_NEW)))
+    assert {"text prompt", "chat", "stream"} <= set(parts), parts
+    check_result(parts["text prompt"])
+    chat = check_result(parts["chat"])
+
+    # the streamed request is the chat request: its blocks add up to the chat result
+    streamed = blocks(parts["stream"])
+    assert [b[0] for b in streamed] == list(range(len(streamed)))
+    assert "".join(b[3] for b in streamed) == ast.literal_eval(chat["text"])
+    assert sum(b[2] for b in streamed) == int(chat["tokens"])
+    assert [b[1] for b in streamed] == ast.literal_eval(chat["rounds per block"])
+    assert fields(parts["stream"])["finish_reason"] == chat["finish_reason"]
