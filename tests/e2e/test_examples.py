@@ -1,5 +1,6 @@
 """The programs in `examples/` run as a user runs them (subprocesses on the embedded default
-model) and print what they promise: the streamed blocks add up to the generated result."""
+model: `python` and against a `dlrt serve` process) and print what they promise: the streamed
+blocks add up to the generated result, the NDJSON and OpenAI answers agree."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import Server, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -107,3 +109,34 @@ def test_offline_generate():
     assert sum(b[2] for b in streamed) == int(chat["tokens"])
     assert [b[1] for b in streamed] == ast.literal_eval(chat["rounds per block"])
     assert fields(parts["stream"])["finish_reason"] == chat["finish_reason"]
+
+
+def test_serve_client(tmp_path):
+    port = free_port()
+    server = Server([sys.executable, "-m", "dlrt", "serve", "--host", "127.0.0.1",
+                     "--port", str(port)], port, "examples", tmp_path / "serve.log")
+    try:
+        server.wait_ready()
+        parts = sections(run(sys.executable, "examples/serve_client.py", "--base-url",
+                             server.url, "--max-new-tokens", str(MAX_NEW)))
+    finally:
+        server.stop()
+    assert {"/generate (NDJSON)", "chat completion", "chat completion, streamed"} <= set(parts)
+
+    ndjson = fields(parts["/generate (NDJSON)"])  # the final line's fields
+    streamed = blocks(parts["/generate (NDJSON)"])
+    check_finish(ndjson["finish_reason"], int(ndjson["completion_tokens"]))
+    assert sum(b[2] for b in streamed) == int(ndjson["completion_tokens"])
+    assert float(ndjson["TPS"]) > 0
+    text = "".join(b[3] for b in streamed)
+
+    # the same messages and options, greedy: the OpenAI answers are the NDJSON answer
+    chat = fields(parts["chat completion"])
+    assert ast.literal_eval(chat["content"]) == text
+    assert chat["finish_reason"] == ndjson["finish_reason"]
+    assert chat["completion_tokens"] == ndjson["completion_tokens"]
+    deltas = [ast.literal_eval(line.split(": ", 1)[1])
+              for line in parts["chat completion, streamed"] if line.startswith("delta: ")]
+    assert "".join(deltas) == text
+    assert fields(parts["chat completion, streamed"])["finish_reason"] == chat["finish_reason"]
+    assert server.log().count("status=ok") == 3, server.log()
