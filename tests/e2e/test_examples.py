@@ -1,6 +1,7 @@
 """The programs in `examples/` run as a user runs them (subprocesses on the embedded default
-model: `python` and against a `dlrt serve` process) and print what they promise: the streamed
-blocks add up to the generated result, the NDJSON and OpenAI answers agree."""
+model: `python`, against a `dlrt serve` process, under torchrun) and print what they promise:
+the streamed blocks add up to the generated result, the NDJSON and OpenAI answers agree, and
+the torchrun ranks produce the same tokens as one process."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 MAX_NEW = 12  # three blocks of four
 BLOCK = re.compile(r"block (\d+): (\d+) rounds, (\d+) tokens: (.*)")
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
 
 
 def _env() -> dict[str, str]:
@@ -140,3 +142,18 @@ def test_serve_client(tmp_path):
     assert "".join(deltas) == text
     assert fields(parts["chat completion, streamed"])["finish_reason"] == chat["finish_reason"]
     assert server.log().count("status=ok") == 3, server.log()
+
+
+def test_torchrun_generate():
+    args = ("examples/torchrun_generate.py", "--max-new-tokens", str(MAX_NEW))
+    two = fields(run(*TORCHRUN, *args).splitlines())
+    assert two["world"] == "2"
+    assert two["ranks agree"] == "True"
+    per_rank = ast.literal_eval(two["tokens per rank"])
+    assert len(per_rank) == 2 and per_rank[0] == per_rank[1], per_rank
+    check_finish(two["finish_reason"], per_rank[0])
+
+    # one process (world 1) generates the same greedy text
+    one = fields(run(sys.executable, *args).splitlines())
+    assert one["world"] == "1" and one["ranks agree"] == "True"
+    assert one["text"] == two["text"]
