@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import random
 
-import torch.distributed as dist
-
 from dlrt import LLM
 from dlrt.distributed.ranks import Ranks
 
@@ -46,11 +44,8 @@ def main() -> int:
     prompt = request.pop("prompt")
     result = llm.generate(prompt, **request)
 
-    # Every rank sends its token ids to every rank (world 1: nothing to gather).
-    per_rank = [result.token_ids]
-    if ranks.world > 1:
-        per_rank = [None] * ranks.world
-        dist.all_gather_object(per_rank, result.token_ids)  # the default group is gloo
+    # Every rank sends its token ids to every rank (world 1: just this rank's).
+    per_rank = ranks.all_gather(result.token_ids)
     agree = all(ids == per_rank[0] for ids in per_rank)
 
     if ranks.leader:
@@ -59,8 +54,7 @@ def main() -> int:
         print(f"finish_reason: {result.finish_reason}")
         print(f"tokens per rank: {[len(ids) for ids in per_rank]}")
         print(f"ranks agree: {agree}")
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    ranks.close()
     return 0 if agree else 1
 
 

@@ -57,3 +57,21 @@ class Ranks:
     def share_continue(self, go_on: bool) -> bool:
         """After each block rank 0 sends whether the generation goes on."""
         return bool(self._broadcast(go_on))
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank (over the gloo group)."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj, group=self._group)
+        return out
+
+    def close(self) -> None:
+        """Leave the process group (call once, at the end of the program)."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()

@@ -92,7 +92,7 @@ def check_result(lines: list[str]) -> dict[str, str]:
 @pytest.fixture(scope="module", autouse=True)
 def default_model():
     """Make the embedded default once, before several processes would race to make it."""
-    from dlrt.checkpoint.presets import default_model_path
+    from dlrt.checkpoint.default import default_model_path
 
     return default_model_path()
 
