@@ -22,6 +22,16 @@ from dlrt.tokenizer import Prompt, TextStream, encode_prompt
 DEFAULT_MAX_NEW_TOKENS = 128
 
 
+def _engine(path: str, doc: str) -> property:
+    """A read-only attribute of the engine (a dotted path)."""
+    def get(llm: LLM):
+        obj = llm.engine
+        for name in path.split("."):
+            obj = getattr(obj, name)
+        return obj
+    return property(get, doc=doc)
+
+
 class LLM:
     """A loaded model ready to generate, one request at a time.
 
@@ -41,77 +51,24 @@ class LLM:
         self.engine = Engine.create(EngineConfig.from_kwargs(model=model, **options))
         self._request = 0  # id of the request allowed to run
 
-    # -- what was loaded ------------------------------------------------------------------
-    @property
-    def engine_config(self) -> EngineConfig:
-        """The resolved engine options (no "auto" left)."""
-        return self.engine.config
-
-    @property
-    def config(self):
-        """The checkpoint's `ModelConfig` (with the mask token in use)."""
-        return self.engine.model_config
-
-    @property
-    def tokenizer(self):
-        return self.engine.tokenizer
-
-    @property
-    def folder(self):
-        return self.engine.folder
-
-    @property
-    def model(self):
-        return self.engine.model
-
-    @property
-    def runner(self):
-        return self.engine.runner
-
-    @property
-    def executor(self):
-        return self.engine.executor
-
-    @property
-    def decoder(self):
-        return self.engine.decoder
-
-    @property
-    def decoder_name(self) -> str:
-        return self.engine.config.decoder
-
-    @property
-    def decoder_defaults(self):
-        return self.engine.decoder_defaults
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self.engine.eos_token_ids
-
-    @property
-    def device(self):
-        return self.engine.config.torch_device
-
-    @property
-    def dtype(self):
-        return self.engine.config.torch_dtype
-
-    @property
-    def max_model_len(self) -> int:
-        return self.engine.config.max_model_len
-
-    @property
-    def attention_backend(self) -> str:
-        return self.engine.config.attention_backend
-
-    @property
-    def execution_mode(self) -> str:
-        return self.executor.mode
-
-    @property
-    def linear_plan(self):
-        """Each linear layer's method and the timings they were chosen from."""
-        return self.engine.linear_plan
+    # -- what was loaded (read-only views of the engine) ----------------------------------
+    engine_config = _engine("config", "the resolved engine options (no 'auto' left)")
+    config = _engine("model_config", "the checkpoint's ModelConfig (with the mask token used)")
+    tokenizer = _engine("tokenizer", "the checkpoint's tokenizer, or None")
+    folder = _engine("folder", "the checkpoint folder")
+    model = _engine("model", "the model (plain PyTorch modules)")
+    runner = _engine("runner", "one forward against the KV cache")
+    executor = _engine("executor", "runs block programs in the execution mode")
+    decoder = _engine("decoder", "the block loop")
+    decoder_defaults = _engine("decoder_defaults", "the decoder's default options")
+    eos_token_ids = _engine("eos_token_ids", "the stop ids a request stops at by default")
+    linear_plan = _engine("linear_plan", "each linear layer's method and its timings")
+    decoder_name = _engine("config.decoder", "the decoder's name")
+    device = _engine("config.torch_device", "the torch device")
+    dtype = _engine("config.torch_dtype", "the torch dtype")
+    max_model_len = _engine("config.max_model_len", "the context limit in tokens")
+    attention_backend = _engine("config.attention_backend", "the attention backend's name")
+    execution_mode = _engine("executor.mode", "device_loop, host_loop or eager")
 
     def set_execution_mode(self, mode: str) -> None:
         """Switch between "device_loop", "host_loop" and "eager" (benchmarks compare them on
