@@ -279,7 +279,7 @@ def _pick_kernel(race_ptr, race_idx_ptr, ids_ptr, conf_ptr, nsl, SLICES: tl.cons
 
 def _layout(v: int) -> tuple[int, int]:
     """(vocabulary slices per row, logits per slice): CHUNKS blocks per program, the fastest
-    layout measured on the H200 (benchmarks/device/sampling_sweep.py: fewer programs leave the
+    layout measured on the H200 (a sweep, in benchmarks/README.md: fewer programs leave the
     GPU idle, more contend for the row sums' atomics)."""
     slice_len = min(CHUNKS, triton.cdiv(v, BLOCK)) * BLOCK
     return triton.cdiv(v, slice_len), slice_len
