@@ -218,7 +218,7 @@ def test_skinny_gemv_rows_and_linear_fallback(monkeypatch):
                     GemmConfig(8, 64, 2, stages=1, kind="fma"))
     # more rows than the GEMV serves: the method takes F.linear for that call
     layer = Linear(64, 8).to(DEV)
-    w = layer.weight.detach()
+    w = layer.weight.detach().normal_()  # the layer's own weight is uninitialised
     layer.method = SkinnyGemmLinear(cfg)
     calls = []
     import dlrt.kernels.skinny_gemm as sg
