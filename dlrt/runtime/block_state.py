@@ -20,8 +20,9 @@ class BlockState:
     steps 0-d int64 (budget T), seed 0-d int64, quotas [n + 1] int64 (quota of round r at
     min(r, n)), lens [2] int32 (start, kv_len) of the block's forward.
     The request's values, 0-d: temperature fp64, top_k int64, top_p fp32, threshold fp32,
-    eb_threshold fp32 (`set_values`); a captured round reads them (`round_spec`), so one graph
-    serves every value.
+    eb_threshold fp64 (`set_values`; compared with fp32 values they round as a Python float
+    would, past the fp32 range to infinity); a captured round reads them (`round_spec`), so one
+    graph serves every value.
     """
 
     def __init__(self, n: int, device: torch.device):
@@ -40,7 +41,7 @@ class BlockState:
         self.top_k = torch.zeros((), dtype=torch.int64, device=device)
         self.top_p = torch.ones((), dtype=torch.float32, device=device)
         self.threshold = torch.zeros((), dtype=torch.float32, device=device)
-        self.eb_threshold = torch.zeros((), dtype=torch.float32, device=device)
+        self.eb_threshold = torch.zeros((), dtype=torch.float64, device=device)
         self._pinned: list[torch.Tensor] = []  # two host buffers for read-backs (CUDA)
         self._slot = 0
 

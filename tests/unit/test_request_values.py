@@ -63,3 +63,14 @@ def test_program_cache_is_bounded(llm):
     assert len(programs) == MAX_PROGRAMS
     assert programs[-1].b == MAX_PROGRAMS + 3  # the most recent is kept, the oldest dropped
     assert min(p.b for p in programs) == 4
+
+
+@pytest.mark.parametrize("strategy", ["threshold", "entropy_bounded"])
+def test_an_entropy_budget_past_the_fp32_range_decodes(llm, strategy):
+    """eb_threshold is any finite number > 0; past fp32's range it compares like infinity
+    (the strategy then commits every masked position), as a Python float would."""
+    huge = llm.generate([5, 6, 7], max_new_tokens=8, temperature=0, eb_threshold=1e300,
+                        remasking_strategy=strategy)
+    inf_like = llm.generate([5, 6, 7], max_new_tokens=8, temperature=0, eb_threshold=3e38,
+                            remasking_strategy=strategy)
+    assert huge.token_ids == inf_like.token_ids and len(huge.token_ids) == 8
