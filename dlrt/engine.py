@@ -69,7 +69,8 @@ class Engine:
         tokenizer = load_tokenizer(folder.path)
         try:
             config, mconfig, defaults = options.resolve(
-                model_config(folder.hf_config), getattr(tokenizer, "mask_token_id", None))
+                model_config(folder.hf_config), getattr(tokenizer, "mask_token_id", None),
+                folder.path)
         except ConfigError as e:
             raise ConfigError(f"{folder.path}: {e}") from e
         device, dtype = config.torch_device, config.torch_dtype
@@ -105,7 +106,7 @@ def _plan_linears(model: nn.Module, config: EngineConfig,
                   defaults: DecoderDefaults) -> LinearPlan:
     """On CUDA with the Triton kernels: per weight shape, cuBLAS or the skinny Triton GEMM
     (timed once per device at the block's rows, then cached). Otherwise cuBLAS everywhere."""
-    if config.torch_device.type != "cuda" or config.kernels != "triton":
+    if config.linear_kernels == "cublas":  # resolved: also where no timing can apply
         return tune(model, policy="cublas")
     rows = defaults.block_length or 4
     return tune(model, rows=min(rows, 16), policy=config.linear_kernels)

@@ -142,7 +142,7 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
             same_tokens_as_first=all(a["token_ids"] == b["token_ids"]
                                      for a, b in zip(first, results[mode]["rows"], strict=True))))
     print(table(compare, MODE_COLUMNS))
-    model = llm_kwargs.get("model")
+    model = llm.engine_config.model
     name = f"humaneval-{Path(str(model or 'default')).name}"
     path = write_json(name, dict(model=str(model), decoder=llm.decoder_name,
                                  dtype=str(llm.dtype), attention=llm.attention_backend,

@@ -140,7 +140,7 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
     for r in rows:
         r["GBps_vs_copy"] = r["GBps"] * 1e9 / bw if r["GBps"] else None
     print(table(rows, COLUMNS + ["GBps_vs_copy"]))
-    model = llm_kwargs.get("model")
+    model = llm.engine_config.model
     name = f"kernels-{str(model).rstrip('/').split('/')[-1]}"
     path = write_json(name, dict(model=str(model), dtype=str(llm.dtype), rows_n=args.rows,
                                  copy_bandwidth_TBps=bw / 1e12, rows=rows), llm.device, args.out)

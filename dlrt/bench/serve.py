@@ -192,7 +192,7 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     problems = for_model(llm, problems)
     chat = args.chat and llm.tokenizer is not None
     greedy = llm.resolve(DecodingOptions.from_kwargs(options)).sampling.temperature == 0
-    info = dict(model=str(llm_kwargs.get("model")), decoder=llm.decoder_name, dtype=str(llm.dtype),
+    info = dict(model=llm.engine_config.model, decoder=llm.decoder_name, dtype=str(llm.dtype),
                 attention=llm.attention_backend, execution_mode=llm.execution_mode,
                 options=options)
     device = llm.device
@@ -210,7 +210,7 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     compare = [dict(mode="direct", **direct["summary"]),
                dict(mode="http", **http["summary"], same_tokens=same)]
     print(table(compare, COLUMNS))
-    name = f"serve-{Path(str(llm_kwargs.get('model') or 'default')).name}"
+    name = f"serve-{Path(info['model']).name}"
     path = write_json(name, dict(**info, server_command=" ".join(argv), same_tokens=same,
                                  modes=dict(direct=direct, http=http), compare=compare),
                       device, args.out)

@@ -299,7 +299,7 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
         print(f"projection [{shape}] after a norm: cublas {rec['cublas_us']:.1f} us, triton "
               f"{triton_us if triton_us is None else round(triton_us, 1)} us -> "
               f"{rec['chosen']}")
-    model = llm_kwargs.get("model")
+    model = llm.engine_config.model
     name = f"step-{str(model).rstrip('/').split('/')[-1]}"
     path = write_json(name, dict(model=str(model), decoder=llm.decoder_name,
                                  dtype=str(llm.dtype), attention=llm.attention_backend,

@@ -12,8 +12,10 @@ context fits the model). The resolved config is frozen too; nothing changes it a
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +31,8 @@ from dlrt.runtime.decoders import DECODERS, decoder_for
 from dlrt.runtime.executor import MODES, check_mode
 from dlrt.tuning.linear import POLICIES as LINEAR_KERNELS
 
+log = logging.getLogger(__name__)
+
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
           "float64": torch.float64}
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -43,7 +47,7 @@ def _option(default: Any, help: str, choices: tuple | None = None, flag: str | N
 class EngineConfig:
     """The engine options of one `LLM` (before `resolve`: as given, "auto" allowed)."""
 
-    model: str | None = _option(
+    model: str | Path | None = _option(
         None, "checkpoint folder (default: the embedded tiny SDAR model)")
     dtype: str = _option(
         "auto", "weights and activations: auto (bfloat16 on CUDA, float32 on the CPU)",
@@ -139,10 +143,11 @@ class EngineConfig:
         return dataclasses.replace(self, device=str(device), dtype=dtype, execution_mode=mode,
                                    kernels=kernels, attention_backend=attention)
 
-    def resolve(self, config: ModelConfig, tokenizer_mask_id: int | None = None
+    def resolve(self, config: ModelConfig, tokenizer_mask_id: int | None = None,
+                path: str | Path | None = None
                 ) -> tuple[EngineConfig, ModelConfig, DecoderDefaults]:
-        """Every "auto" made concrete for the checkpoint `config`: (engine config, the model
-        config with its mask token, the decoder's defaults).
+        """Every "auto" made concrete for the checkpoint `config` (read from the folder `path`):
+        (engine config, the model config with its mask token, the decoder's defaults).
 
         Raises:
             OptionError: a decoder that does not fit the family, an attention backend that
@@ -160,9 +165,22 @@ class EngineConfig:
         check_backend(attention, device, dtype, out.execution_mode, config.head_dim)
         max_len = _context(config, out.max_model_len)
         mask = _mask_token(config, out.mask_token_id, tokenizer_mask_id)
-        out = dataclasses.replace(out, decoder=decoder, attention_backend=attention,
-                                  max_model_len=max_len, mask_token_id=mask)
+        load = "safetensors" if out.load_format == "auto" else out.load_format
+        out = dataclasses.replace(out, model=str(path) if path else out.model, decoder=decoder,
+                                  attention_backend=attention, max_model_len=max_len,
+                                  mask_token_id=mask, load_format=load,
+                                  linear_kernels=_linear_kernels(out, device))
         return out, config.replace(mask_token_id=mask), defaults
+
+
+def _linear_kernels(config: EngineConfig, device: torch.device) -> str:
+    """The linear policy that applies: a timed choice needs CUDA and the Triton ops."""
+    if device.type == "cuda" and config.kernels == "triton":
+        return config.linear_kernels
+    if config.linear_kernels == "triton":
+        log.warning("linear_kernels='triton' needs CUDA and kernels='triton'; projections run "
+                    "on %s with F.linear", device.type)
+    return "cublas"
 
 
 def _check_value(f: dataclasses.Field, value: Any) -> None:
@@ -173,6 +191,8 @@ def _check_value(f: dataclasses.Field, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, want):
         raise OptionError(f"{name} must be {'an integer' if want is int else 'a string'}, "
                           f"got {value!r}")
+    if name == "seed" and not 0 <= value < 2**63:
+        raise OptionError(f"seed={value!r} must be in [0, 2^63)")
     if choices is not None and value not in choices:
         raise OptionError(f"{name} {value!r}: unknown {name.replace('_', ' ')}; one of "
                           f"{list(choices)}")
