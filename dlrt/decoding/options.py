@@ -154,6 +154,22 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     )
 
 
+def check_ranges(opts: DecodingOptions) -> None:
+    """The checks of `resolve` that need no model (ranges of the values given), so a front end
+    can refuse a bad value before it loads one.
+
+    Raises:
+        OptionError: a value out of range (the message starts with the option's name).
+    """
+    resolve(opts, DecoderDefaults(None, "sequential"), {}, (), 1, 0)
+
+
+def option_name(error: Exception) -> str | None:
+    """The decoding option an `OptionError` is about (its message starts with the name)."""
+    head = str(error).split("=", 1)[0].split(" ", 1)[0]
+    return head if head in {f.name for f in dataclasses.fields(DecodingOptions)} else None
+
+
 def _is_number(v: Any) -> bool:
     """An int (not a bool) or float that converts to a float (huge ints overflow)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):

@@ -16,7 +16,7 @@ import typing
 
 from dlrt import __version__
 from dlrt.decoding.options import DecodingOptions
-from dlrt.errors import DlrtError
+from dlrt.errors import DlrtError, OptionError
 
 BENCH_OUT = "benchmarks/runs"  # ignored by git: curated tables go to benchmarks/results
 OUT_HELP = f"folder for the JSON record (default: {BENCH_OUT})"
@@ -53,10 +53,20 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def decoding_kwargs(args: argparse.Namespace) -> dict:
+    """The decoding options given on the command line, their ranges checked (before any model
+    is loaded; the error names the flag)."""
+    from dlrt.decoding.options import check_ranges, option_name
+
     kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(DecodingOptions)}
     if kw["stop"]:
         kw["stop"] = [int(s) if re.fullmatch("[0-9]+", s) else s for s in kw["stop"]]
-    return {k: v for k, v in kw.items() if v is not None}
+    kw = {k: v for k, v in kw.items() if v is not None}
+    try:
+        check_ranges(DecodingOptions.from_kwargs(kw))
+    except OptionError as e:
+        name = option_name(e)
+        raise OptionError(f"--{name.replace('_', '-')}: {e}" if name else str(e)) from e
+    return kw
 
 
 def _engine_flag(f: dataclasses.Field) -> str:
@@ -96,9 +106,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 def _generate(args: argparse.Namespace) -> int:
     from dlrt import LLM
 
+    kw = decoding_kwargs(args)
     llm = LLM(**engine_kwargs(args))
     prompt = args.prompt_ids or args.prompt
-    kw = decoding_kwargs(args)
     if args.json:
         result = llm.generate(prompt, chat=args.chat, **kw)
         print(json.dumps(result.to_dict(), ensure_ascii=False))

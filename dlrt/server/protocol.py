@@ -18,7 +18,7 @@ from pydantic import (
     create_model,
 )
 
-from dlrt.decoding.options import DecodingOptions
+from dlrt.decoding.options import DecodingOptions, option_name
 from dlrt.errors import PromptError
 
 _DECODING = frozenset(f.name for f in dataclasses.fields(DecodingOptions))
@@ -96,10 +96,7 @@ CompletionRequest = create_model(
     **_OPENAI_EXTRAS)
 
 
-def option_of(error: Exception) -> str | None:
-    """The decoding option an `OptionError` is about: its message starts with the name."""
-    head = str(error).split("=", 1)[0].split(" ", 1)[0]
-    return head if head in _DECODING else None
+option_of = option_name  # the decoding option an `OptionError` is about
 
 
 def _options(body: BaseModel, names: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:

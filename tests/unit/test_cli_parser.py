@@ -142,3 +142,15 @@ def test_readme_synopsis_lists_every_generate_flag():
     gen = _subparsers(build_parser())["generate"]
     flags = [f for a in gen._actions for f in a.option_strings if f.startswith("--")]
     assert [f for f in flags if f != "--help" and f not in synopsis] == []
+
+
+@pytest.mark.parametrize("flag,value", [("--temperature", "-1"), ("--top-p", "0"),
+                                        ("--block-length", "0"), ("--max-new-tokens", "0"),
+                                        ("--remasking-strategy", "foo"), ("--seed", "-1")])
+@pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["serve"],
+                                     ["bench", "humaneval"]])
+def test_bad_decoding_values_are_refused_before_a_model_loads(capsys, no_model, command, flag,
+                                                             value):
+    assert cli_main([*command, flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag}: ") and "Traceback" not in err, err
