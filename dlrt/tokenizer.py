@@ -55,7 +55,7 @@ def encode_prompt(tokenizer, prompt: Prompt, vocab_size: int, chat: bool = False
         if chat:
             return encode_prompt(tokenizer, [{"role": "user", "content": prompt}], vocab_size)
         _need_tokenizer(tokenizer)
-        return list(tokenizer.encode(prompt))
+        return _in_vocabulary(list(tokenizer.encode(prompt)), vocab_size)
     if not isinstance(prompt, (list, tuple)) or not prompt:
         raise PromptError("prompt must be a non-empty string, list of messages or list of ids")
     if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -75,8 +75,17 @@ def encode_prompt(tokenizer, prompt: Prompt, vocab_size: int, chat: bool = False
             raise PromptError("the checkpoint's tokenizer has no chat template")
         text = tokenizer.apply_chat_template(list(prompt), tokenize=False,
                                              add_generation_prompt=True)
-        return list(tokenizer.encode(text, add_special_tokens=False))
+        return _in_vocabulary(list(tokenizer.encode(text, add_special_tokens=False)), vocab_size)
     raise PromptError("prompt list must hold only token ids or only chat messages (dicts)")
+
+
+def _in_vocabulary(ids: list[int], vocab_size: int) -> list[int]:
+    bad = sorted({t for t in ids if not 0 <= t < vocab_size})
+    if bad:
+        raise PromptError(f"the tokenizer gives id(s) {bad[:5]} outside the model's vocabulary "
+                          f"[0, {vocab_size}): the checkpoint's tokenizer does not fit its "
+                          "config.json")
+    return ids
 
 
 def _check_text(text: str, what: str) -> None:

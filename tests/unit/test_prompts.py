@@ -41,3 +41,11 @@ def test_known_roles_reach_the_template(tokenizer):
     text = tokenizer.decode(encode_prompt(tokenizer, messages, VOCAB))
     for r in ("system", "user", "assistant", "tool"):
         assert f"<{r}>" in text, r
+
+
+@pytest.mark.parametrize("prompt", ["hello world", [{"role": "user", "content": "hi"}]])
+def test_a_tokenizer_larger_than_the_vocabulary_is_named(tokenizer, prompt):
+    """A checkpoint whose tokenizer gives ids past its config's vocabulary: a PromptError that
+    says so, not an index error inside the embedding."""
+    with pytest.raises(PromptError, match=r"outside the model's vocabulary \[0, 512\)"):
+        encode_prompt(tokenizer, prompt, 512, chat=False)
