@@ -21,7 +21,7 @@ def git_commit() -> str:
 
     if env.commit():
         return env.commit()
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parent  # git finds the checkout above it, if any
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=True,
                               capture_output=True, text=True).stdout.strip()
