@@ -170,6 +170,12 @@ def option_name(error: Exception) -> str | None:
     return head if head in {f.name for f in dataclasses.fields(DecodingOptions)} else None
 
 
+def as_flag_error(error: OptionError) -> OptionError:
+    """The error with the command-line flag of its option in front ("--max-new-tokens: ...")."""
+    name = option_name(error)
+    return OptionError(f"--{name.replace('_', '-')}: {error}" if name else str(error))
+
+
 def _is_number(v: Any) -> bool:
     """An int (not a bool) or float that converts to a float (huge ints overflow)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):

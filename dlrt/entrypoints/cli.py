@@ -55,7 +55,7 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
 def decoding_kwargs(args: argparse.Namespace) -> dict:
     """The decoding options given on the command line, their ranges checked (before any model
     is loaded; the error names the flag)."""
-    from dlrt.decoding.options import check_ranges, option_name
+    from dlrt.decoding.options import as_flag_error, check_ranges
 
     kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(DecodingOptions)}
     if kw["stop"]:
@@ -64,8 +64,7 @@ def decoding_kwargs(args: argparse.Namespace) -> dict:
     try:
         check_ranges(DecodingOptions.from_kwargs(kw))
     except OptionError as e:
-        name = option_name(e)
-        raise OptionError(f"--{name.replace('_', '-')}: {e}" if name else str(e)) from e
+        raise as_flag_error(e) from e
     return kw
 
 

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
+from dlrt.decoding.options import option_name
 from dlrt.errors import DlrtError, OptionError, PromptError
 from dlrt.server import protocol
 from dlrt.server.worker import Job, QueueFull, Worker
@@ -128,7 +129,7 @@ def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | 
         try:
             ids, _ = llm.check(prompt, chat=chat, **options)
         except OptionError as e:
-            name = protocol.option_of(e)
+            name = option_name(e)
             field = fields.get(name, name)
             message = str(e)
             if name and field != name and message.startswith(name):

@@ -18,7 +18,7 @@ from pydantic import (
     create_model,
 )
 
-from dlrt.decoding.options import DecodingOptions, option_name
+from dlrt.decoding.options import DecodingOptions
 from dlrt.errors import PromptError
 
 _DECODING = frozenset(f.name for f in dataclasses.fields(DecodingOptions))
@@ -96,7 +96,6 @@ CompletionRequest = create_model(
     **_OPENAI_EXTRAS)
 
 
-option_of = option_name  # the decoding option an `OptionError` is about
 
 
 def _options(body: BaseModel, names: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:

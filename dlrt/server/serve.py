@@ -18,15 +18,12 @@ def check_defaults(llm, defaults: dict) -> None:
     Raises:
         OptionError: "--max-new-tokens: max_new_tokens=0 must be >= 1".
     """
-    from dlrt.decoding.options import DecodingOptions
-    from dlrt.server.protocol import option_of
+    from dlrt.decoding.options import DecodingOptions, as_flag_error
 
     try:
         llm.resolve(DecodingOptions.from_kwargs(defaults))
     except OptionError as e:
-        name = option_of(e)
-        flag = f"--{name.replace('_', '-')}: " if name else ""
-        raise OptionError(f"{flag}{e}") from e
+        raise as_flag_error(e) from e
 
 
 def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int,

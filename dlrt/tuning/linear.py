@@ -79,12 +79,10 @@ def candidates(n: int, k: int, sms: int, rows: int = 16) -> list[GemmConfig]:
     return out
 
 
-def _copies(tensors: tuple[torch.Tensor, ...], most: int) -> list[tuple[torch.Tensor, ...]]:
-    """`tensors` and up to `most` sets of clones of them: together more than COLD_BYTES (more
-    than the L2 cache), so each use streams them from HBM."""
-    nbytes = sum(t.numel() * t.element_size() for t in tensors)
-    return [tensors] + [tuple(t.clone() for t in tensors)
-                        for _ in range(min(most, COLD_BYTES // nbytes))]
+def _copies(w: torch.Tensor, most: int) -> list[torch.Tensor]:
+    """w and up to `most` clones of it: together more than COLD_BYTES (more than the L2
+    cache), so each use streams them from HBM."""
+    return [w] + [w.clone() for _ in range(min(most, COLD_BYTES // (w.numel() * w.element_size())))]
 
 
 def time_shape(w: torch.Tensor, rows: int) -> dict:
@@ -99,7 +97,7 @@ def time_shape(w: torch.Tensor, rows: int) -> dict:
 
     x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
     norm_w = torch.ones(w.shape[1], dtype=w.dtype, device=w.device)
-    copies = [c for (c,) in _copies((w,), most=15)]
+    copies = _copies(w, most=15)
     sms = torch.cuda.get_device_properties(w.device).multi_processor_count
 
     def cycle(fn):  # each product fed by a norm kernel, as the projections of a layer are
