@@ -88,13 +88,13 @@ def round_bytes(llm, context: int, b: int) -> int:
     """Bytes one round reads: every weight except the embedding table (B rows of it), the
     routed experts a block touches (expected distinct count under uniform routing), and the K/V
     of `context` cached tokens plus the block."""
-    from dlrt.layers.mlp import Experts
+    from dlrt.layers.moe import StackedExperts
     from dlrt.models.registry import family
 
     c = llm.config
     item = torch.empty((), dtype=llm.dtype).element_size()
     embedding = family(c.family).embedding
-    experts = {id(p) for m in llm.model.modules() if isinstance(m, Experts)
+    experts = {id(p) for m in llm.model.modules() if isinstance(m, StackedExperts)
                for p in m.parameters()}
     total = 0
     for name, p in llm.model.named_parameters():

@@ -1,9 +1,10 @@
 """Fill a model built on the meta device: from safetensors (mmap, one copy) or seeded random.
 
 A parameter maps to one checkpoint tensor of the same name, except stacked MoE experts
-(`...mlp.experts.gate_proj` [E, I, H]), which gather `...mlp.experts.{e}.gate_proj.weight`, and
-merged projections (`MergedLinear`, e.g. `...self_attn.qkv_proj.weight`), whose row ranges are
-filled by `...self_attn.q_proj.weight`, `...k_proj.weight`, `...v_proj.weight`.
+(`...mlp.experts.w13` [E, 2I, H]), which gather `...mlp.experts.{e}.gate_proj.weight` and
+`...up_proj.weight` (`StackedExperts.checkpoint_parts`), and merged projections
+(`MergedLinear`, e.g. `...self_attn.qkv_proj.weight`), whose row ranges are filled by
+`...self_attn.q_proj.weight`, `...k_proj.weight`, `...v_proj.weight`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from torch import nn
 from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.errors import CheckpointError
 from dlrt.layers.linear import MergedLinear
-from dlrt.layers.mlp import Experts
+from dlrt.layers.moe import StackedExperts
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +29,11 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class WeightSpec:
     """Checkpoint tensor `key` fills `param[index]` (or the whole `param` when index is None):
-    an expert (int) or a row range of a merged projection (slice)."""
+    a row range of a merged projection (slice) or of one stacked expert ((e, slice))."""
 
     key: str
     param: str
-    index: int | slice | None
+    index: slice | tuple[int, slice] | None
     shape: tuple[int, ...]
 
 
@@ -48,23 +49,28 @@ def weight_specs(model: nn.Module) -> list[WeightSpec]:
             for part, lo, hi in module.ranges():
                 specs.append(WeightSpec(f"{parent}.{part}.{leaf}", name, slice(lo, hi),
                                         (hi - lo, *p.shape[1:])))
-        elif isinstance(module, Experts):
+        elif isinstance(module, StackedExperts):
             for e in range(p.shape[0]):
-                specs.append(WeightSpec(f"{owner}.{e}.{leaf}.weight", name, e, tuple(p.shape[1:])))
+                for part, rows in module.checkpoint_parts(leaf):
+                    specs.append(WeightSpec(f"{owner}.{e}.{part}", name, (e, rows),
+                                            (rows.stop - rows.start, *p.shape[2:])))
         else:
             specs.append(WeightSpec(name, name, None, tuple(p.shape)))
     return specs
 
 
 def materialize(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
-    """Replace meta parameters by uninitialised tensors on `device` (ties kept); move buffers."""
+    """Replace meta parameters by uninitialised tensors on `device` (ties kept); move buffers.
+    Parameters a module names in its `fp32_params` (a router's) are fp32 whatever `dtype`."""
     done: dict[int, nn.Parameter] = {}
     for module in model.modules():
+        fp32 = getattr(module, "fp32_params", ())
         for name, p in list(module._parameters.items()):
             if p is None:
                 continue
             if id(p) not in done:
-                done[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=dtype, device=device),
+                t = torch.float32 if name in fp32 else dtype
+                done[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=t, device=device),
                                            requires_grad=False)
             module._parameters[name] = done[id(p)]
         for name, b in list(module._buffers.items()):

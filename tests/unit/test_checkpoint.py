@@ -248,12 +248,15 @@ def test_moe_checkpoint_names_per_expert_tensors(tiny_sdar_moe):
     assert tensors["model.layers.1.mlp.experts.7.gate_proj.weight"].shape == (32, 64)
     assert tensors["model.layers.1.mlp.experts.7.up_proj.weight"].shape == (32, 64)
     assert tensors["model.layers.1.mlp.experts.7.down_proj.weight"].shape == (64, 32)
-    # loading stacks expert e of the checkpoint into row e of the model's [E, ...] parameter
+    # loading stacks expert e into row e of the model's [E, ...] parameters: gate_proj then
+    # up_proj rows in w13, down_proj in w2
     p = params(LLM(tiny_sdar_moe, dtype="float32"))
+    w13, w2 = p["model.layers.1.mlp.experts.w13"], p["model.layers.1.mlp.experts.w2"]
     for e in range(8):
-        for n in ("gate", "up", "down"):
-            assert torch.equal(p[f"model.layers.1.mlp.experts.{n}_proj"][e],
-                               tensors[f"model.layers.1.mlp.experts.{e}.{n}_proj.weight"])
+        t = {n: tensors[f"model.layers.1.mlp.experts.{e}.{n}_proj.weight"]
+             for n in ("gate", "up", "down")}
+        assert torch.equal(w13[e], torch.cat([t["gate"], t["up"]]))
+        assert torch.equal(w2[e], t["down"])
 
 
 @needs_real

@@ -14,7 +14,8 @@ from dlrt.attention.base import ForwardContext
 from dlrt.config.model import ModelConfig
 from dlrt.layers.attention import Attention
 from dlrt.layers.linear import Linear, MergedLinear
-from dlrt.layers.mlp import SparseMoE, SwiGLU
+from dlrt.layers.mlp import SwiGLU
+from dlrt.layers.moe import FusedMoE, RouterSpec
 from dlrt.layers.norm import RMSNorm
 from dlrt.layers.rotary import RotaryEmbedding
 from dlrt.ops import Ops
@@ -44,8 +45,9 @@ class SDARDecoderLayer(nn.Module):
         c = config
         self.self_attn = SDARAttention(c, layer_id, ops)
         if layer_id in c.moe_layers:
-            self.mlp = SparseMoE(c.hidden_size, c.moe_intermediate_size, c.num_experts,
-                                 c.num_experts_per_tok, c.norm_topk_prob)
+            spec = RouterSpec("softmax", c.num_experts, c.num_experts_per_tok,
+                              renormalize=c.norm_topk_prob)
+            self.mlp = FusedMoE(c.hidden_size, c.moe_intermediate_size, spec, ops)
         else:
             self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, ops)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, ops)
