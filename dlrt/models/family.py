@@ -10,6 +10,7 @@ from typing import Any
 from torch import nn
 
 from dlrt.config.model import ModelConfig
+from dlrt.decoding.options import DecoderDefaults
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,10 @@ class Family:
     tokenizer: folder under `dlrt/data` whose tokenizer a made checkpoint gets when its source
         has none (None: no tokenizer).
     embedding: name of the token-embedding parameter (a round reads only B rows of it).
+    decoder_defaults: the family's own decoding defaults for its default decoder (None: the
+        decoder's).
+    supports_editing: whether the model was trained to rewrite decided tokens (LLaDA2.1's
+        editing, `editing_threshold`).
     """
 
     name: str
@@ -39,6 +44,8 @@ class Family:
     embedding: str
     stop_ids: tuple[int, ...] = ()
     tokenizer: str | None = None
+    decoder_defaults: DecoderDefaults | None = None
+    supports_editing: bool = False
 
     @property
     def default_decoder(self) -> str:
