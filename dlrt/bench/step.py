@@ -9,13 +9,15 @@ sampling, strategy, commit) is timed over many rounds with CUDA events in four w
 `device_loop - replay` is the WHILE node's overhead per round; `host_loop - replay` is the host
 bubble of the classic design. The per-stage breakdown times variants of the replayed round:
 attention (the backend call per layer) and sampling (probabilities, candidates, remasking
-strategy: `denoise_round`) run twice, the extra time being their cost; the dense projections
+strategy: `denoise_round`) and the routed experts of MoE layers (router, assignment, expert
+kernels, combine) run twice, the extra time being their cost; the dense projections
 (every linear layer: QKV, o_proj, gate-up, down, LM head) are skipped (their method swapped for
 one that leaves the output uninitialised), the time saved being their cost (repeating them would
 read weights that fit in the 50 MB L2 from there). `other_us` is what remains (norms, RoPE +
 cache write, activations, embedding, state updates). The HBM floor is the bytes one round must
 read (weights it touches, the KV cache of the context) over the device-to-device copy bandwidth
-measured in the same run.
+measured in the same run; a MoE layer counts the most experts the block's rows can touch,
+min(E, k * B), each read once.
 """
 
 from __future__ import annotations
@@ -28,13 +30,17 @@ from typing import Any
 import torch
 
 from dlrt.bench.report import table, write_json
+from dlrt.layers.linear import LinearBase
 from dlrt.layers.quant import LinearMethod
 from dlrt.tuning.linear import linear_layers
 from dlrt.tuning.timing import event_us
 
 COLUMNS = ["context", "device_loop_us", "replay_us", "while_overhead_us", "host_loop_us",
            "host_bubble_us", "eager_us", "floor_us", "ratio_to_floor", "GBps"]
-STAGE_COLUMNS = ["context", "replay_us", "attention_us", "gemm_us", "sampling_us", "other_us"]
+STAGE_COLUMNS = ["context", "replay_us", "attention_us", "gemm_us", "moe_us", "sampling_us",
+                 "other_us"]
+BYTE_COLUMNS = ["context", "round_bytes", "weights_bytes", "lm_head_bytes", "experts_bytes",
+                "kv_bytes", "experts_touched", "experts_expected"]
 
 
 class SkipLinear(LinearMethod):
@@ -63,6 +69,19 @@ def repeated(owner, attr: str):
 
 
 @contextlib.contextmanager
+def _repeated_moe(model):
+    """Within the block, every MoE layer's routed experts (routing, sort, expert kernels,
+    combine) run twice; the shared expert and router GEMMs count as GEMMs."""
+    from dlrt.layers.moe import FusedMoE
+
+    with contextlib.ExitStack() as stack:
+        for m in model.modules():
+            if isinstance(m, FusedMoE):
+                stack.enter_context(repeated(m, "route_and_apply"))
+        yield
+
+
+@contextlib.contextmanager
 def skipped_linears(model):
     """Within the block, every linear layer of `model` computes nothing."""
     layers = linear_layers(model)
@@ -84,10 +103,12 @@ def copy_bandwidth(device, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (event_us(lambda: dst.copy_(src), reps=10) / 1e6)
 
 
-def round_bytes(llm, context: int, b: int) -> int:
-    """Bytes one round reads: every weight except the embedding table (B rows of it), the
-    routed experts a block touches (expected distinct count under uniform routing), and the K/V
-    of `context` cached tokens plus the block."""
+def round_bytes(llm, context: int, b: int) -> dict[str, int]:
+    """Bytes one round of b rows reads, by part: `weights` (every weight but the routed experts
+    and the LM head; B rows of the embedding table), `lm_head`, `experts` (per MoE layer the
+    most experts b rows can touch, min(E, k * b), each read once), `kv` (the K/V of `context`
+    cached tokens plus the block) and their `total`; `experts_touched` is that count per MoE
+    layer and `experts_expected` the mean distinct count under uniform routing."""
     from dlrt.layers.moe import StackedExperts
     from dlrt.models.registry import family
 
@@ -96,17 +117,25 @@ def round_bytes(llm, context: int, b: int) -> int:
     embedding = family(c.family).embedding
     experts = {id(p) for m in llm.model.modules() if isinstance(m, StackedExperts)
                for p in m.parameters()}
-    total = 0
+    head = {id(m.weight) for m in llm.model.modules()
+            if isinstance(m, LinearBase) and m.out_features == c.vocab_size}
+    e, k = c.num_experts, c.num_experts_per_tok
+    touched = min(e, k * b) if e else 0
+    parts = dict(weights=0, lm_head=0, experts=0)
     for name, p in llm.model.named_parameters():
-        n = p.numel()
+        n, part = p.numel() * p.element_size(), "weights"
         if name == embedding:
-            n = b * c.hidden_size
+            n = b * c.hidden_size * p.element_size()
         elif id(p) in experts:
-            e, k = c.num_experts, c.num_experts_per_tok
-            n = int(n * (1 - (1 - k / e) ** b))
-        total += n * item
-    kv = 2 * c.num_layers * (context + b) * c.num_kv_heads * c.head_dim * item
-    return total + kv
+            n, part = n * touched // e, "experts"
+        elif id(p) in head:
+            part = "lm_head"
+        parts[part] += n
+    parts["kv"] = 2 * c.num_layers * (context + b) * c.num_kv_heads * c.head_dim * item
+    parts["total"] = sum(parts.values())
+    parts["experts_touched"] = touched
+    parts["experts_expected"] = round(e * (1 - (1 - k / e) ** b), 1) if e else 0
+    return parts
 
 
 class _Bench:
@@ -180,7 +209,8 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
         for stage, variant, how in (
                 ("attention", repeated(llm.runner.backend, "forward"), "repeat"),
                 ("gemm", skipped_linears(llm.model), "skip"),
-                ("sampling", repeated(decoder, "denoise_round"), "repeat")):
+                ("sampling", repeated(decoder, "denoise_round"), "repeat"),
+                ("moe", _repeated_moe(llm.model), "repeat")):
             with variant:
                 stages[stage] = (capture_parts([bench.body], pool)[0], how)
         for ctx in contexts:
@@ -209,13 +239,17 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
                 us = event_us(lambda g=graph: [g.replay() for _ in range(rounds)]) / rounds
                 extra[f"{stage}_us"] = us - rep_us if how == "repeat" else rep_us - us
             extra["other_us"] = rep_us - sum(extra.values())
-            nbytes = round_bytes(llm, ctx, program.b)
+            parts = round_bytes(llm, ctx, program.b)
+            nbytes = parts["total"]
             floor_us = nbytes / bw * 1e6
             rows.append(dict(context=ctx, device_loop_us=dev_us, replay_us=rep_us,
                              while_overhead_us=dev_us - rep_us, host_loop_us=host_us,
                              host_bubble_us=host_us - rep_us, eager_us=eager_us,
                              floor_us=floor_us, ratio_to_floor=dev_us / floor_us,
-                             GBps=nbytes / dev_us / 1e3, round_bytes=nbytes, **extra))
+                             GBps=nbytes / dev_us / 1e3, round_bytes=nbytes,
+                             **{f"{k}_bytes" if k in ("weights", "lm_head", "experts", "kv")
+                                else k: v for k, v in parts.items() if k != "total"},
+                             **extra))
         api = _launch_api_us(wg, g_round)
     torch.cuda.current_stream().wait_stream(stream)
     return rows, dict(**api, copy_bandwidth_TBps=bw / 1e12, capture_s=capture_s, rounds=rounds,
@@ -293,6 +327,7 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     rows, summary = run(llm, params, contexts, args.rounds)
     print(table(rows, COLUMNS))
     print(table(rows, STAGE_COLUMNS))
+    print(table(rows, BYTE_COLUMNS))
     print(table([summary], list(summary)))
     for shape, rec in llm.linear_plan.records.items():
         triton_us = rec["triton_us"]

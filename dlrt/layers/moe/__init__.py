@@ -85,9 +85,13 @@ class FusedMoE(nn.Module):
                                if shared_intermediate else None)
         self.method: MoEMethod = moe_method(ops)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def route_and_apply(self, x: torch.Tensor) -> torch.Tensor:
+        """The routed experts' sum for x [N, H] (router, assignment, experts, combine)."""
         weights, ids = self.method.route(self, x)
-        y = self.method.apply(self, x, weights, ids)
+        return self.method.apply(self, x, weights, ids)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.route_and_apply(x)
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
         return y
