@@ -125,11 +125,22 @@ def tensor_seed(seed: int, key: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(key.encode())) % (2**63)
 
 
+# Checkpoint tensors (by last name) stored in fp32 whatever the model dtype, and the 1-D
+# tensors that are not norm weights: LLaDA2's router bias `<mlp>.gate.expert_bias` [E].
+FP32_TENSORS = ("expert_bias",)
+
+
+def stored_dtype(key: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a checkpoint holds tensor `key` in when its weights are in `dtype`."""
+    return torch.float32 if key.rpartition(".")[2] in FP32_TENSORS else dtype
+
+
 def random_tensor(spec: WeightSpec, seed: int, std: float, dtype: torch.dtype,
                   device: torch.device | str) -> torch.Tensor:
     """The seeded random value of one checkpoint tensor: norms (1-D) are ones, the rest
-    normal(0, std), drawn in fp32 on `device` and cast to `dtype`."""
-    if len(spec.shape) == 1:
+    (router biases included: a uniform bias would change no choice) normal(0, std), drawn in
+    fp32 on `device` and cast to `dtype`."""
+    if len(spec.shape) == 1 and spec.key.rpartition(".")[2] not in FP32_TENSORS:
         return torch.ones(spec.shape, dtype=dtype, device=device)
     gen = torch.Generator(device=device).manual_seed(tensor_seed(seed, spec.key))
     t = torch.empty(spec.shape, dtype=torch.float32, device=device)

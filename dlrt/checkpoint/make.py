@@ -1,11 +1,12 @@
 """Write a Hugging Face checkpoint folder with seeded random weights.
 
-From a built-in preset or any folder holding a `config.json` (such as the real SDAR/LLaDA
-configs), write `config.json`, `generation_config.json`, safetensors shards with
+From a built-in preset or any folder holding a `config.json` (such as the real SDAR/LLaDA/
+LLaDA2 configs), write `config.json`, `generation_config.json`, safetensors shards with
 `model.safetensors.index.json` (when more than one shard), and for SDAR the SDAR tokenizer.
-Weights: normal(0, initializer_range), norms at 1; each tensor seeded by (seed, name), so the
-output is the same for a seed whatever the sharding. Loading it goes through the same loader as
-a user's checkpoint; `load_format="dummy"` reproduces the same values without files.
+Weights: normal(0, initializer_range), norms at 1, router biases (`expert_bias`) in fp32 and
+drawn like weights; each tensor seeded by (seed, name), so the output is the same for a seed
+whatever the sharding. Loading it goes through the same loader as a user's checkpoint;
+`load_format="dummy"` reproduces the same values without files.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 
 from dlrt.checkpoint.folder import INDEX_NAME, CheckpointFolder
-from dlrt.checkpoint.loader import random_tensor, weight_specs
+from dlrt.checkpoint.loader import random_tensor, stored_dtype, weight_specs
 from dlrt.checkpoint.presets import PRESETS, preset, real_config
 from dlrt.errors import CheckpointError
 from dlrt.models.family import Family
@@ -55,7 +56,7 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
     Args:
         source: a preset name (`dlrt.checkpoint.presets.PRESETS`), the name of a shipped real
             config (`dlrt/data/configs`: SDAR-1.7B-Chat, SDAR-4B-Chat, SDAR-8B-Chat,
-            SDAR-30B-A3B-Chat, LLaDA-8B-Instruct), or a folder with config.json.
+            SDAR-30B-A3B-Chat, LLaDA-8B-Instruct, LLaDA2.0-mini), or a folder with config.json.
         out: destination folder (must not exist unless `overwrite`; even then only an empty
             folder or a checkpoint folder is replaced).
         num_layers: keep only this many layers (a reduced copy of a large config).
@@ -94,10 +95,10 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
     with torch.device("meta"):
         specs = weight_specs(build_model(config, reference.OPS))
     torch_dtype = DTYPES[dtype]
-    itemsize = torch.empty((), dtype=torch_dtype).element_size()
     shards: list[list] = [[]]
     size = 0
     for s in specs:
+        itemsize = torch.empty((), dtype=stored_dtype(s.key, torch_dtype)).element_size()
         nbytes = itemsize * int(torch.Size(s.shape).numel())
         if shards[-1] and size + nbytes > max_shard_bytes:
             shards.append([])
@@ -114,8 +115,9 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
         for i, shard in enumerate(shards):
             name = ("model.safetensors" if len(shards) == 1
                     else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
-            tensors = {s.key: random_tensor(s, seed, config.initializer_range, torch_dtype,
-                                            device).cpu() for s in shard}
+            tensors = {s.key: random_tensor(s, seed, config.initializer_range,
+                                            stored_dtype(s.key, torch_dtype), device).cpu()
+                       for s in shard}
             total += sum(t.numel() * t.element_size() for t in tensors.values())
             save_file(tensors, str(tmp / name), metadata={"format": "pt"})
             weight_map.update({s.key: name for s in shard})

@@ -49,11 +49,27 @@ PRESETS: dict[str, dict[str, Any]] = {
         "layer_norm_type": "rms", "rope": True, "weight_tying": False, "init_std": 0.02,
         "torch_dtype": "bfloat16",
     },
+    "tiny-llada2": {  # layer 0 dense, layers 1-2 MoE; RoPE on 16 of 32 head dims
+        "architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe",
+        "vocab_size": 157184, "hidden_size": 64, "intermediate_size": 128,
+        "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2,
+        "n_group": 4, "topk_group": 2, "num_shared_experts": 1, "routed_scaling_factor": 2.5,
+        "first_k_dense_replace": 1, "norm_topk_prob": True, "score_function": "sigmoid",
+        "moe_router_enable_expert_bias": True, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "partial_rotary_factor": 0.5, "rotary_dim": 16, "rope_theta": 600000,
+        "rope_scaling": None, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
+        "use_qk_norm": True, "use_qkv_bias": False, "use_bias": False, "hidden_act": "silu",
+        "use_sliding_window": False, "tie_word_embeddings": False, "initializer_range": 0.02,
+        "mask_token_id": 156895, "eos_token_id": 156892, "pad_token_id": 156892,
+        "torch_dtype": "bfloat16",
+    },
 }
 PRESET_GENERATION = {
     "tiny-sdar": _SDAR_GEN,
     "tiny-sdar-moe": _SDAR_GEN,
     "tiny-llada": {"eos_token_id": 126081, "pad_token_id": 126081},
+    "tiny-llada2": {"eos_token_id": 156892, "pad_token_id": 156892},
 }
 
 def preset(name: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -33,12 +33,20 @@ class ModelConfig:
     mask_token_id: int | None
     eos_token_ids: tuple[int, ...]
     block_size: int | None  # the block length the model was trained with, if the config says
-    # MoE (sdar_moe); zero experts means dense
+    # MoE (sdar_moe, llada2); zero experts means dense
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     moe_layers: tuple[int, ...] = ()
+    router_scoring: str = "softmax"  # "softmax" (Qwen3-MoE) | "sigmoid" (LLaDA2)
+    n_group: int = 1  # group-limited top-k: experts in n_group groups, the best topk_group kept
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    num_shared_experts: int = 0  # a shared SwiGLU of num_shared * moe_intermediate_size
+    # attention
+    rotary_dim: int | None = None  # RoPE on each head's first rotary_dim dims (None: all)
+    use_qk_norm: bool = True  # per-head q/k RMSNorm (families that make it optional read it)
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)

@@ -1,8 +1,9 @@
 """The attention layer: from the fused QKV projection to the attention output.
 
-Per layer: split q/k/v, per-head q/k RMSNorm (SDAR), RoPE, K/V write into the paged cache (the
-ops table's `qk_norm_rope_write`: one kernel with Triton), then attention by the forward's
-backend. The layer holds per-layer constants; it names no kernel.
+Per layer: split q/k/v, per-head q/k RMSNorm (SDAR, LLaDA2), RoPE (of all dims, or of the
+first R: LLaDA2), K/V write into the paged cache (the ops table's `qk_norm_rope_write`: one
+kernel with Triton), then attention by the forward's backend. The layer holds per-layer
+constants; it names no kernel.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from dlrt.ops import Ops
 class Attention(nn.Module):
     """qkv: [N, (Hq + 2 Hkv) * D] -> [N, Hq * D]; scale = D ** -0.5.
 
-    cos/sin: [N, D/2] fp32 from `RotaryEmbedding.cos_sin` at the chunk's positions.
-    q_norm/k_norm: per-head RMSNorms (SDAR) or None (LLaDA).
+    cos/sin: [N, R/2] fp32 from `RotaryEmbedding.cos_sin` at the chunk's positions; the first
+        R dims of each head are rotated (R < D: partial RoPE, LLaDA2).
+    q_norm/k_norm: per-head RMSNorms over all D dims (SDAR, LLaDA2) or None (LLaDA).
     """
 
     def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int,

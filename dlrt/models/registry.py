@@ -10,10 +10,10 @@ from dlrt.config.model import ModelConfig
 from dlrt.errors import ConfigError
 from dlrt.models.family import Family
 from dlrt.models.llada import LLADA
+from dlrt.models.llada2 import LLADA2
 from dlrt.models.sdar import SDAR, SDAR_MOE
 
-FAMILIES: tuple[Family, ...] = (SDAR, SDAR_MOE, LLADA)
-_LATER = {"llada2_moe": "LLaDA2 MoE"}  # model types recognised but not supported yet
+FAMILIES: tuple[Family, ...] = (SDAR, SDAR_MOE, LLADA, LLADA2)
 
 
 def family(name: str) -> Family:
@@ -38,8 +38,6 @@ def family_of(hf: dict[str, Any]) -> Family:
             for fam in FAMILIES:
                 if arch in fam.architectures:
                     return fam
-    if model_type in _LATER:
-        raise ConfigError(f"model_type {model_type!r} ({_LATER[model_type]}) is not supported yet")
     supported = sorted(t for fam in FAMILIES for t in fam.model_types)
     raise ConfigError(f"unknown model_type {model_type!r} (architectures "
                       f"{hf.get('architectures')}); supported: {supported}")

@@ -26,7 +26,8 @@ class Ops:
         (the Triton kernel writes the sum into `residual` and returns it)
     silu_and_mul(gate_up [N, 2I]) -> [N, I]
     qk_norm_rope_write(qkv, Hq, Hkv, D, q_weight, k_weight, eps, cos, sin, positions,
-        k_cache, v_cache, page_table, full_precision) -> q [N, Hq, D] (k, v written)
+        k_cache, v_cache, page_table, full_precision) -> q [N, Hq, D] (k, v written); cos,
+        sin [N, R/2]: the first R dims of each head are rotated (R < D: partial RoPE)
     candidates(logits [n, V], sampling, mode, round_idx, positions) -> (ids, confidences)
     """
 

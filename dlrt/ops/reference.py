@@ -2,9 +2,10 @@
 
 RMSNorm follows transformers' Qwen3RMSNorm and OLMo's RMSLayerNorm (LLaDA): statistics in
 fp32, the normalised row cast back to the input dtype before the weight multiply. RoPE is the
-neox layout (rotate the two halves of each head); `full_precision` rotates in fp32 and casts
-back (OLMo/LLaDA `rope_full_precision`), otherwise cos/sin are cast to the input dtype first
-(transformers' Qwen3).
+neox layout (rotate the two halves of each head's rotated dims: all, or the first R with
+partial RoPE); `full_precision` rotates in fp32 and casts back (OLMo/LLaDA
+`rope_full_precision`), otherwise cos/sin are cast to the input dtype first (transformers'
+Qwen3, LLaDA2).
 """
 
 from __future__ import annotations
@@ -39,7 +40,14 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 full_precision: bool) -> torch.Tensor:
-    """Neox RoPE of x [N, H, D] with cos, sin [N, D/2] fp32; returns x.dtype."""
+    """Neox RoPE of x [N, H, D] with cos, sin [N, R/2] fp32; returns x.dtype.
+
+    R = 2 * cos.shape[-1] <= D dims are rotated; with R < D (partial RoPE, LLaDA2 /
+    transformers' `apply_rotary_pos_emb` with a shorter cos) dims R..D-1 pass through."""
+    rot = 2 * cos.shape[-1]
+    if rot < x.shape[-1]:
+        rotated = rope_rotate(x[..., :rot], cos, sin, full_precision)
+        return torch.cat((rotated, x[..., rot:]), dim=-1)
     dtype = x.dtype
     cos = torch.cat((cos, cos), dim=-1)[:, None, :]  # [N, 1, D]
     sin = torch.cat((sin, sin), dim=-1)[:, None, :]
@@ -72,8 +80,9 @@ def qk_norm_rope_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, hea
                        cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                        k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                        full_precision: bool) -> torch.Tensor:
-    """Split the fused QKV [N, (Hq + 2 Hkv) D]; per-head RMSNorm of q and k (when the weights
-    are given), RoPE, k and v written into the cache at `positions`; returns q [N, Hq, D]."""
+    """Split the fused QKV [N, (Hq + 2 Hkv) D]; per-head RMSNorm of q and k over all D dims
+    (when the weights are given), RoPE of the first R = 2 * cos.shape[-1] dims (cos, sin
+    [N, R/2] fp32), k and v written into the cache at `positions`; returns q [N, Hq, D]."""
     n, d = qkv.shape[0], head_dim
     q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
     q, k = q.reshape(n, -1, d), k.reshape(n, -1, d)

@@ -1,6 +1,7 @@
 """Fused small-op kernels against the reference ops they replace (`dlrt.ops.reference`).
 
-RMSNorm (+ residual add), per-head q/k RMSNorm + RoPE + paged K/V write, SiLU-and-mul. Fresh
+RMSNorm (+ residual add), per-head q/k RMSNorm + RoPE (full or partial) + paged K/V write,
+SiLU-and-mul. Fresh
 random inputs, awkward shapes (odd rows, hidden sizes that are not powers of two, GQA, pages
 that do not divide the positions, a shuffled page table). Runs under TRITON_INTERPRET=1 on the
 CPU and natively on the GPU. Tolerance: fp32 relative error < 1e-5 (1e-4 for SiLU, whose exp
@@ -64,19 +65,27 @@ def test_silu_mul(n, i, dtype):
     close(silu_mul(gu), reference.silu_and_mul(gu), rel=1e-4)
 
 
-CASES = [  # n, hq, hkv, d, page, first position, norm, full precision
-    (4, 4, 2, 16, 16, 37, True, False),
-    (5, 8, 1, 32, 8, 0, True, False),
-    (3, 4, 4, 64, 4, 1001, False, True),
-    (1, 2, 1, 128, 16, 7, True, False),
-    (9, 4, 4, 16, 16, 250, False, True),
+CASES = [  # n, hq, hkv, d, page, first position, norm, full precision, rotary dims (None: d)
+    (4, 4, 2, 16, 16, 37, True, False, None),
+    (5, 8, 1, 32, 8, 0, True, False, None),
+    (3, 4, 4, 64, 4, 1001, False, True, None),
+    (1, 2, 1, 128, 16, 7, True, False, None),
+    (9, 4, 4, 16, 16, 250, False, True, None),
+    # partial RoPE (LLaDA2: 64 of 128; the tiny preset: 16 of 32); 96 pass-through dims (not a
+    # power of two); one rotated pair; without norm; in full precision
+    (5, 4, 2, 128, 16, 37, True, False, 64),
+    (4, 4, 2, 32, 8, 3, True, False, 16),
+    (3, 2, 1, 128, 16, 600, True, False, 32),
+    (2, 4, 4, 16, 4, 9, True, False, 2),
+    (6, 4, 2, 64, 16, 100, False, False, 32),
+    (3, 4, 4, 64, 8, 21, False, True, 16),
 ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
 def test_qk_norm_rope_write(case, dtype):
-    n, hq, hkv, d, page, first, norm, fp32_rope = case
+    n, hq, hkv, d, page, first, norm, fp32_rope, rot = case
     gen = torch.Generator().manual_seed(n * 31 + d)
     qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=gen).to(DEV, dtype)
     positions = torch.arange(first, first + n, device=DEV)
@@ -84,8 +93,10 @@ def test_qk_norm_rope_write(case, dtype):
     page_table = torch.randperm(pages, generator=gen).to(DEV, torch.int32)
     k_cache = torch.zeros(pages, page, hkv, d, dtype=dtype, device=DEV)
     v_cache = torch.zeros_like(k_cache)
-    rotary = RotaryEmbedding(d, 10000.0 if fp32_rope else 1e6, full_precision=fp32_rope).to(DEV)
+    rotary = RotaryEmbedding(d, 10000.0 if fp32_rope else 1e6, full_precision=fp32_rope,
+                             rotary_dim=rot).to(DEV)
     cos, sin = rotary.cos_sin(positions)
+    assert cos.shape == (n, (rot or d) // 2)
     q_w = k_w = None
     if norm:
         q_w = (torch.rand(d, generator=gen) + 0.5).to(DEV, dtype)
@@ -115,6 +126,27 @@ def test_qk_norm_rope_write(case, dtype):
     untouched[slots] = False
     assert not k_cache.view(-1, hkv, d)[untouched].any()
     assert not v_cache.view(-1, hkv, d)[untouched].any()
+    if rot is not None:  # partial: the pass-through dims are the (normalised) inputs
+        pq = qkv[:, :hq * d].reshape(n, hq, d)
+        if norm:
+            pq = reference.rms_norm(pq, q_w, 1e-6)
+        close(q[..., rot:].contiguous(), pq[..., rot:].contiguous())
+        assert (q[..., :rot] - pq[..., :rot]).abs().max() > 1e-2
+
+
+def test_partial_rope_is_transformers_partial_rotary_factor():
+    """inv_freq over the rotated dims, as transformers' default rope with
+    partial_rotary_factor (LLaDA2: 64 of 128, theta 600000), and RoPE of only those dims."""
+    rotary = RotaryEmbedding(128, 600000.0, rotary_dim=64)
+    want = 1.0 / 600000.0 ** (torch.arange(0, 64, 2, dtype=torch.int64).float() / 64)
+    assert torch.equal(rotary.inv_freq, want)
+    x = torch.randn(3, 2, 128)
+    cos, sin = rotary.cos_sin(torch.tensor([0, 5, 70]))
+    y = reference.rope_rotate(x, cos, sin, False)
+    assert torch.equal(y[..., 64:], x[..., 64:])
+    full = reference.rope_rotate(x[..., :64], cos, sin, False)
+    assert torch.equal(y[..., :64], full)
+    assert torch.equal(y[0], x[0])  # position 0: no rotation
 
 
 def test_shape_errors():
@@ -125,6 +157,10 @@ def test_shape_errors():
     with pytest.raises(ValueError, match="qkv"):
         qk_norm_rope_write(torch.zeros(2, 10, device=DEV), 2, 1, 4, None, None, 1e-6,
                            None, None, None, None, None, None, False)
+    cos = torch.zeros(2, 3, device=DEV)  # R = 6: R/2 not a power of two
+    with pytest.raises(ValueError, match="R/2"):
+        qk_norm_rope_write(torch.zeros(2, 32, device=DEV), 2, 1, 8, None, None, 1e-6,
+                           cos, cos, None, None, None, None, False)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -477,15 +477,83 @@ def test_unknown_model_type(tiny_sdar, tmp_path):
     assert LLM(folder).config.family == "sdar"  # no model_type: read by architectures
 
 
+LLADA2_ATTENTION = ("query_key_value", "dense", "query_layernorm", "key_layernorm")
+LLADA2_TOP = {"model.word_embeddings.weight", "model.norm.weight", "lm_head.weight"}
+
+
+def _llada2_layer_names(layer: int, experts: int) -> set[str]:
+    """The official tensor names of one LLaDA2 layer: dense (experts=0) or MoE."""
+    p = f"model.layers.{layer}."
+    names = {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
+    names |= {f"{p}attention.{n}.weight" for n in LLADA2_ATTENTION}
+    mlps = ["mlp"] if not experts else \
+        ["mlp.shared_experts", *(f"mlp.experts.{e}" for e in range(experts))]
+    names |= {f"{p}{m}.{n}_proj.weight" for m in mlps for n in ("gate", "up", "down")}
+    if experts:
+        names |= {p + "mlp.gate.weight", p + "mlp.gate.expert_bias"}
+    return names
+
+
+def test_llada2_checkpoint_names(tmp_path):
+    out = make_checkpoint("tiny-llada2", tmp_path / "c")
+    tensors = read_tensors(out)
+    assert set(tensors) == LLADA2_TOP | _llada2_layer_names(0, 0) | \
+        _llada2_layer_names(1, 8) | _llada2_layer_names(2, 8)
+    assert tensors["model.layers.0.attention.query_key_value.weight"].shape == (8 * 32, 64)
+    assert tensors["model.layers.0.attention.dense.weight"].shape == (64, 4 * 32)
+    assert tensors["model.layers.0.attention.query_layernorm.weight"].shape == (32,)
+    assert tensors["model.layers.0.mlp.gate_proj.weight"].shape == (128, 64)
+    assert tensors["model.layers.1.mlp.experts.7.down_proj.weight"].shape == (64, 32)
+    assert tensors["model.layers.1.mlp.shared_experts.up_proj.weight"].shape == (32, 64)
+    assert tensors["model.layers.2.mlp.gate.weight"].dtype == torch.bfloat16
+    bias = tensors["model.layers.2.mlp.gate.expert_bias"]
+    assert bias.shape == (8,) and bias.dtype == torch.float32 and bias.std() > 0
+
+
 @needs_real
-def test_llada2_moe_not_supported_yet(tiny_sdar, tmp_path):
-    folder = clone(tiny_sdar, tmp_path / "c")
-    shutil.copyfile(LLADA2 / "config.json", folder / "config.json")
-    with pytest.raises(ConfigError, match=r"llada2_moe.*not supported yet"):
-        LLM(folder)
-    with pytest.raises(ConfigError, match="not supported yet"):
-        make_checkpoint(LLADA2, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
+def test_llada2_names_of_real_llada2_mini_config(tmp_path):
+    specs = meta_specs(read_config(LLADA2))
+    want = LLADA2_TOP | _llada2_layer_names(0, 0)
+    for layer in range(1, 20):
+        want |= _llada2_layer_names(layer, 256)
+    assert set(specs) == want
+    assert specs["model.word_embeddings.weight"] == (157184, 2048)
+    assert specs["lm_head.weight"] == (157184, 2048)
+    assert specs["model.layers.0.attention.query_key_value.weight"] == ((16 + 2 * 4) * 128, 2048)
+    assert specs["model.layers.0.attention.dense.weight"] == (2048, 16 * 128)
+    assert specs["model.layers.0.attention.key_layernorm.weight"] == (128,)
+    assert specs["model.layers.0.mlp.up_proj.weight"] == (5120, 2048)
+    assert specs["model.layers.19.mlp.gate.weight"] == (256, 2048)
+    assert specs["model.layers.19.mlp.gate.expert_bias"] == (256,)
+    assert specs["model.layers.19.mlp.experts.255.down_proj.weight"] == (2048, 512)
+    assert specs["model.layers.1.mlp.shared_experts.gate_proj.weight"] == (512, 2048)
+    with pytest.raises(CheckpointError, match="num_layers=21"):
+        make_checkpoint("LLaDA2.0-mini", tmp_path / "x", num_layers=21)
+
+
+@needs_real
+@pytest.mark.slow
+def test_reduced_copy_of_real_llada2_mini(tmp_path, request, capsys):
+    """`dlrt make-checkpoint LLaDA2.0-mini OUT --num-layers 2`: the dense layer and one MoE
+    layer of 256 experts, ~2.9 GB in bf16: only with `-m slow`. The shipped config names no
+    mask or eos token and the copy has no tokenizer: the family's defaults apply."""
+    if "slow" not in (request.config.getoption("-m") or ""):
+        pytest.skip("writes 2.9 GB: run with -m slow")
+    out = tmp_path / "llada2-2"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert cli_main(["make-checkpoint", "LLaDA2.0-mini", str(out), "--num-layers", "2",
+                     "--seed", "1", "--device", device]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    hf = read_config(out)
+    assert hf["num_hidden_layers"] == 2 and hf["max_window_layers"] == 2
+    tensors = read_tensors(out)
+    assert set(tensors) == LLADA2_TOP | _llada2_layer_names(0, 0) | _llada2_layer_names(1, 256)
+    assert tensors["model.layers.1.mlp.gate.expert_bias"].dtype == torch.float32
+    assert tensors["model.layers.1.mlp.gate.weight"].dtype == torch.bfloat16
+    llm = LLM(out, dtype="bfloat16", device=device)
+    assert llm.config.mask_token_id == 156895 and llm.eos_token_ids == (156892,)
+    r = llm.generate([1, 2, 3], 8, temperature=0, block_length=4)
+    assert len(r.token_ids) == 8
 
 
 class _Bait:
