@@ -11,9 +11,10 @@ from typing import Any
 
 from dlrt.attention.registry import check_backend
 from dlrt.config.engine import EngineConfig
-from dlrt.decoding.options import DecodingOptions, DecodingParams, resolve
+from dlrt.decoding.options import DecodingOptions, DecodingParams, check_editing, resolve
 from dlrt.engine import Engine
 from dlrt.errors import DlrtError, OptionError, PromptError
+from dlrt.models.registry import family
 from dlrt.outputs import BlockOutput, GenerationResult
 from dlrt.runtime.executor import check_mode
 from dlrt.stops import find_stop_string, stop_holdback, trim
@@ -90,7 +91,8 @@ class LLM:
 
         Raises:
             OptionError: a bad option; a stop id outside the vocabulary; a stop string for a
-                checkpoint without a tokenizer (it could never match).
+                checkpoint without a tokenizer (it could never match); editing_threshold for
+                a family that does not edit (only LLaDA2 does) or a decoder other than block.
         """
         vocab = self.config.vocab_size
         for s in options.stop:
@@ -99,8 +101,11 @@ class LLM:
             if isinstance(s, str) and self.tokenizer is None:
                 raise OptionError(f"stop string {s!r} needs a tokenizer and {self.folder.path} "
                                   "has none; give stop token ids")
-        return resolve(options, self.decoder_defaults, self.folder.generation_config,
-                       self.eos_token_ids, DEFAULT_MAX_NEW_TOKENS, random.randrange(2**31))
+        params = resolve(options, self.decoder_defaults, self.folder.generation_config,
+                         self.eos_token_ids, DEFAULT_MAX_NEW_TOKENS, random.randrange(2**31))
+        fam = family(self.config.family)
+        check_editing(params, fam.name, fam.supports_editing, self.decoder_name)
+        return params
 
     def stream(self, prompt: Prompt, *, chat: bool = False, **options: Any
                ) -> Iterator[BlockOutput]:
@@ -117,7 +122,8 @@ class LLM:
                 when `chat=True`.
             max_new_tokens and **options: see `dlrt.decoding.options.DecodingOptions`
                 (block_length, denoising_steps, remasking_strategy, threshold, eb_threshold,
-                temperature, top_k, top_p, seed, stop, ignore_eos).
+                editing_threshold, max_post_steps, temperature, top_k, top_p, seed, stop,
+                ignore_eos).
         Raises:
             OptionError: unknown option or bad value. PromptError: bad or too long prompt.
         """

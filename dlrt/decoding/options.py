@@ -24,6 +24,11 @@ class DecodingOptions:
     remasking_strategy: one of `dlrt.decoding.strategies.STRATEGIES`.
     threshold: confidence bar in [0, 1] (low_confidence_dynamic, threshold, dynamic_pmax).
     eb_threshold: entropy budget in nats (> 0) of `entropy_bounded`.
+    editing_threshold: in [0, 1]; rewrite a decided position of the active block when its
+        candidate differs with p above it (LLaDA2.1 token editing; `block` decoder and
+        families that edit only). Default None: no edits.
+    max_post_steps: >= 0, passes over a block with no mask left while edits continue
+        (editing only; default 16).
     temperature: >= 0; 0 is greedy. top_k: >= 0 (0 = off). top_p: in (0, 1].
     seed: >= 0; sampling and `random` are reproducible for a given seed.
     stop: extra stop token ids (int) or stop strings (str).
@@ -36,6 +41,8 @@ class DecodingOptions:
     remasking_strategy: str | None = None
     threshold: float | None = None
     eb_threshold: float | None = None
+    editing_threshold: float | None = None
+    max_post_steps: int | None = None
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
@@ -62,8 +69,9 @@ class DecodingOptions:
         return opts
 
     def _check_types(self) -> None:
-        ints = ("max_new_tokens", "block_length", "denoising_steps", "top_k", "seed")
-        floats = ("threshold", "eb_threshold", "temperature", "top_p")
+        ints = ("max_new_tokens", "block_length", "denoising_steps", "top_k", "seed",
+                "max_post_steps")
+        floats = ("threshold", "eb_threshold", "editing_threshold", "temperature", "top_p")
         for name in ints:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
@@ -84,17 +92,20 @@ class DecodingOptions:
 
 @dataclass(frozen=True)
 class DecoderDefaults:
-    """A decoder's defaults; `block_length=None` means one block over the whole generation."""
+    """A decoder's (or a family's) defaults; `block_length=None` means one block over the
+    whole generation; `editing_threshold=None`: no edits."""
 
     block_length: int | None
     remasking_strategy: str
     threshold: float = 0.9
     eb_threshold: float = 0.35
+    editing_threshold: float | None = None
+    max_post_steps: int = 16
 
 
 @dataclass(frozen=True)
 class DecodingParams:
-    """Resolved, validated options of one request."""
+    """Resolved, validated options of one request (`editing_threshold` None: no edits)."""
 
     max_new_tokens: int
     block_length: int
@@ -103,6 +114,8 @@ class DecodingParams:
     sampling: SamplingSpec
     stop_token_ids: frozenset[int]
     stop_strings: tuple[str, ...] = field(default=())
+    editing_threshold: float | None = None
+    max_post_steps: int = 16
 
 
 def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config: dict[str, Any],
@@ -114,7 +127,8 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     otherwise greedy. `random_seed` is used when the request gives no seed.
 
     Raises:
-        OptionError: a value out of range (the message names the option).
+        OptionError: a value out of range (the message names the option): threshold or
+            editing_threshold outside [0, 1], a negative max_post_steps, ...
     """
     gen = generation_config
     sample = bool(gen.get("do_sample", False))
@@ -131,6 +145,12 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     _check(0.0 <= threshold <= 1.0, "threshold", threshold, "must be in [0, 1]")
     eb = float(_pick(opts.eb_threshold, defaults.eb_threshold))
     _check(math.isfinite(eb) and eb > 0.0, "eb_threshold", eb, "must be a finite number > 0")
+    editing = _pick(opts.editing_threshold, defaults.editing_threshold)
+    editing = None if editing is None else float(editing)
+    _check(editing is None or 0.0 <= editing <= 1.0, "editing_threshold", editing,
+           "must be in [0, 1]")
+    post = _pick(opts.max_post_steps, defaults.max_post_steps)
+    _check(0 <= post < 2**62, "max_post_steps", post, "must be in [0, 2^62)")
     temperature = float(_pick(opts.temperature, gen.get("temperature") if sample else 0.0, 0.0))
     _check(math.isfinite(temperature) and temperature >= 0.0, "temperature", temperature,
            "must be a finite number >= 0")
@@ -151,7 +171,26 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
         sampling=SamplingSpec(temperature, top_k, top_p, seed),
         stop_token_ids=frozenset(stop_ids),
         stop_strings=tuple(s for s in opts.stop if isinstance(s, str)),
+        editing_threshold=editing,
+        max_post_steps=post,
     )
+
+
+def check_editing(params: DecodingParams, family: str, supports_editing: bool,
+                  decoder: str) -> None:
+    """Editing needs a family trained to edit (LLaDA2) and the `block` decoder.
+
+    Raises:
+        OptionError: editing asked of another family or decoder (names editing_threshold).
+    """
+    value = params.editing_threshold
+    if value is None:
+        return
+    _check(supports_editing, "editing_threshold", value,
+           f"asks for token editing, which the {family} family was not trained for (only "
+           "LLaDA2 models edit decided tokens); leave it unset")
+    _check(decoder == "block", "editing_threshold", value,
+           f"works only with the 'block' decoder, not {decoder!r} (any remasking strategy)")
 
 
 def check_ranges(opts: DecodingOptions) -> None:
@@ -188,7 +227,8 @@ def _is_number(v: Any) -> bool:
 
 
 def _pick(*values):
-    return next(v for v in values if v is not None)
+    """The first value that is not None (None when the last is)."""
+    return next((v for v in values if v is not None), None)
 
 
 def _check(ok: bool, name: str, value: Any, why: str) -> None:

@@ -1,4 +1,5 @@
-"""One denoising round after the forward: candidates, confidences, remasking strategy, commit.
+"""One denoising round after the forward: candidates, confidences, remasking strategy, commit,
+and (LLaDA2.1's joint threshold) edits of decided positions.
 
 Pure tensor code with fixed shapes (no `.item()`, no data-dependent Python branches), shared by
 every decoder and execution mode so they commit the same tokens. The candidates and confidences
@@ -23,14 +24,16 @@ CandidatesOp = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 @dataclass(frozen=True)
 class RoundKind:
-    """What a round's code does, never with which values: the remasking strategy and the
-    sampling mode. Captured graphs are keyed on it, so every request of a kind shares them."""
+    """What a round's code does, never with which values: the remasking strategy, the
+    sampling mode and whether decided positions may be edited. Captured graphs are keyed on
+    it, so every request of a kind shares them."""
 
     strategy: str
     sampling: SamplingMode
+    editing: bool = False
 
     def __str__(self) -> str:
-        return f"{self.strategy}/{self.sampling}"
+        return f"{self.strategy}/{self.sampling}" + "/editing" * self.editing
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,15 @@ class RoundSpec:
     sampling: SamplingSpec
     steps: int | torch.Tensor  # the round budget T; the last round commits every remaining mask
     mode: SamplingMode | None = None  # None: `SamplingMode.of(sampling)` (host values)
+    # edits: rewrite a decided, editable position whose candidate differs from its token, is
+    # not `mask_token_id` and has p > editing_threshold. None: no edits (another round kind).
+    editing_threshold: float | torch.Tensor | None = None
+    mask_token_id: int = -1
 
     @property
     def kind(self) -> RoundKind:
-        return RoundKind(self.strategy.name, self.mode or SamplingMode.of(self.sampling))
+        return RoundKind(self.strategy.name, self.mode or SamplingMode.of(self.sampling),
+                         self.editing_threshold is not None)
 
 
 def reference_candidates(logits: torch.Tensor, sampling: SamplingSpec, mode: SamplingMode,
@@ -59,9 +67,16 @@ def reference_candidates(logits: torch.Tensor, sampling: SamplingSpec, mode: Sam
 
 def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
                   masked: torch.Tensor, positions: torch.Tensor, round_idx, quota,
-                  candidates_op: CandidatesOp = reference_candidates
+                  candidates_op: CandidatesOp = reference_candidates,
+                  editable: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Commit some masked positions of a block.
+    """Commit some masked positions of a block and, when the spec edits, rewrite decided ones.
+
+    Mask commits: the strategy's rule on `masked`; the last round of the budget
+    (round_idx >= steps - 1) commits every remaining mask. Edits (spec.editing_threshold not
+    None; LLaDA2.1 `generate()`): a position decided before this round (not `masked`) and
+    `editable` takes the round's candidate when it differs from `tokens`, is not
+    `spec.mask_token_id`, and its confidence is strictly above the editing threshold.
 
     Args:
         logits: [n, V] logits at the block positions (any float dtype).
@@ -71,8 +86,11 @@ def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
         round_idx: int or 0-d int64 tensor, round within the block (0-based).
         quota: int or 0-d int64 tensor, this round's quota k.
         candidates_op: the ops table's candidate draw (equal to `reference_candidates`).
+        editable: [n] bool, positions an edit may rewrite (not prompt tokens); required when
+            the spec edits, ignored otherwise.
     Returns:
-        (tokens [n] int64, masked [n] bool, commit [n] bool) after the round.
+        (tokens [n] int64, masked [n] bool, written [n] bool) after the round; `written` is
+        the mask commits and the edits of this round (disjoint).
     """
     kind = spec.kind
     ent = None
@@ -88,4 +106,8 @@ def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
     commit = select(spec.strategy, conf, masked, quota, ent, rand)
     last = torch.as_tensor(round_idx, device=masked.device) >= spec.steps - 1
     commit = commit | (masked & last)
+    if kind.editing:
+        edit = (editable & ~masked & (cand != tokens) & (cand != spec.mask_token_id)
+                & (conf > spec.editing_threshold))
+        commit = commit | edit
     return torch.where(commit, cand, tokens), masked & ~commit, commit

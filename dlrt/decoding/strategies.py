@@ -4,7 +4,20 @@ Every strategy maps (confidence [n] fp32, masked [n] bool, quota k) to commit [n
 host sync and fixed shapes, so the same code runs eagerly and inside a captured CUDA graph.
 Guarantees for all: commit is a subset of masked; at least one position is committed while any
 is masked. Quota-based strategies commit min(k, masks left) positions, at least one.
-Definitions follow DESIGN §3.6 (SDAR `generate.py`, dInfer, Fast-dLLM, EB-sampler).
+Definitions follow DESIGN §3.6 (SDAR `generate.py`, dInfer, Fast-dLLM, EB-sampler; `threshold`
+is LLaDA2's `generate()` rule with one token to transfer).
+
+- `sequential`: the leftmost k masked positions.
+- `low_confidence_static`: the k masked positions of highest p.
+- `low_confidence_dynamic`: every masked p > threshold; if fewer than k, the top k by p.
+- `threshold`: every masked p > threshold (strictly); if none, the single most confident
+  masked position. The quota is not used; threshold 0 commits every masked p > 0.
+- `entropy_bounded`: by ascending entropy, the longest prefix whose summed entropy stays
+  < eb_threshold (at least one).
+- `dynamic_pmax`: by descending p, the longest prefix whose product of p stays >= threshold
+  (at least one).
+- `random`: k masked positions drawn uniformly (counter-based scores).
+Ties go to the lower index everywhere.
 """
 
 from __future__ import annotations
@@ -81,8 +94,8 @@ def select(spec: StrategySpec, conf: torch.Tensor, masked: torch.Tensor, quota,
         high = masked & (conf > spec.threshold)
         return torch.where(high.sum() >= k, high, top_k)
     if name == "threshold":
-        bar = torch.clamp(score.max() - 1e-5, max=spec.threshold)
-        return masked & (conf >= bar)
+        high = masked & (conf > spec.threshold)
+        return torch.where(high.any(), high, masked & (_rank(score, True) < 1))
     if name == "dynamic_pmax":
         rank = _rank(score, True)
         p_sorted = torch.sort(torch.where(masked, conf, torch.zeros_like(conf)),

@@ -26,9 +26,15 @@ _HELP = {
     "denoising_steps": "round budget T per block (default B)",
     "remasking_strategy": "sequential, low_confidence_static, low_confidence_dynamic, "
                           "threshold, entropy_bounded, dynamic_pmax, random",
-    "threshold": "confidence threshold in [0, 1] of low_confidence_dynamic, threshold and "
-                 "dynamic_pmax (default 0.9)",
+    "threshold": "confidence threshold in [0, 1] of low_confidence_dynamic, threshold (commit "
+                 "every masked position with p above it, else the most confident one) and "
+                 "dynamic_pmax (default: the model's, else 0.9)",
     "eb_threshold": "entropy budget of entropy_bounded (default 0.35)",
+    "editing_threshold": "token editing (LLaDA2.1, block decoder): rewrite a decided token of "
+                         "the active block when the model prefers another with probability "
+                         "above X in [0, 1] (default: off)",
+    "max_post_steps": "with editing: passes over a block with no mask left while edits go on "
+                      "(default 16)",
     "temperature": "0 = greedy (default: generation_config.json, else 0)",
     "top_k": "top-k filter, 0 = off", "top_p": "top-p filter, 1 = off",
     "seed": "sampling seed",

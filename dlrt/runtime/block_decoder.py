@@ -8,6 +8,12 @@ round 0 of block k+1 forwards [block k (decided) + block k+1 (masked)] block-cau
 sees the prefix and itself, exactly its separate forward; block k+1 also sees block k), with
 logits for block k+1 only. One forward per block saved, same attention pattern. Program per
 block: phase "first" (block 0) | "folded" (later blocks, runs round 0) -> rounds -> end.
+
+Token editing (LLaDA2.1 `generate()`, a round kind of its own): each round may also rewrite
+decided positions of the active block (never its prompt tokens, never earlier blocks), and a
+block ends on a round begun with no mask that changes nothing, or when the post passes
+(rounds begun with no mask) would exceed `max_post_steps` (`BlockState.update_flag`). A block
+is yielded only once it has ended, so streamed blocks never change.
 """
 
 from __future__ import annotations
@@ -45,9 +51,9 @@ class BlockProgram(ProgramBase):
         return [*self.state.tensors(), self.prev]
 
     def begin(self) -> None:
-        self.state.round.zero_()
-        self.state.commit_round.fill_(-1)
-        self.state.update_flag()
+        """Block 0: its tokens, mask and editable positions were loaded on the host."""
+        self.state.start_block()
+        self.state.update_flag(self.kind.editing)
 
     def begin_folded(self) -> None:
         """Round 0 of a block after the first (all masked, set here on the device):
@@ -56,8 +62,8 @@ class BlockProgram(ProgramBase):
         s = self.state
         s.tokens.copy_(self.mask_block)
         s.masked.fill_(True)
-        s.round.zero_()
-        s.commit_round.fill_(-1)
+        s.editable.fill_(True)
+        s.start_block()
         chunk = torch.cat([self.prev, s.tokens])  # [2B]
         logits = self.runner.forward(chunk, s.lens + self.shift, self.b,
                                      rows=slice(self.b, 2 * self.b))

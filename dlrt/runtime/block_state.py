@@ -20,9 +20,13 @@ class BlockState:
     steps 0-d int64 (budget T), seed 0-d int64, quotas [n + 1] int64 (quota of round r at
     min(r, n)), lens [2] int32 (start, kv_len) of the block's forward.
     The request's values, 0-d: temperature fp64, top_k int64, top_p fp32, threshold fp32,
-    eb_threshold fp64 (`set_values`; compared with fp32 values they round as a Python float
-    would, past the fp32 range to infinity); a captured round reads them (`round_spec`), so one
-    graph serves every value.
+    eb_threshold fp64, editing_threshold fp32 (+inf when off), max_post_steps int64
+    (`set_values`; compared with fp32 values they round as a Python float would, past the fp32
+    range to infinity); a captured round reads them (`round_spec`), so one graph serves every
+    value.
+    Editing (LLaDA2.1): editable [n] bool (positions an edit may rewrite: those that started
+    the block masked), post 0-d int64 (passes begun with no mask left), changed 0-d bool (the
+    last round wrote a position).
     """
 
     def __init__(self, n: int, device: torch.device):
@@ -42,27 +46,39 @@ class BlockState:
         self.top_p = torch.ones((), dtype=torch.float32, device=device)
         self.threshold = torch.zeros((), dtype=torch.float32, device=device)
         self.eb_threshold = torch.zeros((), dtype=torch.float64, device=device)
+        self.editing_threshold = torch.full((), float("inf"), dtype=torch.float32, device=device)
+        self.max_post_steps = torch.zeros((), dtype=torch.int64, device=device)
+        self.editable = torch.zeros(n, dtype=torch.bool, device=device)
+        self.post = torch.zeros((), dtype=torch.int64, device=device)
+        self.changed = torch.ones((), dtype=torch.bool, device=device)
         self._pinned: list[torch.Tensor] = []  # two host buffers for read-backs (CUDA)
         self._slot = 0
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.tokens, self.masked, self.commit_round, self.round, self.flag, self.steps,
                 self.seed, self.quotas, self.lens, self.temperature, self.top_k, self.top_p,
-                self.threshold, self.eb_threshold]
+                self.threshold, self.eb_threshold, self.editing_threshold,
+                self.max_post_steps, self.editable, self.post, self.changed]
 
-    def round_spec(self, kind: RoundKind) -> RoundSpec:
-        """The round of `kind` reading this state's request values and budget."""
+    def round_spec(self, kind: RoundKind, mask_token_id: int = -1) -> RoundSpec:
+        """The round of `kind` reading this state's request values and budget (an editing
+        kind never writes `mask_token_id` by an edit)."""
         return RoundSpec(StrategySpec(kind.strategy, self.threshold, self.eb_threshold),
                          SamplingSpec(self.temperature, self.top_k, self.top_p, self.seed),
-                         self.steps, kind.sampling)
+                         self.steps, kind.sampling,
+                         self.editing_threshold if kind.editing else None, mask_token_id)
 
     def set_values(self, params: DecodingParams) -> None:
-        """The request's sampling and strategy values (host -> device, stream ordered)."""
+        """The request's sampling, strategy and editing values (host -> device, stream
+        ordered)."""
         s, st = params.sampling, params.strategy
+        editing = params.editing_threshold
         # NOTE: a top-k past the vocabulary keeps every token; clamped to fit int64.
         for t, v in ((self.temperature, s.temperature), (self.top_k, min(s.top_k, 2**62)),
                      (self.top_p, s.top_p), (self.threshold, st.threshold),
-                     (self.eb_threshold, st.eb_threshold)):
+                     (self.eb_threshold, st.eb_threshold),
+                     (self.editing_threshold, float("inf") if editing is None else editing),
+                     (self.max_post_steps, params.max_post_steps)):
             t.fill_(v)
 
     def set_request(self, length: int, steps: int, seed: int) -> None:
@@ -79,17 +95,39 @@ class BlockState:
         self.lens.copy_(torch.tensor([start, kv_len], dtype=torch.int32))
 
     def load_block(self, tokens: list[int], masked: list[bool]) -> None:
-        """The block's initial ids and undecided positions (host -> device, stream ordered)."""
+        """The block's initial ids and undecided positions (host -> device, stream ordered);
+        the positions that start masked are the editable ones."""
         self.tokens.copy_(torch.tensor(tokens, dtype=torch.int64))
         self.masked.copy_(torch.tensor(masked, dtype=torch.bool))
+        self.editable.copy_(self.masked)
+
+    def start_block(self) -> None:
+        """The counters of a new block (device only): no round run, nothing committed, no
+        post pass."""
+        self.round.zero_()
+        self.commit_round.fill_(-1)
+        self.post.zero_()
+        self.changed.fill_(True)
 
     def quota(self) -> torch.Tensor:
         """This round's quota, 0-d int64 (a gather: indexing by a 0-d tensor would sync)."""
         return self.quotas.gather(0, torch.clamp(self.round, max=self.n).reshape(1))[0]
 
-    def update_flag(self) -> None:
-        """flag = masks remain and rounds < T (device only)."""
-        self.flag.copy_((self.masked.any() & (self.round < self.steps)).reshape(1))
+    def update_flag(self, editing: bool = False) -> None:
+        """Whether to run another round (device only).
+
+        Without editing: masks remain and rounds < T. With editing (LLaDA2.1 `generate()`):
+        the last round changed something (a round begun with masks always does), and masks
+        remain or another post pass is allowed (post + 1 <= max_post_steps), and rounds <
+        B + max_post_steps + 1 (a cap the rule above never reaches).
+        """
+        if not editing:
+            run = self.masked.any() & (self.round < self.steps)
+        else:
+            cap = self.max_post_steps + (self.n + 1)
+            run = (self.changed & (self.masked.any() | (self.post < self.max_post_steps))
+                   & (self.round < cap))
+        self.flag.copy_(run.reshape(1))
 
     def readback_async(self) -> Readback:
         """Enqueue the copy of (tokens, commit rounds, rounds) to the host in stream order

@@ -69,8 +69,10 @@ class Decoder(Protocol):
 
 
 def round_kind(params: DecodingParams) -> RoundKind:
-    """The round kind of a request: its strategy and sampling mode (values excluded)."""
-    return RoundKind(params.strategy.name, SamplingMode.of(params.sampling))
+    """The round kind of a request: its strategy, sampling mode and whether it edits (values
+    excluded)."""
+    return RoundKind(params.strategy.name, SamplingMode.of(params.sampling),
+                     params.editing_threshold is not None)
 
 
 class ProgramBase:
@@ -80,9 +82,10 @@ class ProgramBase:
 
     def __init__(self, name: str, runner, kind: RoundKind, b: int, *key: object,
                  mask_token_id: int | None = None):
-        self.runner, self.b = runner, b
+        self.runner, self.b, self.kind = runner, b, kind
         self.state = BlockState(b, runner.device)
-        self.spec: RoundSpec = self.state.round_spec(kind)
+        self.spec: RoundSpec = self.state.round_spec(
+            kind, -1 if mask_token_id is None else mask_token_id)
         self.key = (name, b, *key, kind)
         if mask_token_id is not None:
             self.mask_block = torch.full((b,), mask_token_id, dtype=torch.int64,
@@ -94,19 +97,23 @@ class ProgramBase:
     def commit(self, logits: torch.Tensor, positions: torch.Tensor,
                rows: torch.Tensor | None = None,
                canvas: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-        """Apply one round's commit to the state from `logits` [n, V] (device only).
+        """Apply one round's commit (and, in an editing kind, its edits) to the state from
+        `logits` [n, V] (device only); a position's commit round is the round of its last
+        write. An editing round begun with no mask left is a post pass (`state.post`).
 
         With `canvas=(ids, masked)` the block is the window `rows` of a larger canvas, whose
         ids and mask are updated in place; otherwise the state's own tokens/masked are.
         """
-        state = self.state
+        state, editing = self.state, self.kind.editing
         if canvas is None:
             tokens, masked = state.tokens, state.masked
         else:
             tokens, masked = canvas[0].index_select(0, rows), canvas[1].index_select(0, rows)
+        if editing:
+            state.post.add_((~masked.any()).long())
         new_tokens, new_masked, commit = denoise_round(
             self.spec, logits, tokens, masked, positions, state.round, state.quota(),
-            candidates_op=self.runner.ops.candidates)
+            candidates_op=self.runner.ops.candidates, editable=state.editable)
         if canvas is None:
             state.tokens.copy_(new_tokens)
             state.masked.copy_(new_masked)
@@ -115,8 +122,10 @@ class ProgramBase:
             canvas[1].index_copy_(0, rows, new_masked)
             state.masked.copy_(new_masked)
         state.commit_round.copy_(torch.where(commit, state.round, state.commit_round))
+        if editing:
+            state.changed.copy_(commit.any())
         state.round.add_(1)
-        state.update_flag()
+        state.update_flag(editing)
 
 
 class DecoderBase:

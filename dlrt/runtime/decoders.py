@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 from dlrt.decoding.options import DecoderDefaults
@@ -21,8 +22,10 @@ DECODERS = {
 
 def decoder_for(family: Family, name: str | None,
                 trained_block: int | None) -> tuple[str, DecoderDefaults]:
-    """Resolve the decoder name (None: the family's default) and its defaults; the "block"
-    decoder takes the block length the model was trained with.
+    """Resolve the decoder name (None: the family's default) and its defaults: the family's
+    own (`Family.decoder_defaults`) when it has them and the decoder is its default, else the
+    decoder's; the "block" decoder takes the block length the model was trained with
+    (`trained_block`, the config's `block_size`) over either.
 
     Raises:
         OptionError: unknown decoder, or one that does not fit the family.
@@ -33,9 +36,11 @@ def decoder_for(family: Family, name: str | None,
     if name not in family.decoders:
         raise OptionError(f"decoder {name!r} does not fit a {family.name} model; "
                           f"use one of {sorted(family.decoders)}")
-    defaults = DECODERS[name][2]
+    defaults: DecoderDefaults = DECODERS[name][2]
+    if family.decoder_defaults is not None and name == family.default_decoder:
+        defaults = family.decoder_defaults
     if name == "block" and trained_block:
-        defaults = DecoderDefaults(trained_block, defaults.remasking_strategy)
+        defaults = dataclasses.replace(defaults, block_length=trained_block)
     return name, defaults
 
 

@@ -134,3 +134,81 @@ def test_round_has_no_host_sync(sdar):
                 prog.end()
         finally:
             torch.cuda.set_sync_debug_mode(0)
+
+
+# --- token editing (LLaDA2.1): the WHILE node reads only `flag`, whatever the round kind ------
+
+@pytest.fixture
+def editing_family(monkeypatch):
+    """Every family edits (the loop does not depend on the family; SDAR weights stand in)."""
+    import dataclasses
+
+    import dlrt.llm
+
+    real = dlrt.llm.family
+    monkeypatch.setattr(dlrt.llm, "family",
+                        lambda name: dataclasses.replace(real(name), supports_editing=True))
+
+
+EDITING = [(None, 16), (0.0, 0), (0.0, 3), (0.5, 16)]  # (editing_threshold, max_post_steps)
+
+
+@pytest.mark.parametrize("editing_threshold,max_post_steps", EDITING)
+@pytest.mark.parametrize("strategy", ["threshold", "low_confidence_dynamic"])
+@pytest.mark.parametrize("prompt_len", [5, 8, 3001])
+def test_editing_modes_identical(sdar, editing_family, editing_threshold, max_post_steps,
+                                 strategy, prompt_len):
+    prompt = [(7 * i + 11) % 150000 for i in range(prompt_len)]
+    out = _run_modes(sdar, prompt, max_new_tokens=32, block_length=8, temperature=0,
+                     remasking_strategy=strategy, threshold=0.4, ignore_eos=True,
+                     editing_threshold=editing_threshold, max_post_steps=max_post_steps)
+    _assert_same(out)
+    assert len(out["eager"][0]) == 32
+
+
+def test_editing_changes_tokens_and_rounds(sdar, editing_family):
+    """The editing kind really edits here (so the identities above are not vacuous)."""
+    sdar.set_execution_mode("device_loop")
+    opts = dict(max_new_tokens=32, block_length=8, temperature=0, ignore_eos=True,
+                remasking_strategy="threshold", threshold=0.4)
+    prompt = list(range(40, 45))
+    off = sdar.generate(prompt, **opts)
+    on = sdar.generate(prompt, editing_threshold=0.0, max_post_steps=3, **opts)
+    assert on.token_ids != off.token_ids
+
+
+@pytest.mark.parametrize("editing_threshold", [None, 0.0, 0.3])
+def test_editing_sampled_modes_identical(sdar, editing_family, editing_threshold):
+    out = _run_modes(sdar, list(range(500, 517)), max_new_tokens=24, block_length=8,
+                     temperature=0.8, top_k=50, seed=7, remasking_strategy="threshold",
+                     threshold=0.3, editing_threshold=editing_threshold, max_post_steps=2,
+                     ignore_eos=True)
+    _assert_same(out)
+
+
+def test_one_editing_graph_serves_every_value(sdar, editing_family):
+    sdar.set_execution_mode("device_loop")
+    opts = dict(max_new_tokens=16, block_length=8, temperature=0, remasking_strategy="threshold",
+                ignore_eos=True)
+    sdar.generate(list(range(20)), threshold=0.5, editing_threshold=0.5, **opts)
+    captured = sdar.executor.captures
+    for et, post, th in ((0.0, 0, 0.1), (1.0, 40, 0.9), (0.25, 3, 0.0)):
+        sdar.generate(list(range(20)), threshold=th, editing_threshold=et, max_post_steps=post,
+                      **opts)
+    assert sdar.executor.captures == captured
+
+
+def test_editing_round_has_no_host_sync(sdar, editing_family):
+    sdar.set_execution_mode("eager")
+    sdar.generate(list(range(9)), max_new_tokens=16, block_length=8, temperature=0,
+                  editing_threshold=0.0, ignore_eos=True)
+    prog = next(p for p in sdar.decoder.programs if p.kind.editing)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.inference_mode():
+            prog.begin_folded()
+            prog.round()
+            prog.end()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)

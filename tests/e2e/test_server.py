@@ -518,6 +518,11 @@ PARAMS = [  # (path, body, the `param` of the 400: the field as the client sent 
     ("/generate", {**HI, "stop": 1.5}, "stop"),
     ("/generate", {**HI, "stop": [""]}, "stop"),
     ("/generate", {**HI, "unknown_field": 1}, "unknown_field"),
+    ("/generate", {**HI, "threshold": 1.5}, "threshold"),
+    ("/generate", {**HI, "editing_threshold": -0.5}, "editing_threshold"),
+    ("/generate", {**HI, "editing_threshold": 0.5}, "editing_threshold"),  # SDAR does not edit
+    ("/generate", {**HI, "max_post_steps": -1}, "max_post_steps"),
+    ("/generate", {**HI, "max_post_steps": 1.5}, "max_post_steps"),
     ("/generate", {"prompt": "word " * 200}, "prompt"),  # the prompt alone fills the context
     ("/generate", {"input_ids": [-1]}, "input_ids"),
     ("/generate", {"input_ids": []}, "input_ids"),
@@ -532,6 +537,8 @@ PARAMS = [  # (path, body, the `param` of the 400: the field as the client sent 
      "max_completion_tokens"),
     ("/v1/chat/completions", {**CHAT, "stop": [1]}, "stop"),
     ("/v1/chat/completions", {**CHAT, "block_length": 10**9}, "block_length"),
+    ("/v1/chat/completions", {**CHAT, "editing_threshold": 0.0}, "editing_threshold"),
+    ("/v1/completions", {**COMP, "max_post_steps": -1}, "max_post_steps"),
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": {"a": 1}}]},
      "messages.0.content"),
     ("/v1/chat/completions", {**CHAT, "messages": [

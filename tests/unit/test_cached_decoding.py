@@ -82,9 +82,8 @@ def pick(s: Strategy, p: list[float], ent: list[float], masked: list[int], k: in
     if s.name == "low_confidence_dynamic":
         high = [i for i in masked if p[i] > s.threshold]
         return high if len(high) >= k else by_p[:k]
-    if s.name == "threshold":
-        bar = min(s.threshold, max(p[i] for i in masked) - 1e-5)
-        return [i for i in masked if p[i] >= bar]
+    if s.name == "threshold":  # LLaDA2 `generate()`: p > threshold, else the top one
+        return [i for i in masked if p[i] > s.threshold] or by_p[:1]
     if s.name == "dynamic_pmax":
         count, prod = 0, 1.0
         for i in by_p:

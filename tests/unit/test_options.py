@@ -40,6 +40,11 @@ def test_unknown_options_are_named():
     ("threshold", 10**400),
     ("top_p", "1"),
     ("eb_threshold", "x"),
+    ("editing_threshold", "0.5"),
+    ("editing_threshold", True),
+    ("max_post_steps", 1.5),
+    ("max_post_steps", True),
+    ("max_post_steps", "3"),
     ("remasking_strategy", 3),
     ("ignore_eos", "yes"),
 ])
@@ -73,6 +78,12 @@ def test_none_means_default_and_numbers_accept_ints():
     ("threshold", 1.1),
     ("eb_threshold", 0),
     ("eb_threshold", -1.0),
+    ("editing_threshold", -0.1),
+    ("editing_threshold", 1.5),
+    ("editing_threshold", float("nan")),
+    ("threshold", float("nan")),
+    ("max_post_steps", -1),
+    ("max_post_steps", 2**62),
     ("temperature", -1),
     ("top_k", -1),
     ("top_p", 0),
@@ -92,7 +103,8 @@ def test_out_of_range_names_the_field(name, value):
 @pytest.mark.parametrize("name, value", [
     ("threshold", 0.0), ("threshold", 1.0), ("top_p", 1.0), ("top_k", 0), ("temperature", 0),
     ("max_new_tokens", 1), ("block_length", 1), ("denoising_steps", 1), ("seed", 0),
-    ("seed", 2**63 - 1), ("denoising_steps", 2**63 - 1),
+    ("seed", 2**63 - 1), ("denoising_steps", 2**63 - 1), ("editing_threshold", 0.0),
+    ("editing_threshold", 1.0), ("max_post_steps", 0), ("max_post_steps", 2**62 - 1),
 ])
 def test_range_boundaries_accepted(name, value):
     params(**{name: value})
@@ -108,6 +120,18 @@ def test_defaults_without_generation_config_are_greedy():
     assert (p.sampling.temperature, p.sampling.top_k, p.sampling.top_p) == (0.0, 0, 1.0)
     assert p.sampling.seed == 77
     assert p.stop_token_ids == frozenset(EOS) and p.stop_strings == ()
+    assert (p.editing_threshold, p.max_post_steps) == (None, 16)  # no edits
+
+
+def test_editing_defaults_come_from_the_decoder_defaults():
+    edits = DecoderDefaults(32, "threshold", threshold=0.95, editing_threshold=0.5,
+                            max_post_steps=4)
+    p = params(defaults=edits)
+    assert (p.block_length, p.strategy.threshold, p.editing_threshold, p.max_post_steps) == \
+        (32, 0.95, 0.5, 4)
+    p = params(defaults=edits, editing_threshold=0, max_post_steps=0)
+    assert (p.editing_threshold, p.max_post_steps) == (0.0, 0)
+    assert isinstance(p.editing_threshold, float)
 
 
 def test_sampling_defaults_from_generation_config_when_do_sample():

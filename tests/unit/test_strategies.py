@@ -96,22 +96,62 @@ def test_low_confidence_dynamic_falls_back_to_top_k():
     assert run("low_confidence_dynamic", conf, masked, 0, threshold=0.95) == [F, T, F, F]
 
 
-# --- threshold --------------------------------------------------------------------------------
+# --- threshold (LLaDA2 `generate()`: p > threshold, else the single most confident) -------
 
-def test_threshold_commits_all_at_or_above():
+def test_threshold_commits_all_strictly_above():
     masked = [T, T, T, F, T]
-    conf = [0.875, 0.75, 0.5, 1.0, 0.625]
-    assert run("threshold", conf, masked, 1, threshold=0.75) == [T, T, F, F, F]  # 0.75 >= 0.75
+    conf = [0.875, 0.75, 0.5, 1.0, 0.625]  # the unmasked 1.0 is ignored
+    assert run("threshold", conf, masked, 1, threshold=0.75) == [T, F, F, F, F]  # 0.75 is not
+    assert run("threshold", conf, masked, 1, threshold=0.5) == [T, T, F, F, T]
     # the quota is not used by this strategy
-    assert run("threshold", conf, masked, 4, threshold=0.75) == [T, T, F, F, F]
+    assert run("threshold", conf, masked, 4, threshold=0.75) == [T, F, F, F, F]
 
 
-def test_threshold_all_below_commits_the_max_within_1e5():
-    masked = [T, T, T, T, F]
-    conf = [0.1, 0.3, 0.299995, 0.29998, 0.5]
-    # max masked p 0.3 < 0.9: bar = 0.3 - 1e-5; 0.299995 is within, 0.29998 is not
-    assert run("threshold", conf, masked, 1, threshold=0.9) == [F, T, T, F, F]
-    assert run("threshold", [0.25, 0.125], [T, T], 1, threshold=0.9) == [T, F]
+def _ulps(x: float, *steps: int) -> list[float]:
+    """fp32 neighbours of x: `steps` ulps away (as exact Python floats)."""
+    out = []
+    for k in steps:
+        v = torch.tensor(x, dtype=torch.float32)
+        for _ in range(abs(k)):
+            v = torch.nextafter(v, torch.tensor(k * float("inf"), dtype=torch.float32))
+        out.append(v.item())
+    return out
+
+
+def test_threshold_near_ties_are_decided_by_the_bar_alone():
+    masked = [T, T, T, T]
+    p, up, down = _ulps(0.3, 0, 1, -2)
+    conf = [p, up, down, 0.1]
+    # none above 0.9: only the single most confident, not everything within 1e-5 of it
+    assert run("threshold", conf, masked, 1, threshold=0.9) == [F, T, F, F]
+    # the fp32 0.3 as the bar: only the one a ulp above it
+    assert run("threshold", conf, masked, 1, threshold=p) == [F, T, F, F]
+    assert run("threshold", conf, masked, 1, threshold=down) == [T, T, F, F]
+
+
+def test_threshold_flat_block_commits_one():
+    masked = [T] * 6
+    assert run("threshold", [0.25] * 6, masked, 6, threshold=0.5) == [T, F, F, F, F, F]
+    assert run("threshold", [0.5] * 6, masked, 6, threshold=0.5) == [T, F, F, F, F, F]
+
+
+def test_threshold_ties_go_to_the_lowest_masked_index():
+    masked = [F, T, T, F, T]
+    conf = [0.9, 0.125, 0.25, 0.99, 0.25]
+    assert run("threshold", conf, masked, 1, threshold=0.9) == [F, F, T, F, F]
+
+
+def test_threshold_zero_commits_every_masked_position_with_p_above_zero():
+    masked = [T, T, F, T, T]
+    conf = [1e-30, 0.5, 0.0, 1e-7, 0.0]
+    assert run("threshold", conf, masked, 1, threshold=0.0) == [T, T, F, T, F]
+    # all masked at p = 0: still one (the lowest index)
+    assert run("threshold", [0.0, 0.0, 0.0], [F, T, T], 1, threshold=0.0) == [F, T, F]
+
+
+def test_threshold_one_commits_only_the_most_confident():
+    masked = [T, T, T]
+    assert run("threshold", [1.0, 1.0, 0.5], masked, 1, threshold=1.0) == [T, F, F]
 
 
 # --- entropy_bounded --------------------------------------------------------------------------
