@@ -1,7 +1,8 @@
 """`dlrt bench step`: the latency of one denoising round per context length.
 
 For each context the decoder's real round (forward of the block against the cache, LM head,
-sampling, strategy, commit) is timed over many rounds with CUDA events in four ways:
+sampling, strategy, commit; the block holds seeded random ids, so MoE rows route as distinct
+tokens do) is timed over many rounds with CUDA events in four ways:
   device_loop  one graph launch whose WHILE node repeats the round R times on the GPU
   replay       the same round captured as a plain graph and replayed R times back to back
   host_loop    that graph replayed from the host with a flag read (sync) after every round
@@ -44,12 +45,19 @@ BYTE_COLUMNS = ["context", "round_bytes", "weights_bytes", "lm_head_bytes", "exp
 
 
 class SkipLinear(LinearMethod):
-    """A linear method that computes nothing (the output left uninitialised)."""
+    """A linear method that computes nothing: it returns the output the layer's own method gave
+    on its first call at this shape (made eagerly before capture), so what follows (MoE routing)
+    sees the values of a real round."""
 
     name = "skip"
 
+    def __init__(self, real: LinearMethod):
+        self.real, self.out = real, None
+
     def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
-        return x.new_empty((*x.shape[:-1], layer.weight.shape[0]))
+        if self.out is None or self.out.shape[:-1] != x.shape[:-1]:
+            self.out = self.real.apply(layer, x).clone()
+        return self.out
 
 
 @contextlib.contextmanager
@@ -82,12 +90,15 @@ def _repeated_moe(model):
 
 
 @contextlib.contextmanager
-def skipped_linears(model):
-    """Within the block, every linear layer of `model` computes nothing."""
+def skipped_linears(model, keep: list):
+    """Within the block, every linear layer of `model` computes nothing. The `SkipLinear`s are
+    appended to `keep`: a graph captured within reads their recorded outputs, which must live
+    as long as it."""
     layers = linear_layers(model)
     methods = {name: m.method for name, m in layers.items()}
     for m in layers.values():
-        m.method = SkipLinear()
+        m.method = SkipLinear(m.method)
+        keep.append(m.method)
     try:
         yield
     finally:
@@ -146,7 +157,11 @@ class _Bench:
         dev = llm.device
         self.counter = torch.zeros((), dtype=torch.int64, device=dev)
         self.flag = program.state.flag
-        self.init_tokens = program.state.tokens.clone()
+        # NOTE: random ids, not mask tokens: an all-mask block routes its MoE rows alike (few
+        # experts touched); distinct tokens route as a decided block's do.
+        gen = torch.Generator(device=dev).manual_seed(0)
+        self.init_tokens = torch.randint(0, llm.config.vocab_size, program.state.tokens.shape,
+                                         generator=gen, device=dev)
 
     def set_context(self, context: int) -> None:
         s, b = self.p.state, self.p.b
@@ -162,8 +177,7 @@ class _Bench:
         backend = self.llm.executor.backend
         if backend.plans_on_host:  # the round's forward at this context
             backend.plan_block(self.p.spans(*s.lens.tolist(), None))
-        s.tokens.fill_(self.llm.config.mask_token_id)
-        self.init_tokens.copy_(s.tokens)
+        s.tokens.copy_(self.init_tokens)
 
     def begin(self) -> None:
         self.counter.zero_()
@@ -203,15 +217,16 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
         (g_round,) = capture_parts([bench.body], pool)
         wg = WhileGraph(bench.begin, bench.body, bench.end, bench.flag, pool)
         capture_s = time.perf_counter() - t0
-        stages = {}
+        stages, keep = {}, []
         from dlrt.runtime import decoder
 
         for stage, variant, how in (
                 ("attention", repeated(llm.runner.backend, "forward"), "repeat"),
-                ("gemm", skipped_linears(llm.model), "skip"),
+                ("gemm", skipped_linears(llm.model, keep), "skip"),
                 ("sampling", repeated(decoder, "denoise_round"), "repeat"),
                 ("moe", _repeated_moe(llm.model), "repeat")):
             with variant:
+                bench.body()  # eager first: the skipped linears record their outputs
                 stages[stage] = (capture_parts([bench.body], pool)[0], how)
         for ctx in contexts:
             bench.set_context(ctx)
