@@ -17,6 +17,12 @@ def real_config(name: str) -> Path | None:
     return path if (path / "config.json").is_file() else None
 
 
+def real_configs() -> list[str]:
+    """Names of the shipped real configs, sorted."""
+    root = data_path("configs")
+    return sorted(p.name for p in root.iterdir() if (p / "config.json").is_file())
+
+
 _SDAR_GEN = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
 
 PRESETS: dict[str, dict[str, Any]] = {

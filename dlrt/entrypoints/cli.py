@@ -237,12 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_decoding_flags(gen)
     gen.set_defaults(func=_generate)
 
+    from dlrt.checkpoint.presets import PRESETS, real_configs
+
     mk = sub.add_parser("make-checkpoint",
                         help="write a checkpoint with seeded random weights")
-    mk.add_argument("source", help="a preset (tiny-sdar, tiny-sdar-moe, tiny-llada), a shipped "
-                                   "real config (SDAR-1.7B-Chat, SDAR-4B-Chat, SDAR-8B-Chat, "
-                                   "SDAR-30B-A3B-Chat, LLaDA-8B-Instruct) or a "
-                                   "folder with config.json")
+    mk.add_argument("source", help=f"a preset ({', '.join(PRESETS)}), a shipped real config "
+                                   f"({', '.join(real_configs())}) or a folder with config.json")
     mk.add_argument("out", help="destination folder")
     mk.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     mk.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
