@@ -51,3 +51,9 @@ def tiny_sdar_moe(tmp_path_factory):
 def tiny_llada(tmp_path_factory):
     """A tiny LLaDA checkpoint (no tokenizer: use token ids), fp32, seed 0."""
     return _make(tmp_path_factory, "tiny-llada", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_llada2(tmp_path_factory):
+    """A tiny LLaDA2 MoE checkpoint (8 experts, top-2, groups; no tokenizer), fp32, seed 0."""
+    return _make(tmp_path_factory, "tiny-llada2", dtype="float32")

@@ -2,7 +2,8 @@
 
 The three modes run the same tensor code on the same static buffers; these tests check it end
 to end: every strategy, SDAR dense and MoE, LLaDA canvas and dLLM-Var, contexts from 0 to
-thousands of tokens, prompts on and off a block boundary, greedy and seeded sampling.
+thousands of tokens, prompts on and off a block boundary, greedy and seeded sampling; LLaDA2
+with and without editing.
 The lm_head is sharpened (x50) so threshold strategies commit varying numbers per round.
 """
 
@@ -137,6 +138,24 @@ def test_round_has_no_host_sync(sdar):
 
 
 # --- token editing (LLaDA2.1): the WHILE node reads only `flag`, whatever the round kind ------
+
+@pytest.fixture(scope="module")
+def llada2(tiny_llada2):
+    return _llm(tiny_llada2, max_model_len=8192)
+
+
+@pytest.mark.parametrize("editing_threshold,max_post_steps", [(None, 16), (0.0, 2), (0.5, 16)])
+@pytest.mark.parametrize("prompt_len", [5, 40, 1100])
+def test_llada2_modes_identical(llada2, editing_threshold, max_post_steps, prompt_len):
+    """LLaDA2 (fused sigmoid-routed MoE, partial RoPE) with its own defaults: block 32, the
+    threshold rule, and with editing."""
+    prompt = [(11 * i + 5) % 150000 for i in range(prompt_len)]
+    out = _run_modes(llada2, prompt, max_new_tokens=64, temperature=0, threshold=0.3,
+                     ignore_eos=True, editing_threshold=editing_threshold,
+                     max_post_steps=max_post_steps)
+    _assert_same(out)
+    assert len(out["eager"][0]) == 64
+
 
 @pytest.fixture
 def editing_family(monkeypatch):
