@@ -254,3 +254,24 @@ def test_graph_replay_bit_identical_gpu(n):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(static_out, moe(x))
+
+
+@pytest.mark.gpu
+def test_peak_memory_does_not_depend_on_the_experts_touched_gpu():
+    """All 32 pairs to one expert, or to 32 distinct experts: the same peak memory."""
+    n, k = 4, 8
+    layer = make_layer(RouterSpec("softmax", 128, k), torch.bfloat16, 2048, 768, seed=3)
+    x = torch.randn(n, 2048, device=DEV, dtype=torch.bfloat16)
+    weights = torch.full((n, k), 1.0 / k, device=DEV)
+    cases = {"one expert": torch.zeros(n, k, dtype=torch.int64, device=DEV),
+             "all distinct": torch.arange(n * k, device=DEV).view(n, k)}
+    peaks = {}
+    for name, ids in cases.items():
+        layer.method.apply(layer, x, weights, ids)  # compile first
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        layer.method.apply(layer, x, weights, ids)
+        torch.cuda.synchronize()
+        peaks[name] = torch.cuda.max_memory_allocated() - base
+    assert peaks["one expert"] == peaks["all distinct"], peaks
