@@ -27,6 +27,9 @@ def _kernels() -> dict:
     from dlrt.kernels import (
         activation,
         greedy,
+        moe,
+        moe_align,
+        moe_route,
         paged_attention,
         rms_norm,
         rope,
@@ -34,6 +37,8 @@ def _kernels() -> dict:
         skinny_gemm,
     )
     slices = dict(SLICE=2560, SLICES=64, BLOCK=512)
+    moe_args = dict(in_ptr=P16, w_ptr=P16, out_ptr=P16, table_ptr=I32, wt_ptr=P32, T="i32",
+                    N_OUT="i32")
     search = dict(logits_ptr=P16, stats_ptr=P32, acc_ptr=I64, zk_ptr=I64, V="i32", nsl="i32")
     return {
         "sample_max": (sampling._max_kernel, search, slices),
@@ -78,13 +83,28 @@ def _kernels() -> dict:
         "gemv": (skinny_gemm._gemv_kernel, GEMV_ARGS, GEMV_CONSTS),
         "gemv_row": (skinny_gemm._gemv_kernel, GEMV_ARGS,  # 4 warps along K: x as one row
                      dict(GEMV_CONSTS, BLOCK_N=4, BLOCK_K=1024, X_ROW=True)),
+        "moe_route": (moe_route._route_kernel,
+                      dict(logits_ptr=P32, bias_ptr=P32, w_ptr=P32, id_ptr=I64, scaling="fp32"),
+                      dict(E=256, G=8, GS=32, G_P2=8, GS_P2=32, TOPK=8, K_P2=8, TOPK_GROUP=4,
+                           SIGMOID=True, HAS_BIAS=True, RENORM=True)),
+        "moe_align": (moe_align._align_kernel, dict(ids_ptr=I64, table_ptr=I32, NK="i32",
+                                                     T="i32"),
+                      dict(E=128, E_P2=128, R=16, BLOCK=32)),
+        "moe_rows": (moe._rows_kernel, moe_args,
+                     dict(K=2048, TOPK=8, GATED=True, ROWS=4, BLOCK_N=32, BLOCK_K=128, VEC=8)),
+        "moe_tiles": (moe._tiles_kernel, moe_args,
+                      dict(K=2048, TOPK=8, GATED=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256,
+                           PRECISION="tf32")),
+        "moe_combine": (moe._combine_kernel, dict(y_ptr=P32, out_ptr=P16, H="i32"),
+                        dict(TOPK=8, BLOCK=1024)),
         "gemm_reduce": (skinny_gemm._reduce_kernel, dict(part_ptr=P32, y_ptr=P16, M="i32",
                                                          N="i32"),
                         dict(SPLIT_K=4, BLOCK_M=16, BLOCK=1024)),
     }
 
 NAMES = ["attention_merge", "attention_split", "gemm", "gemm_reduce", "gemv", "gemv_row",
-         "greedy_merge", "greedy_slice", "qk_norm_rope", "rms_norm", "sample_max", "sample_pass",
+         "greedy_merge", "greedy_slice", "moe_align", "moe_combine", "moe_route", "moe_rows",
+         "moe_tiles", "qk_norm_rope", "rms_norm", "sample_max", "sample_pass",
          "sample_pick", "sample_race", "silu_mul"]
 PDL_OFF = ["rms_norm", "gemm"]
 GEMVS = ["gemv", "gemv_row"]
