@@ -1,0 +1,285 @@
+"""Weight-streaming GEMM on block-scaled FP8 weights for the few rows of a round.
+
+    y[M, N] = x[M, K] @ dequant(w)^T,   dequant(w)[n, k] = w[n, k] * scale_inv[n // 128, k // 128]
+
+Weight layout (Hugging Face / DeepSeek-V3 "fp8", `weight_block_size` [128, 128]):
+  w          float8_e4m3fn [N, K], row-major (K contiguous);
+  scale_inv  float32 [ceil(N / 128), ceil(K / 128)], row-major: the multiplier of each
+             128 x 128 block (the last block row / column may be partial).
+x: [M, K] bf16, fp16 or fp32, contiguous, M <= 64 (`Fp8GemmConfig.max_rows`); y: [M, N] in
+x.dtype. At M <= 16 the product is a pass over the weight, so bytes are its cost: one byte per
+weight element plus 4 bytes per 16384 elements of scales.
+
+The dot is computed transposed (y^T tile = w tile @ x tile^T): the weight tile is the
+[BLOCK_N, BLOCK_K] A operand and the few rows of x the narrow B operand, so on sm_90 a
+BLOCK_N >= 64 tile runs as a warpgroup MMA (wgmma m64n16k32 e4m3 for W8A8, m64n16k16 bf16
+for weight-only at M <= 16; both operands K-major as the layouts store them) rather than as
+mma.sync with x padded to 16 rows as the A operand.
+
+Two variants of one kernel (`Fp8GemmConfig.w8a8`):
+
+- weight-only (w8a8=False): each program streams a [BLOCK_N, K / SPLIT_K] slab of `w`
+  (software-pipelined by Triton, `stages` tiles deep) in [BLOCK_N, BLOCK_K] tiles, BLOCK_K
+  dividing 128 so that a tile lies in one scale block column. The FP8 tile is converted in
+  registers to x's dtype (exact: every e4m3 value is a bf16 / fp16 / fp32 value) and multiplied
+  with the x tile on tensor cores (fp32 x: full-fp32 "ieee" dot) into a fresh fp32 partial sum;
+  the partial sum of each K tile is scaled by its block's `scale_inv` (one value per column n,
+  gathered from [BLOCK_N] scale entries) and added to the fp32 accumulator. Numerics: products
+  are exact, sums are fp32, the scale is applied once per (K tile, n) in fp32 - the reference
+  "dequantise to fp32, then matmul in fp32" differs by fp32 summation order only (relative
+  ~1e-6 of the largest output in fp32; the bf16 output rounding dominates otherwise).
+- W8A8 (w8a8=True, BLOCK_K = 128): each K tile of x is one 128-column group; the kernel
+  quantises it in registers before its dot, per row (token) and group:
+      s_x = amax(|x[m, group]|) / 448   (1 where the amax is 0; IEEE division),
+      q   = e4m3(clamp(x / s_x, -448, 448))   (IEEE division, round to nearest even; under
+            TRITON_INTERPRET rounded in fp32 arithmetic first, `exact_cast`),
+  then an fp8 x fp8 dot with fp32 accumulation per tile, scaled by s_x[m] * scale_inv[n] and
+  added to the fp32 accumulator. Promoting every 128-element partial sum to an fp32
+  accumulator in registers keeps the tensor cores' limited FP8 accumulation precision to one
+  group. Numerics: equal to "quantise x as above, dequantise both, matmul in fp32" up to fp32
+  summation order (the quantisation itself is bit-identical).
+
+Both: the N tile spans any number of scale rows (the scale is gathered per column), K need
+not be a multiple of 128 or of the K tile (the tail is masked), N any size (masked), rows of
+x padded to BLOCK_M = max(16, next power of two of M) with masks. With SPLIT_K > 1 the K tiles
+are dealt to SPLIT_K programs per N tile, whose fp32 partial sums a second kernel adds in a
+fixed order (deterministic; `skinny_gemm`'s reduction). PDL (`dlrt.kernels.pdl`): the kernel
+waits for its predecessor before its first load and releases its dependent after its main
+loop, as the BF16 "dot" kernel does.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from dlrt.kernels import pdl
+from dlrt.kernels.skinny_gemm import _reduce_kernel
+
+QBLOCK = 128  # the weight's scale block (both dims) and the W8A8 activation group
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+MAX_ROWS = 64
+FP8 = torch.float8_e4m3fn
+X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclass(frozen=True)
+class Fp8GemmConfig:
+    """Tiles of the FP8 GEMM: a program owns BLOCK_N output columns and 1/split_k of the K
+    tiles; `stages` is Triton's pipeline depth, `warps` its warps; `w8a8` picks the variant."""
+
+    block_n: int = 64
+    block_k: int = 128
+    split_k: int = 1
+    stages: int = 4
+    warps: int = 4
+    w8a8: bool = False
+
+    def fits(self, n: int, k: int) -> bool:
+        """Whether the config serves w [n, k]: power-of-two tiles, BLOCK_K dividing 128 (and
+        equal to it for W8A8, a tile being one activation group), at least 16 and 32 wide
+        (tensor-core shapes), at least one K tile per split."""
+        pow2 = all(v > 0 and v & (v - 1) == 0 for v in (self.block_n, self.block_k))
+        if not pow2 or n <= 0 or k <= 0 or self.split_k < 1 or self.warps < 1:
+            return False
+        if self.block_n < 16 or self.block_k < 32 or QBLOCK % self.block_k:
+            return False
+        if self.w8a8 and self.block_k != QBLOCK:
+            return False
+        return self.split_k <= triton.cdiv(k, self.block_k) and self.stages >= 1
+
+    def max_rows(self) -> int:
+        """Rows one call serves: x is padded to a [max(16, pow2 >= M), BLOCK_K] tile, up to 64
+        (a round's block). At M <= 16 the call is a pass over the weight; beyond, the tile's
+        dot work grows but the weight is still read once."""
+        return MAX_ROWS
+
+
+def block_m(m: int) -> int:
+    return max(16, triton.next_power_of_2(max(m, 1)))
+
+
+def _sms(device: torch.device | None) -> int:
+    if device is not None and device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # an H100 / H200
+
+
+def fp8_config(m: int, n: int, k: int, w8a8: bool = False,
+               device: torch.device | None = None) -> Fp8GemmConfig:
+    """The default config for x [m, k] and w [n, k]: 128-wide K tiles; N tiles of 64 columns
+    (32 when that leaves fewer than one program per SM, 16 below that); split-K doubled (up to
+    8) while the grid covers the GPU less than twice and every split keeps at least 4 K tiles.
+    The load-time tuner or the benchmark may time `fp8_candidates` instead."""
+    sms = _sms(device)
+    bn = 64
+    while bn > 16 and triton.cdiv(n, bn) < sms:
+        bn //= 2
+    tiles, split = triton.cdiv(k, QBLOCK), 1
+    while triton.cdiv(n, bn) * split < 2 * sms and tiles >= 8 * split and split < 8:
+        split *= 2
+    warps = 8 if m > 32 else 4
+    return Fp8GemmConfig(bn, QBLOCK, split, stages=4, warps=warps, w8a8=w8a8)
+
+
+def fp8_candidates(n: int, k: int, w8a8: bool = False,
+                   device: torch.device | None = None) -> list[Fp8GemmConfig]:
+    """Configs worth timing for w [n, k]: N tiles of 16-128, K tiles of 64 / 128 (128 only for
+    W8A8), split-K 1 up to the one that covers the GPU twice, 3 or 4 stages."""
+    sms = _sms(device)
+    out = []
+    for bn in (16, 32, 64, 128):
+        for bk in ((QBLOCK,) if w8a8 else (64, QBLOCK)):
+            tiles, split = triton.cdiv(n, bn), 1
+            splits = [1]
+            while tiles * split < 2 * sms and triton.cdiv(k, bk) >= 8 * split and split < 8:
+                split *= 2
+                splits.append(split)
+            for s in splits:
+                for stages in (3, 4):
+                    cfg = Fp8GemmConfig(bn, bk, s, stages=stages, warps=4, w8a8=w8a8)
+                    if cfg.fits(n, k):
+                        out.append(cfg)
+    return out
+
+
+@triton.jit
+def _round_e4m3(v):
+    """v (fp32, |v| <= 448) rounded to the nearest e4m3 value, ties to even, still in fp32:
+    normal values (|v| >= 2^-6) keep 3 mantissa bits (rounding the fp32 bits, carries into
+    the exponent included); smaller values are multiples of 2^-9 (adding and subtracting
+    1.5 * 2^14, whose fp32 ulp is 2^-9)."""
+    bits = v.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576  # clear the low 20 bits
+    tiny = (v + 24576.0) - 24576.0
+    return tl.where(tl.abs(v) < 0.015625, tiny, bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, M, N, K: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     SPLIT_K: tl.constexpr, W8A8: tl.constexpr, PRECISION: tl.constexpr,
+                     EXACT_CAST: tl.constexpr, PDL: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    n_ok = n < N
+    m_ok = m < M
+    KB: tl.constexpr = (K + 128 - 1) // 128  # scale columns
+    TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    PER_SPLIT: tl.constexpr = (TILES + SPLIT_K - 1) // SPLIT_K
+    EVEN: tl.constexpr = (K % BLOCK_K == 0) and (TILES % SPLIT_K == 0)  # no K masks
+    w_rows = w_ptr + n[:, None].to(tl.int64) * K
+    s_rows = s_ptr + (n // 128) * KB
+    x_rows = x_ptr + m[:, None] * K
+    pdl.wait(PDL)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # y^T: the weight tile is the dot's A
+    for i in range(0, PER_SPLIT):
+        t = pid_k * PER_SPLIT + i
+        k = t * BLOCK_K + tl.arange(0, BLOCK_K)
+        if EVEN:
+            w = tl.load(w_rows + k[None, :], mask=n_ok[:, None], other=0.0)
+            x = tl.load(x_rows + k[None, :], mask=m_ok[:, None], other=0.0)
+        else:
+            k_ok = k < K
+            w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        # the tile's scale block column (clamped: a tile past K is all zeros)
+        kb = tl.minimum((t * BLOCK_K) // 128, KB - 1)
+        ws = tl.load(s_rows + kb, mask=n_ok, other=0.0)
+        if W8A8:
+            xf = x.to(tl.float32)
+            amax = tl.max(tl.abs(xf), axis=1)
+            xs = tl.where(amax > 0.0, tl.div_rn(amax, 448.0), 1.0)
+            q = tl.div_rn(xf, xs[:, None])
+            q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+            if EXACT_CAST:  # round first: the cast then only moves representable values
+                q = _round_e4m3(q)
+            q = q.to(tl.float8e4nv)
+            part = tl.dot(w, tl.trans(q), out_dtype=tl.float32)
+            acc += part * ws[:, None] * xs[None, :]
+        else:
+            part = tl.dot(w.to(x.dtype), tl.trans(x), input_precision=PRECISION,
+                          out_dtype=tl.float32)
+            acc += part * ws[:, None]
+    pdl.release(PDL)
+    ok = n_ok[:, None] & m_ok[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptr + m[None, :] * N + n[:, None], acc.to(y_ptr.dtype.element_ty), mask=ok)
+    else:
+        tl.store(part_ptr + (pid_k * BLOCK_M + m[None, :]) * N + n[:, None], acc, mask=ok)
+
+
+def exact_cast(x: torch.Tensor) -> bool:
+    """Round to e4m3 in fp32 arithmetic before the cast: under TRITON_INTERPRET, whose fp32 ->
+    e4m3 cast drops the carry when rounding crosses a power of two (126.8 -> 64, not 128).
+    On the GPU the cast (cvt.rn.satfinite) rounds correctly by itself."""
+    return not x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def check_fp8_weight(w: torch.Tensor, scale_inv: torch.Tensor) -> tuple[int, int]:
+    """(N, K) of a block-scaled FP8 weight; ValueError on a wrong dtype, shape or layout."""
+    if w.dim() != 2 or w.dtype != FP8 or not w.is_contiguous():
+        raise ValueError(f"fp8 weight must be contiguous float8_e4m3fn [N, K], got {w.dtype} "
+                         f"{tuple(w.shape)}")
+    n, k = w.shape
+    blocks = (triton.cdiv(n, QBLOCK), triton.cdiv(k, QBLOCK))
+    if (scale_inv.dtype != torch.float32 or tuple(scale_inv.shape) != blocks
+            or not scale_inv.is_contiguous() or scale_inv.device != w.device):
+        raise ValueError(f"scale_inv must be contiguous float32 {blocks} on {w.device} for w "
+                         f"[{n}, {k}], got {scale_inv.dtype} {tuple(scale_inv.shape)} on "
+                         f"{scale_inv.device}")
+    return n, k
+
+
+def fp8_gemm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor,
+             config: Fp8GemmConfig | None = None) -> torch.Tensor:
+    """y = x @ (w * scale_inv per 128 x 128 block)^T (see the module docstring).
+
+    Args:
+        x: [M <= 64, K] bf16 / fp16 / fp32, contiguous.
+        w: [N, K] float8_e4m3fn, contiguous, on x's device.
+        scale_inv: [ceil(N/128), ceil(K/128)] float32, contiguous.
+        config: tiles and variant (`config.w8a8`: quantise x per token and 128-column group
+            in the kernel); None: `fp8_config(M, N, K)`, weight-only.
+    Returns:
+        y: [M, N] in x.dtype, a new tensor (fp32 sums).
+    Raises:
+        ValueError: wrong shapes, dtypes, layouts or devices, or a config that does not fit.
+    """
+    n, k = check_fp8_weight(w, scale_inv)
+    if x.dim() != 2 or x.shape[1] != k or not x.is_contiguous() or x.shape[0] > MAX_ROWS:
+        raise ValueError(f"fp8_gemm: x {tuple(x.shape)} must be contiguous [M<={MAX_ROWS}, "
+                         f"{k}] for w {tuple(w.shape)}")
+    if x.dtype not in X_DTYPES or x.device != w.device:
+        raise ValueError(f"fp8_gemm: x is {x.dtype} on {x.device}; it must be one of "
+                         f"{X_DTYPES} on {w.device}")
+    m = x.shape[0]
+    config = config or fp8_config(m, n, k, device=x.device)
+    if not config.fits(n, k):
+        raise ValueError(f"fp8_gemm: {config} does not fit N={n}, K={k}")
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    bm = block_m(m)
+    opts = pdl.launch_options(x)
+    part = y
+    if config.split_k > 1:
+        part = torch.empty((config.split_k, bm, n), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(n, config.block_n), config.split_k)
+    _fp8_gemm_kernel[grid](x, w, scale_inv, y, part, m, n, K=k, BLOCK_M=bm,
+                           BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                           SPLIT_K=config.split_k, W8A8=config.w8a8,
+                           PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+                           EXACT_CAST=exact_cast(x), num_stages=config.stages,
+                           num_warps=config.warps, **opts)
+    if config.split_k > 1:
+        block = 1024
+        _reduce_kernel[(triton.cdiv(m * n, block),)](part, y, m, n, SPLIT_K=config.split_k,
+                                                     BLOCK_M=bm, BLOCK=block, **opts)
+    return y

@@ -1,0 +1,302 @@
+"""The block-scaled FP8 GEMM (`dlrt.kernels.fp8_gemm`) against a test-local reference.
+
+Reference: dequantise (w * scale_inv per 128 x 128 block, in float64) and multiply in float64;
+for W8A8, x is first quantised per row and 128-column group exactly as the kernel documents
+(s = amax / 448, 1 for an all-zero group; q = e4m3(clamp(x / s, +-448))), so the kernel's
+quantisation must be bit-identical and only summation order differs.
+
+CPU (TRITON_INTERPRET=1, fp32 x): the interpreter converts e4m3 both ways and runs fp8 x fp8
+dots, so both variants run there on awkward shapes (M = 1, 3, 5, 16; N odd or below a tile;
+K not a multiple of 128 nor of the K tile; split-K with uneven and empty splits); its bf16
+dot is not usable, so bf16 x runs on the GPU only. Tolerance: relative error (max abs
+difference over max abs reference) < 1e-5 for fp32 output, < 1e-2 for bf16 output (its
+rounding). GPU: SDAR-8B shapes (K = 4096; N = 6144, 4096, 24576, 12288; M = 1, 4, 16) in bf16
+with PDL on, and a CUDA-graph capture replayed bit-identical to eager calls. The sm_90
+compile test (CPU, bundled ptxas) checks the PDL protocol and that W8A8 emits e4m3 tensor-core
+instructions.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from dlrt.kernels.fp8_gemm import (  # noqa: E402
+    Fp8GemmConfig,
+    _round_e4m3,
+    fp8_candidates,
+    fp8_config,
+    fp8_gemm,
+)
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def ref_dequant(w: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    n, k = w.shape
+    s = scale_inv.double().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+    return w.double() * s
+
+
+def ref_quant_x(x: torch.Tensor) -> torch.Tensor:
+    """x quantised per row and 128-column group, returned dequantised (float64)."""
+    m, k = x.shape
+    out = torch.empty(m, k, dtype=torch.float64, device=x.device)
+    for g in range(0, k, 128):
+        xg = x[:, g:g + 128].float()
+        amax = xg.abs().amax(dim=1, keepdim=True)
+        s = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+        q = (xg / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        out[:, g:g + 128] = q.double() * s.double()
+    return out
+
+
+def reference(x, w, scale_inv, w8a8: bool) -> torch.Tensor:
+    xd = ref_quant_x(x) if w8a8 else x.double()
+    return xd @ ref_dequant(w, scale_inv).T
+
+
+def make(m, n, k, dtype, seed, zero_group=False):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen) * 2
+    if zero_group and k > 128 and m > 1:
+        x[1, 128:256] = 0.0  # one all-zero activation group
+    w = (torch.randn(n, k, generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.rand(triton_cdiv(n, 128), triton_cdiv(k, 128), generator=gen) * 1e-3 + 1e-4
+    return x.to(DEV, dtype), w.to(DEV), s.to(DEV)
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)
+
+
+def check(out, ref, dtype):
+    err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert out.dtype == dtype and err < tol, err
+
+
+CASES = [  # m, n, k, block_n, block_k, split_k
+    (1, 33, 128, 16, 128, 1),
+    (3, 129, 200, 32, 64, 2),  # K: not a multiple of 128 nor of 64; N odd, two scale rows
+    (3, 17, 40, 16, 32, 1),  # K below one scale block
+    (5, 130, 384, 64, 128, 2),  # three K tiles over two splits
+    (16, 48, 300, 16, 32, 8),  # ten K tiles over eight splits: uneven, the last empty
+    (1, 200, 257, 128, 64, 3),
+]
+W8A8_CASES = [  # m, n, k, block_n, split_k
+    (1, 33, 128, 16, 1),
+    (3, 129, 300, 32, 2),  # partial last group (44 columns), N odd
+    (4, 40, 256, 16, 1),  # row 1 has an all-zero group
+    (16, 20, 520, 16, 3),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_weight_only(case):
+    m, n, k, bn, bk, split = case
+    x, w, s = make(m, n, k, torch.float32, seed=m * n + k)
+    cfg = Fp8GemmConfig(bn, bk, split, stages=2)
+    out = fp8_gemm(x, w, s, cfg)
+    check(out, reference(x, w, s, False), torch.float32)
+    assert torch.equal(out, fp8_gemm(x, w, s, cfg))  # deterministic
+
+
+@pytest.mark.parametrize("case", W8A8_CASES, ids=str)
+def test_w8a8(case):
+    m, n, k, bn, split = case
+    x, w, s = make(m, n, k, torch.float32, seed=m + n * k, zero_group=True)
+    out = fp8_gemm(x, w, s, Fp8GemmConfig(bn, 128, split, stages=2, w8a8=True))
+    ref = reference(x, w, s, True)
+    check(out, ref, torch.float32)
+    # the quantisation error is visible: the weight-only product differs from it
+    plain = reference(x, w, s, False)
+    assert ((plain - ref).abs().max() / ref.abs().max()).item() > 1e-4
+
+
+@triton.jit
+def _round_kernel(v_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, _round_e4m3(tl.load(v_ptr + i)))
+
+
+def test_e4m3_rounding_matches_torch():
+    """The in-kernel rounding (used where the cast cannot be trusted) against torch's cast:
+    every e4m3 value, the midpoints between neighbours (ties to even), values just beside
+    them, and random values over the whole range, both signs."""
+    grid = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    grid = grid[grid.isfinite() & (grid >= 0)].sort().values
+    mid = (grid[1:] + grid[:-1]) / 2
+    gen = torch.Generator().manual_seed(0)
+    rand = torch.exp2(torch.rand(4096, generator=gen) * 20 - 11).clamp(max=448.0)
+    v = torch.cat([grid, mid, mid.nextafter(torch.tensor(0.0)), mid.nextafter(grid[1:]), rand])
+    v = torch.cat([v, -v])
+    size = triton.next_power_of_2(v.numel())
+    v = torch.cat([v, torch.zeros(size - v.numel())]).to(DEV)
+    out = torch.empty_like(v)
+    _round_kernel[(1,)](v, out, N=size)
+    assert torch.equal(out, v.to(torch.float8_e4m3fn).float())
+
+
+def test_no_rows_and_default_config():
+    x, w, s = make(2, 40, 136, torch.float32, seed=1)
+    assert fp8_gemm(x[:0], w, s).shape == (0, 40)
+    cfg = fp8_config(2, 40, 136)
+    assert cfg.fits(40, 136) and cfg.block_k == 128 and not cfg.w8a8
+    check(fp8_gemm(x, w, s), reference(x, w, s, False), torch.float32)
+
+
+def test_configs_fit():
+    for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (33, 200)):
+        for w8a8 in (False, True):
+            cands = fp8_candidates(n, k, w8a8)
+            assert cands and all(c.fits(n, k) and c.w8a8 == w8a8 for c in cands)
+            for m in (1, 4, 16, 64):
+                assert fp8_config(m, n, k, w8a8).fits(n, k)
+    assert not Fp8GemmConfig(64, 256).fits(64, 512)  # a K tile across two scale blocks
+    assert not Fp8GemmConfig(64, 64, w8a8=True).fits(64, 512)  # W8A8: a tile is a group
+    assert not Fp8GemmConfig(64, 128, split_k=3).fits(64, 256)  # an empty split by design
+
+
+def test_rejects_bad_inputs():
+    x, w, s = make(2, 40, 136, torch.float32, seed=2)
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        fp8_gemm(x, w.float(), s)
+    with pytest.raises(ValueError, match="scale_inv"):
+        fp8_gemm(x, w, s[:, :1].contiguous())
+    with pytest.raises(ValueError, match="M<=64"):
+        fp8_gemm(torch.zeros(65, 136, device=DEV), w, s)
+    with pytest.raises(ValueError, match="M<=64"):
+        fp8_gemm(torch.zeros(2, 128, device=DEV), w, s)  # K differs
+    with pytest.raises(ValueError, match="float64"):
+        fp8_gemm(x.double(), w, s)
+    with pytest.raises(ValueError, match="does not fit"):
+        fp8_gemm(x, w, s, Fp8GemmConfig(16, 64, w8a8=True))
+
+
+# --- GPU -------------------------------------------------------------------------------------
+
+SDAR_8B = [(6144, 4096), (4096, 4096), (24576, 4096), (12288, 4096)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("w8a8", [False, True], ids=["weight_only", "w8a8"])
+@pytest.mark.parametrize("m", [1, 4, 16])
+@pytest.mark.parametrize("shape", SDAR_8B, ids=str)
+def test_real_shapes_gpu(shape, m, w8a8):
+    n, k = shape
+    x, w, s = make(m, n, k, torch.bfloat16, seed=n + m, zero_group=True)
+    ref = reference(x, w, s, w8a8)
+    for cfg in [fp8_config(m, n, k, w8a8, x.device)] + fp8_candidates(n, k, w8a8, x.device)[::5]:
+        check(fp8_gemm(x, w, s, cfg), ref, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("w8a8", [False, True], ids=["weight_only", "w8a8"])
+def test_graph_replay_bit_identical_gpu(w8a8):
+    n, k, m = 4096, 4096, 4
+    _, w, s = make(m, n, k, torch.bfloat16, seed=3)
+    cfg = fp8_config(m, n, k, w8a8, w.device)
+    assert cfg.split_k > 1  # the reduction kernel is captured too
+    static_x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fp8_gemm(static_x, w, s, cfg)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        static_y = fp8_gemm(static_x, w, s, cfg)
+    for seed in range(3):
+        x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16,
+                        generator=torch.Generator(DEV).manual_seed(seed))
+        static_x.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, fp8_gemm(x, w, s, cfg))
+
+
+@pytest.mark.gpu
+def test_native_cast_matches_the_rounding_gpu(monkeypatch):
+    """On the GPU the W8A8 kernel casts with cvt.rn.satfinite; the rounding the CPU tests run
+    instead must give bit-identical products."""
+    import dlrt.kernels.fp8_gemm as mod
+
+    x, w, s = make(16, 4096, 4096, torch.bfloat16, seed=5, zero_group=True)
+    cfg = Fp8GemmConfig(64, 128, 4, w8a8=True)
+    native = fp8_gemm(x * 37.0, w, s, cfg)
+    monkeypatch.setattr(mod, "exact_cast", lambda x: True)
+    assert torch.equal(native, fp8_gemm(x * 37.0, w, s, cfg))
+
+
+# --- sm_90 code (compiled on the CPU) ----------------------------------------------------------
+
+def _compile(out: Path) -> None:
+    """Write <variant>.ptx of the kernel at an SDAR-8B shape with PDL on (no interpreter)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from dlrt.kernels.fp8_gemm import _fp8_gemm_kernel as fn
+
+    sig = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", y_ptr="*bf16",
+               part_ptr="*fp32", M="i32", N="i32")
+    for name, w8a8 in (("weight_only", False), ("w8a8", True)):
+        consts = dict(K=4096, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, W8A8=w8a8,
+                      PRECISION="tf32", EXACT_CAST=False, PDL=True)
+        signature = {a: sig.get(a, "constexpr") for a in fn.arg_names}
+        aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+                   if sig.get(a, "").startswith("*")}
+        src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=aligned)
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                             options=dict(num_stages=4, num_warps=4)).asm["ptx"]
+        (out / f"{name}.ptx").write_text(ptx)
+
+
+@pytest.fixture(scope="module")
+def ptx_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fp8ptx")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(out / "cache")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, __file__, str(out)], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _body(ptx: str) -> list[str]:
+    lines = (re.sub(r"^@!?%p\d+\s+", "", ln.strip()) for ln in ptx.splitlines())
+    return [ln for ln in lines if ln and not ln.startswith("//")]
+
+
+@pytest.mark.parametrize("name", ["weight_only", "w8a8"])
+def test_sm90_code(ptx_dir, name):
+    lines = _body((ptx_dir / f"{name}.ptx").read_text())
+    wait = min(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
+    release = min(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch"))
+    loads = [i for i, ln in enumerate(lines)
+             if re.match(r"ld\.global|cp\.async\.(ca|cg)|cp\.async\.bulk\.tensor", ln)]
+    math = [i for i, ln in enumerate(lines) if re.match(r"(mma|wgmma)\.", ln)]
+    assert loads and min(loads) > wait, "a global load before the PDL wait"
+    assert math and max(math) < release, "the dependent is released inside the main loop"
+    # the weight tile is the A operand of an m64 warpgroup MMA (fp8 x fp8 for W8A8)
+    kind = "e4m3.e4m3" if name == "w8a8" else "bf16.bf16"
+    assert any(lines[i].startswith("wgmma.mma_async") and kind in lines[i] for i in math)
+    if name == "w8a8":
+        assert any(re.match(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ln) for ln in lines)
+        assert not any(re.match(r"div\.(full|approx)", ln) for ln in lines)  # IEEE division
+
+
+if __name__ == "__main__":
+    _compile(Path(sys.argv[1]))
