@@ -50,7 +50,13 @@ class Router(nn.Module):
 class StackedExperts(nn.Module):
     """E SwiGLU experts stacked: w13 [E, 2I, H] (gate_proj rows, then up_proj rows) and
     w2 [E, H, I]. Checkpoint tensors `<experts>.{e}.gate_proj.weight` fill w13[e, :I],
-    `up_proj` w13[e, I:], `down_proj` w2[e] (`checkpoint_parts`)."""
+    `up_proj` w13[e, I:], `down_proj` w2[e] (`checkpoint_parts`).
+
+    Quantised experts (`dlrt.layers.quant.convert`) hold w13 / w2 in their format, with the
+    format's other tensors beside them (e.g. `w13_weight_scale_inv` [E, 2I, ceil(H/128)]);
+    methods read the weights through `expert_weight`, which dequantises."""
+
+    quant_format = None  # a `QuantFormat` once converted
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int):
         super().__init__()
@@ -64,6 +70,22 @@ class StackedExperts(nn.Module):
         if param == "w13":
             return [("gate_proj.weight", slice(0, i)), ("up_proj.weight", slice(i, 2 * i))]
         return [("down_proj.weight", slice(0, self.hidden))]
+
+    def expert_weight(self, param: str, ids: torch.Tensor | int | None,
+                      dtype: torch.dtype) -> torch.Tensor:
+        """`param` ("w13" or "w2") of experts `ids` (an int, an index tensor, or None for
+        all) in `dtype`: [2I, H] / [H, I] per expert, with ids' leading dims. Quantised
+        experts are dequantised here, for the call only."""
+        fmt = self.quant_format
+        if fmt is None:
+            w = getattr(self, param)
+            return (w if ids is None else w[ids]).to(dtype)
+        held = {}
+        for name, (weight, suffix) in self.quant_params.items():
+            if weight == param:
+                t = getattr(self, name)
+                held[suffix] = t if ids is None else t[ids]
+        return fmt.dequantize(held, self.quant_cols[param], dtype)
 
 
 class FusedMoE(nn.Module):

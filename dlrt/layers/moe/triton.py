@@ -4,6 +4,9 @@
 Runs on CUDA and, under TRITON_INTERPRET=1, on the CPU. Every launch has fixed shapes and
 reads its counts from device memory (capturable); the kernels' form (GEMV rows or grouped
 GEMM tiles) is a function of the static shape only (`dlrt.kernels.moe.moe_config`).
+Quantised experts (FP8, NVFP4) have no kernel of their own yet: every call dequantises all E
+experts into x's dtype (fixed shapes, still capturable; transient memory of one layer's
+experts in that dtype) and runs the same kernels on them.
 """
 
 from __future__ import annotations
@@ -42,4 +45,7 @@ class TritonMoE(MoEMethod):
         """x [N, H], weights [N, k] fp32, ids [N, k] -> [N, H] in x's dtype."""
         ex = layer.experts
         cfg = self.config(x.shape[0], ids.shape[1], ex.num_experts, ex.hidden, ex.intermediate)
-        return fused_experts(x, ex.w13, ex.w2, weights, ids, cfg)
+        if ex.quant_format is None:
+            return fused_experts(x, ex.w13, ex.w2, weights, ids, cfg)
+        return fused_experts(x, ex.expert_weight("w13", None, x.dtype),
+                             ex.expert_weight("w2", None, x.dtype), weights, ids, cfg)

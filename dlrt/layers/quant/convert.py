@@ -1,0 +1,63 @@
+"""Turn a linear layer or a stack of experts, built on the meta device, into one that holds a
+quantised format: its weight parameters are replaced by the format's held tensors (meta, with
+the format's dtypes), and a linear layer gets the format's `LinearMethod`.
+
+A converted module carries:
+  `quant_format`: the `QuantFormat`;
+  `quant_params`: parameter name -> (weight it belongs to, checkpoint suffix), e.g. for a
+      linear layer {"weight": ("weight", "weight"), "weight_scale_inv": ("weight",
+      "weight_scale_inv")}, for experts {"w13": ("w13", "weight"), "w13_weight_scale_inv":
+      ("w13", "weight_scale_inv"), ...};
+  `quant_cols`: weight -> its K (in features);
+  `param_dtypes`: parameter name -> dtype, which `materialize` keeps.
+The loader (`dlrt.checkpoint.loader`) maps each held parameter to checkpoint tensors from these.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dlrt.layers.linear import LinearBase
+from dlrt.layers.moe import StackedExperts
+from dlrt.layers.quant import QuantFormat
+
+
+def param_name(weight: str, suffix: str) -> str:
+    """The held parameter of `suffix` for weight `weight` ("weight" / "w13" / "w2")."""
+    if suffix == "weight":
+        return weight
+    return suffix if weight == "weight" else f"{weight}_{suffix}"
+
+
+def _replace(module: nn.Module, weight: str, lead: tuple[int, ...], n: int, k: int,
+             fmt: QuantFormat) -> None:
+    fmt.check(n, k)
+    for suffix in fmt.suffixes:
+        shape, dtype = fmt.held(suffix, n, k)
+        name = param_name(weight, suffix)
+        module._parameters[name] = nn.Parameter(
+            torch.empty((*lead, *shape), dtype=dtype, device="meta"), requires_grad=False)
+        module.quant_params[name] = (weight, suffix)
+        module.param_dtypes[name] = dtype
+    module.quant_cols[weight] = k
+
+
+def quantize_module(module: nn.Module, fmt: QuantFormat) -> None:
+    """Convert a `LinearBase` or `StackedExperts` (on the meta device) to hold `fmt`.
+
+    Raises:
+        ValueError: the weight's shape does not fit the format (NVFP4: K not a multiple of 16).
+        TypeError: another kind of module.
+    """
+    module.quant_format = fmt
+    module.quant_params, module.quant_cols, module.param_dtypes = {}, {}, {}
+    if isinstance(module, LinearBase):
+        _replace(module, "weight", (), module.out_features, module.in_features, fmt)
+        module.method = fmt.linear_method()
+    elif isinstance(module, StackedExperts):
+        e, h, i = module.num_experts, module.hidden, module.intermediate
+        _replace(module, "w13", (e,), 2 * i, h, fmt)
+        _replace(module, "w2", (e,), h, i, fmt)
+    else:
+        raise TypeError(f"cannot quantise a {type(module).__name__}")

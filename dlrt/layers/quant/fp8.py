@@ -1,0 +1,114 @@
+"""FP8 block-scaled weights: the Hugging Face `quant_method: "fp8"` layout of the Qwen3-*-FP8
+and DeepSeek-V3 checkpoints, and the linear method that reads them.
+
+Stored per weight [n, k]: `<module>.weight` float8_e4m3fn [n, k] and `<module>.weight_scale_inv`
+float32 [ceil(n/128), ceil(k/128)]; the weight is w[i, j] = weight[i, j] * weight_scale_inv[i //
+128, j // 128] (the last blocks may be partial). Quantisation (make-checkpoint, online):
+per 128x128 block, scale = amax(|w|) / 448 (1.0 for an all-zero block), weight =
+e4m3(clamp(w / scale, -448, 448)) rounded to nearest even, all in fp32.
+
+Held by a layer (one row per weight row, so merged projections and stacked experts concatenate
+parts of any size): `weight` float8_e4m3fn [n, k], `weight_scale_inv` float32
+[n, ceil(k/128)] (each stored scale row repeated for its 128 weight rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlrt.layers.quant import LinearMethod, QuantFormat
+
+BLOCK = 128
+E4M3_MAX = 448.0
+FP8 = torch.float8_e4m3fn
+
+# The kernel seam of `Fp8Linear`: (x [M, K] in the model dtype, weight float8_e4m3fn [N, K],
+# weight_scale_inv float32 [N, ceil(K/128)]) -> x @ w^T [M, N] in x's dtype.
+Fp8Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _blocks(n: int) -> int:
+    return -(-n // BLOCK)
+
+
+def quantize_fp8_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [n, k] -> (float8_e4m3fn [n, k], scale_inv float32 [ceil(n/128), ceil(k/128)])."""
+    n, k = w.shape
+    nb, kb = _blocks(n), _blocks(k)
+    padded = torch.zeros(nb * BLOCK, kb * BLOCK, dtype=torch.float32, device=w.device)
+    padded[:n, :k] = w.float()
+    tiles = padded.view(nb, BLOCK, kb, BLOCK)
+    amax = tiles.abs().amax(dim=(1, 3))  # [nb, kb]
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    q = (tiles / scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
+    q = q.view(nb * BLOCK, kb * BLOCK)[:n, :k].to(FP8)
+    return q, scale
+
+
+def dequantize_fp8_block(weight: torch.Tensor, scale_rows: torch.Tensor,
+                         dtype: torch.dtype) -> torch.Tensor:
+    """Held tensors -> the weight: weight float8_e4m3fn [..., n, k], scale_rows float32
+    [..., n, ceil(k/128)] -> [..., n, k] in `dtype` (the product in fp32, then one cast)."""
+    k = weight.shape[-1]
+    scale = scale_rows.repeat_interleave(BLOCK, dim=-1)[..., :k]
+    return (weight.float() * scale).to(dtype)
+
+
+class Fp8Format(QuantFormat):
+    """See the module docstring."""
+
+    name = "fp8"
+    suffixes = ("weight", "weight_scale_inv")
+    expand = {"weight": 1, "weight_scale_inv": BLOCK}
+
+    def stored(self, suffix, n, k):
+        if suffix == "weight":
+            return (n, k), FP8
+        return (_blocks(n), _blocks(k)), torch.float32
+
+    def held(self, suffix, n, k):
+        if suffix == "weight":
+            return (n, k), FP8
+        return (n, _blocks(k)), torch.float32
+
+    def quantize(self, w):
+        q, scale = quantize_fp8_block(w)
+        return {"weight": q, "weight_scale_inv": scale}
+
+    def dequantize(self, held, k, dtype):
+        return dequantize_fp8_block(held["weight"], held["weight_scale_inv"], dtype)
+
+    def linear_method(self):
+        return Fp8Linear()
+
+
+class Fp8Linear(LinearMethod):
+    """y = x @ w^T with w held as FP8 blocks (`layer.weight`, `layer.weight_scale_inv`).
+
+    `kernel` (an `Fp8Kernel`, e.g. a weight-streaming GEMM that reads FP8 and scales) serves
+    CUDA inputs when set; otherwise (the CPU, a GPU without a kernel) the reference path: the
+    weight is dequantised block by block into x's dtype for this call (never kept) and
+    multiplied with `F.linear`, so its result equals the unquantised layer on the dequantised
+    weight.
+    """
+
+    name = "fp8"
+    quantized = True
+
+    def __init__(self, kernel: Fp8Kernel | None = None):
+        self.kernel = kernel
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None and x.is_cuda:
+            shape = x.shape
+            y = self.kernel(x.reshape(-1, shape[-1]), layer.weight, layer.weight_scale_inv)
+            return y.reshape(*shape[:-1], y.shape[-1])
+        w = dequantize_fp8_block(layer.weight, layer.weight_scale_inv, x.dtype)
+        return F.linear(x, w)
+
+
+FP8_FORMAT = Fp8Format()

@@ -1,0 +1,139 @@
+"""NVFP4 weights: the layout of NVIDIA ModelOpt's NVFP4 export (`quant_algo: "NVFP4"`, group
+size 16), and the linear method that reads them.
+
+Stored per weight [n, k] (k a multiple of 16):
+  `<module>.weight` uint8 [n, k/2]: e2m1 codes, two per byte, element 2j in the low nibble and
+      element 2j+1 in the high nibble (ModelOpt's `NVFP4QTensor` packing); a code is sign bit 3
+      plus magnitude index 0..7 of (0, 0.5, 1, 1.5, 2, 3, 4, 6);
+  `<module>.weight_scale` float8_e4m3fn [n, k/16]: one scale per group of 16 along k;
+  `<module>.weight_scale_2` float32 [] (or [1]): the global scale of the tensor;
+  `<module>.input_scale` float32 []: the activation scale, which this weight-only path ignores
+      (and `make_checkpoint` does not write).
+The weight is w[i, j] = e2m1(code[i, j]) * weight_scale[i, j // 16] * weight_scale_2.
+Quantisation (make-checkpoint, online), in fp32: weight_scale_2 = amax(|w|) / (6 * 448) (1.0 for
+an all-zero weight); group scale = group amax / (6 * weight_scale_2), 1.0 where 0, clamped to
+448 and cast to e4m3; codes = w / (group scale * weight_scale_2) rounded to the nearest e2m1
+value, ties to the even code, magnitudes above 6 to 6.
+
+Held by a layer (one row per weight row): `weight` uint8 [n, k/2], `weight_scale`
+float8_e4m3fn [n, k/16], `weight_scale_2` float32 [n] (each part's global scale on its rows,
+so merged projections whose parts have different global scales stay exact).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlrt.layers.quant import LinearMethod, QuantFormat
+
+GROUP = 16
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+_UP_AT = (0.75, 1.75, 3.5)  # midpoints whose upper neighbour has the even code
+
+
+def e2m1_codes(v: torch.Tensor) -> torch.Tensor:
+    """fp32 values (already scaled) -> e2m1 codes uint8 (round to nearest, ties to even)."""
+    mag = v.abs()
+    mids = torch.tensor(_MIDPOINTS, dtype=torch.float32, device=v.device)
+    code = torch.bucketize(mag, mids)  # the midpoints strictly below mag
+    for m in _UP_AT:
+        code = code + (mag == m).long()
+    return (code + 8 * (v < 0).long()).to(torch.uint8)
+
+
+def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
+    """e2m1 codes (any int dtype) -> fp32 values."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
+    table = torch.cat([table, -table])
+    return table[codes.long()]
+
+
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """codes uint8 [..., k] -> [..., k/2]: element 2j low nibble, 2j+1 high nibble."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., k/2] -> codes uint8 [..., k]."""
+    return torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten(-2)
+
+
+def quantize_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w [n, k] -> (uint8 [n, k/2], float8_e4m3fn [n, k/16], float32 [])."""
+    n, k = w.shape
+    w = w.float()
+    amax = w.abs().amax()
+    global_scale = amax / (E2M1_MAX * E4M3_MAX) if amax > 0 else torch.ones((), device=w.device)
+    groups = w.view(n, k // GROUP, GROUP)
+    scale = groups.abs().amax(dim=-1) / (E2M1_MAX * global_scale)
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale).clamp(max=E4M3_MAX)
+    scale = scale.to(torch.float8_e4m3fn)
+    scaled = groups / (scale.float() * global_scale)[..., None]
+    return pack(e2m1_codes(scaled).view(n, k)), scale, global_scale.float().reshape(())
+
+
+def dequantize_nvfp4(weight: torch.Tensor, weight_scale: torch.Tensor,
+                     weight_scale_2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Held tensors -> the weight: uint8 [..., n, k/2], float8_e4m3fn [..., n, k/16], float32
+    [..., n] -> [..., n, k] in `dtype` (the products in fp32, then one cast)."""
+    values = e2m1_values(unpack(weight))
+    k = values.shape[-1]
+    scale = weight_scale.float() * weight_scale_2.float()[..., None]
+    values = values.view(*values.shape[:-1], k // GROUP, GROUP) * scale[..., None]
+    return values.view(*values.shape[:-2], k).to(dtype)
+
+
+class Nvfp4Format(QuantFormat):
+    """See the module docstring."""
+
+    name = "nvfp4"
+    suffixes = ("weight", "weight_scale", "weight_scale_2")
+    expand = {"weight": 1, "weight_scale": 1, "weight_scale_2": 0}
+
+    def check(self, n, k):
+        if k % GROUP:
+            raise ValueError(f"NVFP4 needs in features divisible by {GROUP}, got {k}")
+
+    def stored(self, suffix, n, k):
+        if suffix == "weight":
+            return (n, k // 2), torch.uint8
+        if suffix == "weight_scale":
+            return (n, k // GROUP), torch.float8_e4m3fn
+        return (), torch.float32
+
+    def held(self, suffix, n, k):
+        if suffix == "weight_scale_2":
+            return (n,), torch.float32
+        return self.stored(suffix, n, k)
+
+    def quantize(self, w):
+        q, scale, scale_2 = quantize_nvfp4(w)
+        return {"weight": q, "weight_scale": scale, "weight_scale_2": scale_2}
+
+    def dequantize(self, held, k, dtype):
+        return dequantize_nvfp4(held["weight"], held["weight_scale"], held["weight_scale_2"],
+                                dtype)
+
+    def linear_method(self):
+        return Nvfp4Linear()
+
+
+class Nvfp4Linear(LinearMethod):
+    """y = x @ w^T with w held as NVFP4 (`layer.weight`, `weight_scale`, `weight_scale_2`):
+    the reference path on every device (no kernel yet): dequantised into x's dtype for this
+    call (never kept), then `F.linear`."""
+
+    name = "nvfp4"
+    quantized = True
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        w = dequantize_nvfp4(layer.weight, layer.weight_scale, layer.weight_scale_2, x.dtype)
+        return F.linear(x, w)
+
+
+NVFP4_FORMAT = Nvfp4Format()
