@@ -8,6 +8,7 @@ executor and the decoder. Nothing here is global: two engines in one process are
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.attention.registry import get_backend
 from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize
+from dlrt.checkpoint.quant import QuantScheme, quantize_model, resolve_scheme
 from dlrt.config.engine import EngineConfig
 from dlrt.config.model import ModelConfig
 from dlrt.decoding.options import DecoderDefaults
@@ -74,8 +76,11 @@ class Engine:
         except ConfigError as e:
             raise ConfigError(f"{folder.path}: {e}") from e
         device, dtype = config.torch_device, config.torch_dtype
+        scheme = resolve_scheme(config.quantization, folder.hf_config, folder.path)
+        config = dataclasses.replace(config, quantization=scheme.name if scheme else "none")
+        _report_quantization(scheme, device)
         ops = get_ops(config.kernels)
-        model = _load(mconfig, ops, folder, config)
+        model = _load(mconfig, ops, folder, config, scheme)
         plan = _plan_linears(model, config, defaults)
         plan.apply(model)
         cache = PagedKVCache(mconfig.num_layers, mconfig.num_kv_heads, mconfig.head_dim,
@@ -89,17 +94,39 @@ class Engine:
                       _eos_ids(folder, mconfig), ops, model, plan, runner, executor, decoder)
 
 
-def _load(config: ModelConfig, ops: Ops, folder: CheckpointFolder,
-          engine: EngineConfig) -> nn.Module:
-    """Build on the meta device, materialise on the engine's device, fill the weights."""
+def _load(config: ModelConfig, ops: Ops, folder: CheckpointFolder, engine: EngineConfig,
+          scheme: QuantScheme | None) -> nn.Module:
+    """Build on the meta device, convert the quantised modules, materialise on the engine's
+    device, fill the weights (quantising them while loading for an online scheme)."""
     with torch.device("meta"):
         model = build_model(config, ops)
+    if scheme is not None:
+        names = quantize_model(model, config.hidden_size, scheme, set(folder.tensor_files))
+        log.info("%s weights in %d module(s)%s", scheme.name, len(names),
+                 " (quantised while loading)" if scheme.online else "")
     materialize(model, engine.torch_dtype, engine.torch_device)
     if engine.load_format == "dummy":
-        init_dummy(model, engine.seed, config.initializer_range)
+        init_dummy(model, engine.seed, config.initializer_range, engine.torch_dtype)
     else:
-        load_safetensors(model, folder)
+        load_safetensors(model, folder, online=scheme is not None and scheme.online)
     return model.eval()
+
+
+def _report_quantization(scheme: QuantScheme | None, device: torch.device) -> None:
+    """Say which path serves quantised weights: the dequantising reference on the CPU and on
+    GPUs without FP8 tensor cores (before sm_89: a warning)."""
+    if scheme is None:
+        return
+    if device.type != "cuda":
+        log.info("%s weights on the CPU: the dequantising reference path", scheme.name)
+        return
+    need = (8, 9) if scheme.name == "fp8" else (10, 0)
+    cap = torch.cuda.get_device_capability(device)
+    if cap < need:
+        log.warning("%s weights on a GPU of compute capability %d.%d, which has no %s tensor "
+                    "cores (sm_%d%d+): served by the dequantising path (each call dequantises "
+                    "its weight; slower than the unquantised model)", scheme.name, *cap,
+                    scheme.name.upper(), *need)
 
 
 def _plan_linears(model: nn.Module, config: EngineConfig,

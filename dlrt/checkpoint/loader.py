@@ -5,6 +5,12 @@ A parameter maps to one checkpoint tensor of the same name, except stacked MoE e
 `...up_proj.weight` (`StackedExperts.checkpoint_parts`), and merged projections
 (`MergedLinear`, e.g. `...self_attn.qkv_proj.weight`), whose row ranges are filled by
 `...self_attn.q_proj.weight`, `...k_proj.weight`, `...v_proj.weight`.
+
+Quantised modules (`dlrt.layers.quant.convert`) read each part's format tensors instead (e.g.
+`...q_proj.weight` float8_e4m3fn and `...q_proj.weight_scale_inv`), placed in the held layout
+(`QuantFormat.expand`). With online quantisation the checkpoint holds the unquantised
+`<part>.weight` and every format tensor is made from it by `QuantFormat.quantize`: the same
+function `make_checkpoint` writes quantised checkpoints with, so both load the same bits.
 """
 
 from __future__ import annotations
@@ -22,29 +28,80 @@ from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.errors import CheckpointError
 from dlrt.layers.linear import MergedLinear
 from dlrt.layers.moe import StackedExperts
+from dlrt.layers.quant import QuantFormat, expand_rows
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class WeightSpec:
-    """Checkpoint tensor `key` fills `param[index]` (or the whole `param` when index is None):
-    a row range of a merged projection (slice) or of one stacked expert ((e, slice))."""
+    """Checkpoint tensor `key` (of `shape`) fills `param[index]` (or the whole `param` when
+    index is None): a row range of a merged projection (slice) or of one stacked expert
+    ((e, slice)).
+
+    Quantised tensors: `dtype` is the format's stored dtype, `expand` the held rows per stored
+    row (0: a scalar for all rows). Online quantisation: `source` is the unquantised
+    checkpoint tensor (of `source_shape`) that `fmt.quantize` turns into `key`'s value.
+    """
 
     key: str
     param: str
     index: slice | tuple[int, slice] | None
     shape: tuple[int, ...]
+    dtype: torch.dtype | None = None
+    expand: int = 1
+    source: str | None = None
+    source_shape: tuple[int, ...] | None = None
+    fmt: QuantFormat | None = None
+
+    @property
+    def suffix(self) -> str:
+        return self.key.rpartition(".")[2]
+
+    @property
+    def read_key(self) -> str:
+        """The checkpoint tensor actually read."""
+        return self.source or self.key
 
 
-def weight_specs(model: nn.Module) -> list[WeightSpec]:
-    """Every checkpoint tensor the model needs, in parameter order."""
+def _weight_parts(module: nn.Module, owner: str, weight: str, rows: int
+                  ) -> list[tuple[str, slice | tuple[int, slice] | None, int]]:
+    """(checkpoint module name, index in the parameter, rows) of each part of a weight."""
+    if isinstance(module, MergedLinear):
+        parent = owner.rpartition(".")[0]
+        return [(f"{parent}.{part}", slice(lo, hi), hi - lo) for part, lo, hi in module.ranges()]
+    if isinstance(module, StackedExperts):
+        return [(f"{owner}.{e}.{part.removesuffix('.weight')}", (e, r), r.stop - r.start)
+                for e in range(module.num_experts)
+                for part, r in module.checkpoint_parts(weight)]
+    return [(owner, None, rows)]
+
+
+def _quant_specs(module: nn.Module, owner: str, leaf: str, name: str, p: nn.Parameter,
+                 online: bool) -> list[WeightSpec]:
+    fmt = module.quant_format
+    weight, suffix = module.quant_params[leaf]
+    k = module.quant_cols[weight]
+    specs = []
+    for stem, index, n in _weight_parts(module, owner, weight, p.shape[0]):
+        shape, dtype = fmt.stored(suffix, n, k)
+        src = dict(source=f"{stem}.weight", source_shape=(n, k), fmt=fmt) if online else {}
+        specs.append(WeightSpec(f"{stem}.{suffix}", name, index, shape, dtype,
+                                fmt.expand[suffix], **src))
+    return specs
+
+
+def weight_specs(model: nn.Module, online: bool = False) -> list[WeightSpec]:
+    """Every checkpoint tensor the model needs, in parameter order. `online`: quantised
+    modules read their unquantised checkpoint weights (`WeightSpec.source`)."""
     modules = dict(model.named_modules())
     specs = []
     for name, p in model.named_parameters():
         owner, _, leaf = name.rpartition(".")
         module = modules[owner]
-        if isinstance(module, MergedLinear):
+        if getattr(module, "quant_format", None) is not None and leaf in module.quant_params:
+            specs += _quant_specs(module, owner, leaf, name, p, online)
+        elif isinstance(module, MergedLinear):
             parent = owner.rpartition(".")[0]
             for part, lo, hi in module.ranges():
                 specs.append(WeightSpec(f"{parent}.{part}.{leaf}", name, slice(lo, hi),
@@ -61,15 +118,17 @@ def weight_specs(model: nn.Module) -> list[WeightSpec]:
 
 def materialize(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
     """Replace meta parameters by uninitialised tensors on `device` (ties kept); move buffers.
-    Parameters a module names in its `fp32_params` (a router's) are fp32 whatever `dtype`."""
+    Parameters a module names in its `fp32_params` (a router's) are fp32 whatever `dtype`;
+    those in its `param_dtypes` (quantised formats) keep the dtype given there."""
     done: dict[int, nn.Parameter] = {}
     for module in model.modules():
         fp32 = getattr(module, "fp32_params", ())
+        fixed = getattr(module, "param_dtypes", {})
         for name, p in list(module._parameters.items()):
             if p is None:
                 continue
             if id(p) not in done:
-                t = torch.float32 if name in fp32 else dtype
+                t = torch.float32 if name in fp32 else fixed.get(name, dtype)
                 done[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=t, device=device),
                                            requires_grad=False)
             module._parameters[name] = done[id(p)]
@@ -78,46 +137,104 @@ def materialize(model: nn.Module, dtype: torch.dtype, device: torch.device) -> N
                 module._buffers[name] = b.to(device)
 
 
-def load_safetensors(model: nn.Module, folder: CheckpointFolder) -> None:
-    """Copy checkpoint tensors into the (materialised) parameters of `model`.
+def load_safetensors(model: nn.Module, folder: CheckpointFolder, online: bool = False) -> None:
+    """Copy checkpoint tensors into the (materialised) parameters of `model`; `online`:
+    quantise the unquantised weights of quantised modules as they are read.
 
     Raises:
-        CheckpointError: a tensor is missing, its shape differs from the model's, or a
-            safetensors file is unreadable (truncated, corrupt).
+        CheckpointError: a tensor is missing (a quantised module's scale included), its shape
+            differs from the model's, a quantised weight is stored in another dtype than its
+            format's, or a safetensors file is unreadable (truncated, corrupt).
     """
     from safetensors import SafetensorError
 
     params = dict(model.named_parameters())
-    specs = weight_specs(model)
-    missing = [s.key for s in specs if s.key not in folder.tensor_files]
+    specs = weight_specs(model, online)
+    missing = list(dict.fromkeys(s.read_key for s in specs if s.read_key not in
+                                 folder.tensor_files))
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-        raise CheckpointError(f"checkpoint {folder.path} lacks tensor(s) {missing[:5]}{more}")
+        scales = [k for k in missing if k.rpartition(".")[2] != "weight"]
+        hint = (f"; the quantised layers' scales are missing (e.g. {scales[0]}): the checkpoint "
+                "does not match its quantization_config") if scales else ""
+        raise CheckpointError(f"checkpoint {folder.path} lacks tensor(s) {missing[:5]}{more}"
+                              f"{hint}")
     by_file: dict[Path, list[WeightSpec]] = defaultdict(list)
     for s in specs:
-        by_file[folder.tensor_files[s.key]].append(s)
+        by_file[folder.tensor_files[s.read_key]].append(s)
     for path, file_specs in by_file.items():
         try:
             _load_file(params, path, file_specs)
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"cannot read {path} (truncated or corrupt?): {e}") from e
-    unused = set(folder.tensor_files) - {s.key for s in specs}
-    if unused:
+    unused = set(folder.tensor_files) - {s.read_key for s in specs}
+    activation = {k for k in unused if k.endswith(".input_scale")}
+    if activation:
+        log.info("ignored %d activation scale(s) (input_scale): weight-only quantised path",
+                 len(activation))
+    if unused - activation:
         log.warning("ignored %d checkpoint tensor(s) the model does not use, e.g. %s",
-                    len(unused), sorted(unused)[:3])
+                    len(unused - activation), sorted(unused - activation)[:3])
+
+
+def _shape_ok(spec: WeightSpec, shape: tuple[int, ...]) -> bool:
+    if spec.expand == 0:  # a per-tensor scalar: [] or [1]
+        return shape in ((), (1,))
+    return shape == spec.shape
+
+
+def place(param: torch.Tensor, spec: WeightSpec, value: torch.Tensor) -> None:
+    """Copy a checkpoint tensor (stored layout) into its place in the parameter."""
+    dst = param if spec.index is None else param[spec.index]
+    dst.copy_(expand_rows(value, spec.expand, dst.shape[0] if dst.dim() else 1))
+
+
+class _Quantized:
+    """Online quantisation of the tensors of one file: each source quantised once, kept until
+    every tensor made from it has been taken."""
+
+    def __init__(self, specs: list[WeightSpec]):
+        self.left = defaultdict(int)
+        for s in specs:
+            if s.source:
+                self.left[s.source] += 1
+        self.made: dict[str, dict[str, torch.Tensor]] = {}
+
+    def take(self, spec: WeightSpec, read) -> torch.Tensor:
+        if spec.source not in self.made:
+            self.made[spec.source] = spec.fmt.quantize(read(spec.source))
+        value = self.made[spec.source][spec.suffix]
+        self.left[spec.source] -= 1
+        if not self.left[spec.source]:
+            del self.made[spec.source]
+        return value
+
+
+def _check_dtype(spec: WeightSpec, value: torch.Tensor, where: str) -> None:
+    if spec.dtype is None or spec.source or value.dtype == spec.dtype:
+        return
+    if spec.dtype == torch.float32 and value.dtype.is_floating_point \
+            and value.element_size() >= 2:
+        return  # fp32 scales written in another float dtype: exact enough, converted
+    raise CheckpointError(f"tensor {spec.key} in {where} is {value.dtype}, the "
+                          f"{spec.fmt.name if spec.fmt else 'quantised'} format stores "
+                          f"{spec.dtype}")
 
 
 def _load_file(params: dict[str, nn.Parameter], path: Path, specs: list[WeightSpec]) -> None:
     from safetensors import safe_open
 
+    quantized = _Quantized(specs)
     with safe_open(path, framework="pt", device="cpu") as f:
         for s in specs:
-            shape = tuple(f.get_slice(s.key).get_shape())
-            if shape != s.shape:
-                raise CheckpointError(f"tensor {s.key} in {path.name} has shape {list(shape)}, "
-                                      f"the model expects {list(s.shape)}")
-            dst = params[s.param].data
-            (dst if s.index is None else dst[s.index]).copy_(f.get_tensor(s.key))
+            shape = tuple(f.get_slice(s.read_key).get_shape())
+            want = s.source_shape if s.source else s.shape
+            if not (shape == want if s.source else _shape_ok(s, shape)):
+                raise CheckpointError(f"tensor {s.read_key} in {path.name} has shape "
+                                      f"{list(shape)}, the model expects {list(want)}")
+            value = quantized.take(s, f.get_tensor) if s.source else f.get_tensor(s.key)
+            _check_dtype(s, value, path.name)
+            place(params[s.param].data, s, value)
 
 
 def tensor_seed(seed: int, key: str) -> int:
@@ -147,10 +264,24 @@ def random_tensor(spec: WeightSpec, seed: int, std: float, dtype: torch.dtype,
     return t.normal_(0.0, std, generator=gen).to(dtype)
 
 
-def init_dummy(model: nn.Module, seed: int, std: float) -> None:
-    """Fill materialised parameters with the values `make_checkpoint` would write."""
+def spec_value(spec: WeightSpec, seed: int, std: float, dtype: torch.dtype,
+               device: torch.device | str) -> torch.Tensor:
+    """The seeded value of a checkpoint tensor in its stored layout: `random_tensor` in
+    `dtype`, or for a quantised tensor the format's quantisation of its source's value."""
+    if spec.source is None:
+        return random_tensor(spec, seed, std, spec.dtype or dtype, device)
+    source = WeightSpec(spec.source, spec.param, spec.index, spec.source_shape)
+    return spec.fmt.quantize(random_tensor(source, seed, std, dtype, device))[spec.suffix]
+
+
+def init_dummy(model: nn.Module, seed: int, std: float, dtype: torch.dtype | None = None
+               ) -> None:
+    """Fill materialised parameters with the values `make_checkpoint` would write (quantised
+    modules: the quantisation of weights drawn in `dtype`, default the model's first
+    parameter's dtype)."""
     params = dict(model.named_parameters())
-    for s in weight_specs(model):
+    dtype = dtype or next(iter(params.values())).dtype
+    for s in weight_specs(model, online=True):
         dst = params[s.param].data
-        value = random_tensor(s, seed, std, dst.dtype, dst.device)
-        (dst if s.index is None else dst[s.index]).copy_(value)
+        place(dst, s, spec_value(s, seed, std, dst.dtype if s.source is None else dtype,
+                                 dst.device))

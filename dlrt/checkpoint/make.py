@@ -7,6 +7,12 @@ Weights: normal(0, initializer_range), norms at 1, router biases (`expert_bias`)
 drawn like weights; each tensor seeded by (seed, name), so the output is the same for a seed
 whatever the sharding. Loading it goes through the same loader as a user's checkpoint;
 `load_format="dummy"` reproduces the same values without files.
+
+`quantization="fp8"` / `"nvfp4"` writes the quantised layers (`dlrt.checkpoint.quant`: every
+linear layer but the LM head, and the routed experts) in that format, quantised from the
+values drawn in `dtype`, with the format's config entries (`quantization_config`; NVFP4 also
+`hf_quant_config.json`); loading the unquantised checkpoint of the same seed with
+`quantization=...` gives the same bits.
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ from pathlib import Path
 import torch
 
 from dlrt.checkpoint.folder import INDEX_NAME, CheckpointFolder
-from dlrt.checkpoint.loader import random_tensor, stored_dtype, weight_specs
+from dlrt.checkpoint.loader import spec_value, stored_dtype, weight_specs
 from dlrt.checkpoint.presets import PRESETS, preset, real_config
-from dlrt.errors import CheckpointError
+from dlrt.checkpoint.quant import HF_QUANT_CONFIG, quantize_for_writing
+from dlrt.errors import CheckpointError, OptionError
 from dlrt.models.family import Family
 from dlrt.models.registry import build_model, family_of, model_config
 from dlrt.ops import reference
@@ -31,7 +38,9 @@ from dlrt.resources import data_path
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                     "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
-_CHECKPOINT_FILES = ("config.json", "generation_config.json", INDEX_NAME, *_TOKENIZER_FILES)
+_CHECKPOINT_FILES = ("config.json", "generation_config.json", INDEX_NAME, HF_QUANT_CONFIG,
+                     *_TOKENIZER_FILES)
+QUANTIZATIONS = ("none", "fp8", "nvfp4")
 
 
 def _source(source: str | Path) -> tuple[dict, dict, Path | None]:
@@ -50,7 +59,7 @@ def _source(source: str | Path) -> tuple[dict, dict, Path | None]:
 def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
                     dtype: str = "bfloat16", num_layers: int | None = None,
                     max_shard_bytes: int = 5 * 10**9, device: str = "cpu",
-                    overwrite: bool = False) -> Path:
+                    overwrite: bool = False, quantization: str = "none") -> Path:
     """Write the checkpoint and return its folder.
 
     Args:
@@ -62,8 +71,13 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
         num_layers: keep only this many layers (a reduced copy of a large config).
         max_shard_bytes: shard size limit, as `save_pretrained(max_shard_size=...)`.
         device: where the random values are drawn ('cpu' is reproducible everywhere).
+        quantization: "none", "fp8" (128x128 block-scaled e4m3) or "nvfp4" (see the module
+            docstring). A source's own `quantization_config` is dropped: the output holds
+            what this asks for.
     Raises:
-        CheckpointError: bad source, existing destination (also one that appears while
+        OptionError: an unknown quantization (the message lists the choices).
+        CheckpointError: bad source, a weight shape the format cannot hold (NVFP4: in
+            features not a multiple of 16), existing destination (also one that appears while
             writing, unless `overwrite`; with `overwrite`, one that is not a checkpoint
             folder), an unwritable destination, unknown dtype or device, max_shard_bytes < 1,
             or num_layers out of range.
@@ -73,6 +87,9 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
 
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    if quantization not in QUANTIZATIONS:
+        raise OptionError(f"quantization {quantization!r}: unknown quantization; one of "
+                          f"{list(QUANTIZATIONS)}")
     _check_device(device)
     if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) \
             or max_shard_bytes < 1:
@@ -92,13 +109,19 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
                                   f"{config.num_layers}] (keep only this many layers)")
         hf = family.with_layers(hf, num_layers)
         config = model_config(hf)
+    hf.pop("quantization_config", None)  # the source's format is not what is written
     with torch.device("meta"):
-        specs = weight_specs(build_model(config, reference.OPS))
+        model = build_model(config, reference.OPS)
+    quant = None
+    if quantization != "none":
+        quant = quantize_for_writing(model, config.hidden_size, quantization)
+    specs = weight_specs(model, online=True)
     torch_dtype = DTYPES[dtype]
     shards: list[list] = [[]]
     size = 0
     for s in specs:
-        itemsize = torch.empty((), dtype=stored_dtype(s.key, torch_dtype)).element_size()
+        itemsize = torch.empty((), dtype=s.dtype or stored_dtype(s.key, torch_dtype)
+                               ).element_size()
         nbytes = itemsize * int(torch.Size(s.shape).numel())
         if shards[-1] and size + nbytes > max_shard_bytes:
             shards.append([])
@@ -115,8 +138,8 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
         for i, shard in enumerate(shards):
             name = ("model.safetensors" if len(shards) == 1
                     else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
-            tensors = {s.key: random_tensor(s, seed, config.initializer_range,
-                                            stored_dtype(s.key, torch_dtype), device).cpu()
+            tensors = {s.key: spec_value(s, seed, config.initializer_range,
+                                         stored_dtype(s.key, torch_dtype), device).cpu()
                        for s in shard}
             total += sum(t.numel() * t.element_size() for t in tensors.values())
             save_file(tensors, str(tmp / name), metadata={"format": "pt"})
@@ -126,6 +149,10 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2))
         hf["torch_dtype"] = dtype
+        if quant is not None:
+            hf["quantization_config"] = quant[0]
+            for name, data in quant[1].items():
+                (tmp / name).write_text(json.dumps(data, indent=2))
         (tmp / "config.json").write_text(json.dumps(hf, indent=2))
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         _copy_tokenizer(src_dir, family, tmp)

@@ -22,6 +22,7 @@ import torch
 
 from dlrt import env
 from dlrt.attention.registry import backend_names, check_backend, default_backend
+from dlrt.checkpoint.quant import QUANTIZATIONS
 from dlrt.config.model import ModelConfig
 from dlrt.decoding.options import DecoderDefaults
 from dlrt.errors import ConfigError, OptionError
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
           "float64": torch.float64}
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
-QUANTIZATIONS = ("none",)
 
 
 def _option(default: Any, help: str, choices: tuple | None = None, flag: str | None = None):
@@ -74,7 +74,11 @@ class EngineConfig:
         "installed; else triton; DLRT_ATTENTION_BACKEND overrides auto), triton, flashinfer "
         "(FA3/FA2, planned on the host once per block), flashinfer-fa2, sdpa (eager only)",
         ("auto", *backend_names()))
-    quantization: str = _option("none", "weight quantization", QUANTIZATIONS)
+    quantization: str = _option(
+        "auto", "weights: auto (the checkpoint's quantization_config: fp8 block-scaled or "
+        "ModelOpt nvfp4; else unquantised), none (an unquantised checkpoint), fp8 / nvfp4 (a "
+        "checkpoint in that format, or an unquantised one quantised while loading; fp8: "
+        "128x128 blocks)", QUANTIZATIONS)
     kernels: str = _option(
         "auto", "the small ops of a forward and a round: auto (triton on CUDA, reference on the "
         "CPU), triton (Triton kernels; on the CPU only under TRITON_INTERPRET=1), reference "

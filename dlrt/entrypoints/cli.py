@@ -134,7 +134,7 @@ def _make_checkpoint(args: argparse.Namespace) -> int:
                           num_layers=args.num_layers,
                           max_shard_bytes=max(1, int(args.max_shard_gb * 10**9)),
                           device=args.device,
-                          overwrite=args.overwrite)
+                          overwrite=args.overwrite, quantization=args.quantization)
     print(out)
     return 0
 
@@ -254,6 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where to draw the random values: cpu (default) or cuda")
     mk.add_argument("--overwrite", action="store_true",
                     help="replace OUT if it is a checkpoint folder (never another folder)")
+    mk.add_argument("--quantization", default="none", choices=("none", "fp8", "nvfp4"),
+                    help="write the linear layers and experts (not the LM head) quantised: fp8 "
+                         "(HF block-scaled, 128x128 e4m3, scale = amax/448) or nvfp4 (ModelOpt "
+                         "layout, groups of 16); default none")
     mk.set_defaults(func=_make_checkpoint)
 
     sv = sub.add_parser("serve", help="HTTP server: NDJSON /generate and OpenAI-compatible "

@@ -138,11 +138,12 @@ def tune(model: nn.Module, rows: int = 4, policy: str = "auto", timer=time_shape
     policy: "auto" (the faster per shape, Triton only when at least 3% faster), "triton" (the
     fastest Triton config for every shape that has one), "cublas" (no timing).
     cache_file: where timings are kept (default: per device under DLRT_CACHE_DIR/gemm).
+    Layers with a quantised method (FP8, NVFP4) are not planned: they keep their method.
     Returns the plan; the model is not changed (`LinearPlan.apply`).
     """
     if policy not in POLICIES:
         raise ValueError(f"linear kernel policy {policy!r} is not one of {POLICIES}")
-    layers = linear_layers(model)
+    layers = {n: m for n, m in linear_layers(model).items() if not m.method.quantized}
     plan = LinearPlan({name: CUBLAS for name in layers})
     if policy == "cublas" or not layers:
         return plan

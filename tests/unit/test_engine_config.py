@@ -23,7 +23,7 @@ from dlrt.errors import OptionError
     ({"kernels": 3}, "kernels must be a string"),
     ({"kernels": "cuda"}, "kernels 'cuda': unknown kernels"),
     ({"linear_kernels": "fast"}, "linear_kernels 'fast': unknown linear kernels"),
-    ({"quantization": "fp8"}, "quantization 'fp8': unknown quantization"),
+    ({"quantization": "int4"}, "quantization 'int4': unknown quantization"),
     ({"execution_mode": "loop"}, "unknown execution mode"),
     ({"dtype": True}, "dtype must be a string"),
 ])
