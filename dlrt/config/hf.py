@@ -67,3 +67,34 @@ def kv_heads(hf: dict[str, Any], key: str, heads: int) -> int:
 def activation(key: str, value: Any) -> None:
     if value != "silu":
         raise bad(key, value, "is not supported (only silu)")
+
+
+def qwen_sizes(hf: dict[str, Any], eps: float, max_positions: int) -> dict[str, Any]:
+    """The `ModelConfig` fields that configs with Qwen / Llama names (SDAR, LLaDA2) share:
+    sizes, norm epsilon, RoPE theta, positions, tying and init range; `eps` and
+    `max_positions` are the family's defaults when the config has none."""
+    hidden = as_int("hidden_size", required(hf, "hidden_size"))
+    heads = as_int("num_attention_heads", required(hf, "num_attention_heads"))
+    return dict(
+        vocab_size=as_int("vocab_size", required(hf, "vocab_size")),
+        hidden_size=hidden,
+        intermediate_size=as_int("intermediate_size", required(hf, "intermediate_size")),
+        num_layers=as_int("num_hidden_layers", required(hf, "num_hidden_layers")),
+        num_heads=heads,
+        num_kv_heads=kv_heads(hf, "num_key_value_heads", heads),
+        head_dim=as_int("head_dim", optional(hf, "head_dim", hidden // heads)),
+        rms_norm_eps=as_float("rms_norm_eps", hf.get("rms_norm_eps", eps)),
+        rope_theta=as_float("rope_theta", hf.get("rope_theta", 10000.0)),
+        max_position_embeddings=as_int("max_position_embeddings",
+                                       hf.get("max_position_embeddings", max_positions)),
+        tie_word_embeddings=as_bool("tie_word_embeddings", hf.get("tie_word_embeddings", False)),
+        initializer_range=as_float("initializer_range", hf.get("initializer_range", 0.02)),
+    )
+
+
+def with_layers(hf: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """A copy of a Qwen-named config keeping only its first `num_layers` layers."""
+    out = dict(hf, num_hidden_layers=num_layers)
+    if out.get("max_window_layers"):
+        out["max_window_layers"] = num_layers
+    return out

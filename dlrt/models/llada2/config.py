@@ -28,35 +28,19 @@ def llada2_config(hf: dict[str, Any], family: str = "llada2") -> ModelConfig:
             router other than sigmoid with expert bias).
     """
     _refuse_unsupported(hf)
-    vocab = f.as_int("vocab_size", f.required(hf, "vocab_size"))
-    hidden = f.as_int("hidden_size", f.required(hf, "hidden_size"))
-    heads = f.as_int("num_attention_heads", f.required(hf, "num_attention_heads"))
-    num_layers = f.as_int("num_hidden_layers", f.required(hf, "num_hidden_layers"))
-    head_dim = f.as_int("head_dim", f.optional(hf, "head_dim", hidden // heads))
+    sizes = f.qwen_sizes(hf, eps=1e-5, max_positions=16384)
+    vocab = sizes["vocab_size"]
     mask = f.optional(hf, "mask_token_id", MASK_TOKEN_ID if MASK_TOKEN_ID < vocab else None)
     eos = f.optional(hf, "eos_token_id", EOS_TOKEN_ID if EOS_TOKEN_ID < vocab else None)
     return ModelConfig(
         family=family,
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=f.as_int("intermediate_size", f.required(hf, "intermediate_size")),
-        num_layers=num_layers,
-        num_heads=heads,
-        num_kv_heads=f.kv_heads(hf, "num_key_value_heads", heads),
-        head_dim=head_dim,
-        rms_norm_eps=f.as_float("rms_norm_eps", hf.get("rms_norm_eps", 1e-5)),
-        rope_theta=f.as_float("rope_theta", hf.get("rope_theta", 10000.0)),
-        max_position_embeddings=f.as_int("max_position_embeddings",
-                                         hf.get("max_position_embeddings", 16384)),
-        tie_word_embeddings=f.as_bool("tie_word_embeddings",
-                                      hf.get("tie_word_embeddings", False)),
-        initializer_range=f.as_float("initializer_range", hf.get("initializer_range", 0.02)),
+        **sizes,
         mask_token_id=f.token_id("mask_token_id", mask, vocab),
         eos_token_ids=f.eos_ids(eos),
         block_size=None,
-        rotary_dim=_rotary_dim(hf, head_dim),
+        rotary_dim=_rotary_dim(hf, sizes["head_dim"]),
         use_qk_norm=f.as_bool("use_qk_norm", hf.get("use_qk_norm", True)),
-        **_moe(hf, num_layers),
+        **_moe(hf, sizes["num_layers"]),
     )
 
 
@@ -130,11 +114,3 @@ def _moe(hf: dict[str, Any], num_layers: int) -> dict[str, Any]:
         num_shared_experts=f.as_int("num_shared_experts",
                                     f.optional(hf, "num_shared_experts", 0), minimum=0),
     )
-
-
-def with_layers(hf: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """A copy of the config keeping only the first `num_layers` layers."""
-    out = dict(hf, num_hidden_layers=num_layers)
-    if out.get("max_window_layers"):
-        out["max_window_layers"] = num_layers
-    return out

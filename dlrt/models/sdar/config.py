@@ -24,28 +24,13 @@ def sdar_config(hf: dict[str, Any], family: str) -> ModelConfig:
     if hf.get("attention_bias"):
         raise ConfigError("attention_bias=true is not supported")
     f.activation("hidden_act", hf.get("hidden_act", "silu"))
-    vocab = f.as_int("vocab_size", f.required(hf, "vocab_size"))
-    hidden = f.as_int("hidden_size", f.required(hf, "hidden_size"))
-    heads = f.as_int("num_attention_heads", f.required(hf, "num_attention_heads"))
-    num_layers = f.as_int("num_hidden_layers", f.required(hf, "num_hidden_layers"))
-    moe = _moe(hf, num_layers) if family == "sdar_moe" else {}
+    sizes = f.qwen_sizes(hf, eps=1e-6, max_positions=32768)
+    moe = _moe(hf, sizes["num_layers"]) if family == "sdar_moe" else {}
     block_size = hf.get("block_size")
+    vocab = sizes["vocab_size"]
     return ModelConfig(
         family=family,
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=f.as_int("intermediate_size", f.required(hf, "intermediate_size")),
-        num_layers=num_layers,
-        num_heads=heads,
-        num_kv_heads=f.kv_heads(hf, "num_key_value_heads", heads),
-        head_dim=f.as_int("head_dim", f.optional(hf, "head_dim", hidden // heads)),
-        rms_norm_eps=f.as_float("rms_norm_eps", hf.get("rms_norm_eps", 1e-6)),
-        rope_theta=f.as_float("rope_theta", hf.get("rope_theta", 10000.0)),
-        max_position_embeddings=f.as_int("max_position_embeddings",
-                                         hf.get("max_position_embeddings", 32768)),
-        tie_word_embeddings=f.as_bool("tie_word_embeddings",
-                                      hf.get("tie_word_embeddings", False)),
-        initializer_range=f.as_float("initializer_range", hf.get("initializer_range", 0.02)),
+        **sizes,
         mask_token_id=f.token_id("mask_token_id", hf.get("mask_token_id"), vocab),
         eos_token_ids=f.eos_ids(hf.get("eos_token_id")),
         block_size=None if block_size is None else f.as_int("block_size", block_size),
@@ -69,11 +54,3 @@ def _moe(hf: dict[str, Any], num_layers: int) -> dict[str, Any]:
         norm_topk_prob=f.as_bool("norm_topk_prob", hf.get("norm_topk_prob", True)),
         moe_layers=tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0),
     )
-
-
-def with_layers(hf: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """A copy of the config keeping only the first `num_layers` layers."""
-    out = dict(hf, num_hidden_layers=num_layers)
-    if out.get("max_window_layers"):
-        out["max_window_layers"] = num_layers
-    return out
