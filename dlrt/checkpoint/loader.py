@@ -77,14 +77,25 @@ def _weight_parts(module: nn.Module, owner: str, weight: str, rows: int
     return [(owner, None, rows)]
 
 
-def _quant_specs(module: nn.Module, owner: str, leaf: str, name: str, p: nn.Parameter,
+def _held_rows(index, rb: int):
+    """A weight-row index in held rows (`QuantFormat.row_block`)."""
+    if rb == 1 or index is None:
+        return index
+    e, rows = index if isinstance(index, tuple) else (None, index)
+    rows = slice(rows.start // rb, -(-rows.stop // rb))
+    return rows if e is None else (e, rows)
+
+
+def _quant_specs(module: nn.Module, owner: str, leaf: str, name: str,
                  online: bool) -> list[WeightSpec]:
     fmt = module.quant_format
     weight, suffix = module.quant_params[leaf]
     k = module.quant_cols[weight]
+    rb = fmt.row_block.get(suffix, 1)
     specs = []
-    for stem, index, n in _weight_parts(module, owner, weight, p.shape[0]):
+    for stem, index, n in _weight_parts(module, owner, weight, getattr(module, "out_features", 0)):
         shape, dtype = fmt.stored(suffix, n, k)
+        index = _held_rows(index, rb)
         src = dict(source=f"{stem}.weight", source_shape=(n, k), fmt=fmt) if online else {}
         specs.append(WeightSpec(f"{stem}.{suffix}", name, index, shape, dtype,
                                 fmt.expand[suffix], **src))
@@ -100,7 +111,7 @@ def weight_specs(model: nn.Module, online: bool = False) -> list[WeightSpec]:
         owner, _, leaf = name.rpartition(".")
         module = modules[owner]
         if getattr(module, "quant_format", None) is not None and leaf in module.quant_params:
-            specs += _quant_specs(module, owner, leaf, name, p, online)
+            specs += _quant_specs(module, owner, leaf, name, online)
         elif isinstance(module, MergedLinear):
             parent = owner.rpartition(".")[0]
             for part, lo, hi in module.ranges():

@@ -9,9 +9,11 @@ weights besides `layer.weight` (scales).
 
 A `QuantFormat` describes one quantised weight [n, k] twice: as the checkpoint stores it
 (`stored`: per tensor suffix, the shape and dtype of one checkpoint tensor such as
-`q_proj.weight_scale_inv`) and as a layer holds it (`held`: every tensor has one row per weight
-row, so merged projections and stacked experts concatenate rows whatever the block size).
-`expand[suffix]` is the number of held rows per stored row (0: one scalar for all rows).
+`q_proj.weight_scale_inv`) and as a layer holds it (`held`). A held tensor has one row per
+`row_block[suffix]` weight rows, so the parts of a merged projection or of an expert stack
+concatenate along rows; `expand[suffix]` is the number of held rows per stored row (0: one
+scalar for all rows). `for_parts` picks the variant that fits a module's parts (FP8: block
+rows when every part boundary falls on a 128-row block, else one scale row per weight row).
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ class QuantFormat:
     name = "base"
     suffixes: tuple[str, ...] = ("weight",)  # checkpoint tensors of one weight, weight first
     expand: dict[str, int] = {}
+    row_block: dict[str, int] = {}  # weight rows per held row (1 when absent)
+
+    def for_parts(self, parts: list[list[int]]) -> QuantFormat:
+        """The variant for a module whose weights have these part sizes (rows, in order)."""
+        return self
 
     def check(self, n: int, k: int) -> None:
         """Raise ValueError when a weight [n, k] cannot be held in this format."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dlrt.layers.linear import LinearBase
+from dlrt.layers.linear import LinearBase, MergedLinear
 from dlrt.layers.moe import StackedExperts
 from dlrt.layers.quant import QuantFormat
 
@@ -44,12 +44,19 @@ def _replace(module: nn.Module, weight: str, lead: tuple[int, ...], n: int, k: i
 
 
 def quantize_module(module: nn.Module, fmt: QuantFormat) -> None:
-    """Convert a `LinearBase` or `StackedExperts` (on the meta device) to hold `fmt`.
+    """Convert a `LinearBase` or `StackedExperts` (on the meta device) to hold `fmt` (the
+    variant that fits its parts: `QuantFormat.for_parts`).
 
     Raises:
         ValueError: the weight's shape does not fit the format (NVFP4: K not a multiple of 16).
         TypeError: another kind of module.
     """
+    if isinstance(module, MergedLinear):
+        fmt = fmt.for_parts([[size for _, size in module.parts]])
+    elif isinstance(module, LinearBase):
+        fmt = fmt.for_parts([[module.out_features]])
+    elif isinstance(module, StackedExperts):
+        fmt = fmt.for_parts([[module.intermediate] * 2, [module.hidden]])
     module.quant_format = fmt
     module.quant_params, module.quant_cols, module.param_dtypes = {}, {}, {}
     if isinstance(module, LinearBase):

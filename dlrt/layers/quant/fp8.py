@@ -7,9 +7,11 @@ float32 [ceil(n/128), ceil(k/128)]; the weight is w[i, j] = weight[i, j] * weigh
 per 128x128 block, scale = amax(|w|) / 448 (1.0 for an all-zero block), weight =
 e4m3(clamp(w / scale, -448, 448)) rounded to nearest even, all in fp32.
 
-Held by a layer (one row per weight row, so merged projections and stacked experts concatenate
-parts of any size): `weight` float8_e4m3fn [n, k], `weight_scale_inv` float32
-[n, ceil(k/128)] (each stored scale row repeated for its 128 weight rows).
+Held by a layer: `weight` float8_e4m3fn [n, k] and `weight_scale_inv` float32, either as
+stored, [ceil(n/128), ceil(k/128)] (`FP8_FORMAT`: every part of a merged projection or expert
+stack but the last is a multiple of 128 rows, so the parts' scale rows concatenate; all real
+models), or [n, ceil(k/128)] with each stored scale row repeated for its 128 weight rows
+(`FP8_ROWS_FORMAT`: parts of other sizes, e.g. tiny test models).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ BLOCK = 128
 E4M3_MAX = 448.0
 FP8 = torch.float8_e4m3fn
 
-# The kernel seam of `Fp8Linear`: (x [M, K] in the model dtype, weight float8_e4m3fn [N, K],
-# weight_scale_inv float32 [N, ceil(K/128)]) -> x @ w^T [M, N] in x's dtype.
+# The kernel seam of `Fp8Linear`: (x [M, K] in the model dtype, contiguous; weight
+# float8_e4m3fn [N, K]; weight_scale_inv float32 [ceil(N/128), ceil(K/128)]) -> x @ w^T [M, N]
+# in x's dtype, e.g. `dlrt.kernels.fp8_gemm.fp8_gemm` (block-layout weights only).
 Fp8Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -52,8 +55,11 @@ def quantize_fp8_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_fp8_block(weight: torch.Tensor, scale_rows: torch.Tensor,
                          dtype: torch.dtype) -> torch.Tensor:
     """Held tensors -> the weight: weight float8_e4m3fn [..., n, k], scale_rows float32
-    [..., n, ceil(k/128)] -> [..., n, k] in `dtype` (the product in fp32, then one cast)."""
-    k = weight.shape[-1]
+    [..., ceil(n/128), ceil(k/128)] (block rows) or [..., n, ceil(k/128)] (a row per weight
+    row) -> [..., n, k] in `dtype` (the product in fp32, then one cast)."""
+    n, k = weight.shape[-2:]
+    if scale_rows.shape[-2] != n:
+        scale_rows = scale_rows.repeat_interleave(BLOCK, dim=-2)[..., :n, :]
     scale = scale_rows.repeat_interleave(BLOCK, dim=-1)[..., :k]
     return (weight.float() * scale).to(dtype)
 
@@ -63,7 +69,15 @@ class Fp8Format(QuantFormat):
 
     name = "fp8"
     suffixes = ("weight", "weight_scale_inv")
-    expand = {"weight": 1, "weight_scale_inv": BLOCK}
+
+    def __init__(self, block_rows: bool):
+        self.block_rows = block_rows
+        self.expand = {"weight": 1, "weight_scale_inv": 1 if block_rows else BLOCK}
+        self.row_block = {"weight": 1, "weight_scale_inv": BLOCK if block_rows else 1}
+
+    def for_parts(self, parts):
+        aligned = all(size % BLOCK == 0 for sizes in parts for size in sizes[:-1])
+        return FP8_FORMAT if aligned else FP8_ROWS_FORMAT
 
     def stored(self, suffix, n, k):
         if suffix == "weight":
@@ -71,8 +85,8 @@ class Fp8Format(QuantFormat):
         return (_blocks(n), _blocks(k)), torch.float32
 
     def held(self, suffix, n, k):
-        if suffix == "weight":
-            return (n, k), FP8
+        if suffix == "weight" or self.block_rows:
+            return self.stored(suffix, n, k)
         return (n, _blocks(k)), torch.float32
 
     def quantize(self, w):
@@ -90,10 +104,10 @@ class Fp8Linear(LinearMethod):
     """y = x @ w^T with w held as FP8 blocks (`layer.weight`, `layer.weight_scale_inv`).
 
     `kernel` (an `Fp8Kernel`, e.g. a weight-streaming GEMM that reads FP8 and scales) serves
-    CUDA inputs when set; otherwise (the CPU, a GPU without a kernel) the reference path: the
-    weight is dequantised block by block into x's dtype for this call (never kept) and
-    multiplied with `F.linear`, so its result equals the unquantised layer on the dequantised
-    weight.
+    CUDA inputs when set and the scales are in block rows (`FP8_FORMAT`). Otherwise (the CPU,
+    a GPU without a kernel) the reference path: the weight is dequantised block by block into
+    x's dtype for this call (never kept) and multiplied with `F.linear`, so its result equals
+    the unquantised layer on the dequantised weight.
     """
 
     name = "fp8"
@@ -103,7 +117,8 @@ class Fp8Linear(LinearMethod):
         self.kernel = kernel
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel is not None and x.is_cuda:
+        if self.kernel is not None and x.is_cuda \
+                and layer.weight_scale_inv.shape[0] == _blocks(layer.weight.shape[0]):
             shape = x.shape
             y = self.kernel(x.reshape(-1, shape[-1]), layer.weight, layer.weight_scale_inv)
             return y.reshape(*shape[:-1], y.shape[-1])
@@ -111,4 +126,5 @@ class Fp8Linear(LinearMethod):
         return F.linear(x, w)
 
 
-FP8_FORMAT = Fp8Format()
+FP8_FORMAT = Fp8Format(block_rows=True)
+FP8_ROWS_FORMAT = Fp8Format(block_rows=False)
