@@ -9,7 +9,8 @@ than the L2 cache (each call streams its weight from HBM, as in a round):
   bf16 triton      `dlrt.kernels.skinny_gemm`, the fastest of the load-time tuner's configs
   fp8 cublas       torch._scaled_mm on e4m3 x and weight with per-tensor scales (cuBLASLt; not
                    the block-scaled numerics: a floor of what cuBLAS does with FP8 bytes)
-  fp8 weight-only  `dlrt.kernels.fp8_gemm`, 128 x 128 block scales, x bf16
+  fp8 weight-only  `dlrt.kernels.fp8_gemm`, 128 x 128 block scales, x bf16 (tensor-core
+                   kernel; at M <= 4 the GEMV's configs compete too)
   fp8 w8a8         the same weight, x quantised per token and 128-column group in the kernel
   nvfp4            `dlrt.kernels.nvfp4_gemm`, per-16 e4m3 scales and a global scale
 
@@ -170,7 +171,8 @@ def bench_shape(n: int, k: int, rows: tuple[int, ...] = (1, 4, 16), configs: int
         except (RuntimeError, TypeError) as e:
             print(f"[{n},{k}] M={m}: torch._scaled_mm unavailable ({type(e).__name__})")
         for w8a8 in (False, True):
-            cfgs = pick(fp8_candidates(n, k, w8a8, dev), fp8_config(m, n, k, w8a8, dev))
+            cands = fp8_candidates(n, k, w8a8, dev, rows=m)  # the GEMV's too at m <= 4
+            cfgs = pick(cands, fp8_config(m, n, k, w8a8, dev))
             us, cfg = _best(fp8_gemm, cfgs, cold["fp8"], norm)
             name = "fp8 w8a8" if w8a8 else "fp8 weight-only"
             impls.append((name, "fp8", us, cfg, fp8_gemm(h, q8, s8, cfg)))

@@ -16,7 +16,8 @@ BLOCK_N >= 64 tile runs as a warpgroup MMA (wgmma m64n16k32 e4m3 for W8A8, m64n1
 for weight-only at M <= 16; both operands K-major as the layouts store them) rather than as
 mma.sync with x padded to 16 rows as the A operand.
 
-Two variants of one kernel (`Fp8GemmConfig.w8a8`):
+Three kernels: two variants of the tensor-core ("dot") kernel (`Fp8GemmConfig.w8a8`) and a
+GEMV (`Fp8GemmConfig.kind` "fma"):
 
 - weight-only (w8a8=False): each program streams a [BLOCK_N, K / SPLIT_K] slab of `w`
   (software-pipelined by Triton, `stages` tiles deep) in [BLOCK_N, BLOCK_K] tiles, BLOCK_K
@@ -38,14 +39,22 @@ Two variants of one kernel (`Fp8GemmConfig.w8a8`):
   accumulator in registers keeps the tensor cores' limited FP8 accumulation precision to one
   group. Numerics: equal to "quantise x as above, dequantise both, matmul in fp32" up to fp32
   summation order (the quantisation itself is bit-identical).
+- GEMV (kind "fma", weight-only, M <= 4): `skinny_gemm`'s GEMV on FP8 weights. Each
+  program owns BLOCK_N (dividing 128: one scale row) whole rows of `w`, keeps the next 1-4
+  [BLOCK_N, BLOCK_K] tiles in flight (16-byte loads of 16 e4m3 values), converts the current
+  one to fp32 and multiplies it on CUDA cores with x scaled per column by its block's
+  `scale_inv` (x * s in fp32: one rounding per product more than the reference, relative
+  ~1e-7), runs of 16 adjacent products summed inside a thread; one reduction over K at the
+  end. K must be a multiple of BLOCK_K (N any). Under PDL its first weight tiles and scales
+  are loaded before it waits for the producer of x.
 
-Both: the N tile spans any number of scale rows (the scale is gathered per column), K need
-not be a multiple of 128 or of the K tile (the tail is masked), N any size (masked), rows of
-x padded to BLOCK_M = max(16, next power of two of M) with masks. With SPLIT_K > 1 the K tiles
-are dealt to SPLIT_K programs per N tile, whose fp32 partial sums a second kernel adds in a
-fixed order (deterministic; `skinny_gemm`'s reduction). PDL (`dlrt.kernels.pdl`): the kernel
-waits for its predecessor before its first load and releases its dependent after its main
-loop, as the BF16 "dot" kernel does.
+Both "dot" variants: the N tile spans any number of scale rows (the scale is gathered per
+column), K need not be a multiple of 128 or of the K tile (the tail is masked), N any size
+(masked), rows of x padded to BLOCK_M = max(16, next power of two of M) with masks. With
+SPLIT_K > 1 the K tiles are dealt to SPLIT_K programs per N tile, whose fp32 partial sums a
+second kernel adds in a fixed order (deterministic; `skinny_gemm`'s reduction). PDL
+(`dlrt.kernels.pdl`): the kernel waits for its predecessor before its first load and releases
+its dependent after its main loop, as the BF16 "dot" kernel does.
 """
 
 from __future__ import annotations
@@ -58,11 +67,13 @@ import triton
 import triton.language as tl
 
 from dlrt.kernels import pdl
-from dlrt.kernels.skinny_gemm import _reduce_kernel
+from dlrt.kernels.skinny_gemm import _fma, _reduce_kernel, _store_row, _x_load
 
 QBLOCK = 128  # the weight's scale block (both dims) and the W8A8 activation group
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 MAX_ROWS = 64
+FMA_ROWS = 4  # the GEMV keeps one accumulator per row of x
+VEC = 16  # the GEMV sums runs of VEC adjacent products inside a thread (16-byte e4m3 loads)
 FP8 = torch.float8_e4m3fn
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -70,7 +81,9 @@ X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 @dataclass(frozen=True)
 class Fp8GemmConfig:
     """Tiles of the FP8 GEMM: a program owns BLOCK_N output columns and 1/split_k of the K
-    tiles; `stages` is Triton's pipeline depth, `warps` its warps; `w8a8` picks the variant."""
+    tiles; `warps` its warps; `w8a8` picks the variant. kind "dot": tensor-core tiles, `stages`
+    Triton's pipeline depth; kind "fma" (weight-only, M <= 4, `gemv`): `stages` weight tiles
+    loaded ahead (1-4)."""
 
     block_n: int = 64
     block_k: int = 128
@@ -78,25 +91,38 @@ class Fp8GemmConfig:
     stages: int = 4
     warps: int = 4
     w8a8: bool = False
+    kind: str = "dot"
 
     def fits(self, n: int, k: int) -> bool:
-        """Whether the config serves w [n, k]: power-of-two tiles, BLOCK_K dividing 128 (and
-        equal to it for W8A8, a tile being one activation group), at least 16 and 32 wide
-        (tensor-core shapes), at least one K tile per split."""
+        """Whether the config serves w [n, k]. "dot": power-of-two tiles, BLOCK_K dividing 128
+        (and equal to it for W8A8, a tile being one activation group), at least 16 and 32 wide
+        (tensor-core shapes), at least one K tile per split. "fma": weight-only, no split,
+        BLOCK_N dividing 128 (one scale row per program), K a multiple of BLOCK_K, BLOCK_K a
+        multiple of VEC, 1-4 tiles ahead."""
         pow2 = all(v > 0 and v & (v - 1) == 0 for v in (self.block_n, self.block_k))
         if not pow2 or n <= 0 or k <= 0 or self.split_k < 1 or self.warps < 1:
             return False
-        if self.block_n < 16 or self.block_k < 32 or QBLOCK % self.block_k:
+        if self.kind == "fma":
+            return (not self.w8a8 and self.split_k == 1 and QBLOCK % self.block_n == 0
+                    and k % self.block_k == 0 and self.block_k % VEC == 0
+                    and self.stages in (1, 2, 3, 4))
+        if self.kind != "dot" or self.block_n < 16 or self.block_k < 32 or QBLOCK % self.block_k:
             return False
         if self.w8a8 and self.block_k != QBLOCK:
             return False
         return self.split_k <= triton.cdiv(k, self.block_k) and self.stages >= 1
 
+    def x_row(self) -> bool:
+        """GEMV: every warp of the tile lies along K (32 threads of VEC e4m3 each), so x is
+        read once per column, not once per weight row."""
+        return self.block_k % (32 * VEC * self.warps) == 0
+
     def max_rows(self) -> int:
-        """Rows one call serves: x is padded to a [max(16, pow2 >= M), BLOCK_K] tile, up to 64
-        (a round's block). At M <= 16 the call is a pass over the weight; beyond, the tile's
-        dot work grows but the weight is still read once."""
-        return MAX_ROWS
+        """Rows one call serves. "dot": x is padded to a [max(16, pow2 >= M), BLOCK_K] tile,
+        up to 64 (a round's block); at M <= 16 the call is a pass over the weight, beyond it
+        the tile's dot work grows but the weight is still read once. "fma": 4 (one fp32
+        accumulator per row of x)."""
+        return FMA_ROWS if self.kind == "fma" else MAX_ROWS
 
 
 def block_m(m: int) -> int:
@@ -126,12 +152,22 @@ def fp8_config(m: int, n: int, k: int, w8a8: bool = False,
     return Fp8GemmConfig(bn, QBLOCK, split, stages=4, warps=warps, w8a8=w8a8)
 
 
-def fp8_candidates(n: int, k: int, w8a8: bool = False,
-                   device: torch.device | None = None) -> list[Fp8GemmConfig]:
-    """Configs worth timing for w [n, k]: N tiles of 16-128, K tiles of 64 / 128 (128 only for
-    W8A8), split-K 1 up to the one that covers the GPU twice, 3 or 4 stages."""
+# (block_n, block_k, warps) of the GEMV: 16-64 weight bytes per thread and tile
+GEMV_BLOCKS = ((4, 512, 4), (8, 256, 4), (8, 512, 4), (8, 1024, 8), (16, 512, 8),
+               (4, 2048, 4), (8, 2048, 8), (16, 1024, 8))
+GEMV_AHEAD = (1, 2, 4)
+
+
+def fp8_candidates(n: int, k: int, w8a8: bool = False, device: torch.device | None = None,
+                   rows: int = 16) -> list[Fp8GemmConfig]:
+    """Configs worth timing for w [n, k] at `rows` rows: "dot" with N tiles of 16-128, K tiles
+    of 64 / 128 (128 only for W8A8), split-K 1 up to the one that covers the GPU twice, 3 or 4
+    stages; weight-only at rows <= 4 also the "fma" GEMV configs whose K tile divides K."""
     sms = _sms(device)
     out = []
+    if not w8a8 and rows <= FMA_ROWS:
+        out += [Fp8GemmConfig(bn, bk, 1, stages=ahead, warps=w, kind="fma")
+                for bn, bk, w in GEMV_BLOCKS for ahead in GEMV_AHEAD if k % bk == 0]
     for bn in (16, 32, 64, 128):
         for bk in ((QBLOCK,) if w8a8 else (64, QBLOCK)):
             tiles, split = triton.cdiv(n, bn), 1
@@ -215,6 +251,103 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, M, N, K: tl.constexpr
         tl.store(part_ptr + (pid_k * BLOCK_M + m[None, :]) * N + n[:, None], acc, mask=ok)
 
 
+@triton.jit
+def _s_load(s_row, t, k, z, BLOCK_K: tl.constexpr, TILES: tl.constexpr, X_ROW: tl.constexpr):
+    """The block scale of every column of tile t (clamped at the last) in x's layout
+    (`skinny_gemm._x_load`): [1, BLOCK_K] or [BLOCK_N, BLOCK_K]."""
+    kb = (tl.minimum(t, TILES - 1) * BLOCK_K + k) // 128
+    if X_ROW:
+        cols = kb[None, :]
+    else:
+        cols = kb[None, :] + z[:, None]
+    return tl.load(s_row + cols)
+
+
+@triton.jit
+def _row_step(acc, w, p, sv, x_ptr, m: tl.constexpr, t, k, z, K: tl.constexpr,
+              BLOCK_K: tl.constexpr, TILES: tl.constexpr, X_ROW: tl.constexpr,
+              VEC: tl.constexpr):
+    """Tile t of input row m, scaled per column by its block scale sv: multiply into acc,
+    and load tile t+1. Returns (acc, p)."""
+    x = p.to(tl.float32) * sv
+    p = _x_load(x_ptr, m, t + 1, k, z, K, BLOCK_K, TILES, X_ROW)
+    return _fma(acc, w, x, VEC), p
+
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, ROWS: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr,
+                     VEC: tl.constexpr, X_ROW: tl.constexpr, PDL: tl.constexpr):
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * K  # clamped: no load masks
+    KB: tl.constexpr = (K + 128 - 1) // 128
+    s_row = s_ptr + ((tl.program_id(0) * BLOCK_N) // 128) * KB  # BLOCK_N divides 128
+    k = tl.arange(0, BLOCK_K)
+    z = tl.zeros([BLOCK_N], tl.int32)
+    TILES: tl.constexpr = K // BLOCK_K
+    # weights and their scales only: these loads may run before the producer of x ends
+    w0 = tl.load(rows + k[None, :])
+    w1 = w0
+    w2 = w0
+    w3 = w0
+    if AHEAD > 1:
+        w1 = tl.load(rows + (tl.minimum(1, TILES - 1) * BLOCK_K + k)[None, :])
+    if AHEAD > 2:
+        w2 = tl.load(rows + (tl.minimum(2, TILES - 1) * BLOCK_K + k)[None, :])
+    if AHEAD > 3:
+        w3 = tl.load(rows + (tl.minimum(3, TILES - 1) * BLOCK_K + k)[None, :])
+    sv = _s_load(s_row, 0, k, z, BLOCK_K, TILES, X_ROW)
+    pdl.wait(PDL)
+    a0 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
+    a1 = a0
+    a2 = a0
+    a3 = a0
+    p0 = _x_load(x_ptr, 0, 0, k, z, K, BLOCK_K, TILES, X_ROW)
+    p1 = p0
+    p2 = p0
+    p3 = p0
+    if ROWS > 1:
+        p1 = _x_load(x_ptr, 1, 0, k, z, K, BLOCK_K, TILES, X_ROW)
+    if ROWS > 2:
+        p2 = _x_load(x_ptr, 2, 0, k, z, K, BLOCK_K, TILES, X_ROW)
+    if ROWS > 3:
+        p3 = _x_load(x_ptr, 3, 0, k, z, K, BLOCK_K, TILES, X_ROW)
+    for t in range(0, TILES):
+        w = w0.to(tl.float32)
+        nxt = rows + (tl.minimum(t + AHEAD, TILES - 1) * BLOCK_K + k)[None, :]
+        if AHEAD == 1:  # keep AHEAD tiles in flight (clamped at the last tile)
+            w0 = tl.load(nxt)
+        elif AHEAD == 2:
+            w0 = w1
+            w1 = tl.load(nxt)
+        elif AHEAD == 3:
+            w0 = w1
+            w1 = w2
+            w2 = tl.load(nxt)
+        else:
+            w0 = w1
+            w1 = w2
+            w2 = w3
+            w3 = tl.load(nxt)
+        s = sv
+        sv = _s_load(s_row, t + 1, k, z, BLOCK_K, TILES, X_ROW)
+        a0, p0 = _row_step(a0, w, p0, s, x_ptr, 0, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC)
+        if ROWS > 1:
+            a1, p1 = _row_step(a1, w, p1, s, x_ptr, 1, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC)
+        if ROWS > 2:
+            a2, p2 = _row_step(a2, w, p2, s, x_ptr, 2, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC)
+        if ROWS > 3:
+            a3, p3 = _row_step(a3, w, p3, s, x_ptr, 3, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC)
+    pdl.release(PDL)
+    _store_row(a0, y_ptr, 0, n, N)
+    if ROWS > 1:
+        _store_row(a1, y_ptr, 1, n, N)
+    if ROWS > 2:
+        _store_row(a2, y_ptr, 2, n, N)
+    if ROWS > 3:
+        _store_row(a3, y_ptr, 3, n, N)
+
+
 def exact_cast(x: torch.Tensor) -> bool:
     """Round to e4m3 in fp32 arithmetic before the cast: under TRITON_INTERPRET, whose fp32 ->
     e4m3 cast drops the carry when rounding crosses a power of two (126.8 -> 64, not 128).
@@ -246,7 +379,8 @@ def fp8_gemm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor,
         w: [N, K] float8_e4m3fn, contiguous, on x's device.
         scale_inv: [ceil(N/128), ceil(K/128)] float32, contiguous.
         config: tiles and variant (`config.w8a8`: quantise x per token and 128-column group
-            in the kernel); None: `fp8_config(M, N, K)`, weight-only.
+            in the kernel; `config.kind` "fma": the GEMV, M <= 4); None: `fp8_config(M, N,
+            K)`, weight-only "dot".
     Returns:
         y: [M, N] in x.dtype, a new tensor (fp32 sums).
     Raises:
@@ -263,8 +397,17 @@ def fp8_gemm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor,
     config = config or fp8_config(m, n, k, device=x.device)
     if not config.fits(n, k):
         raise ValueError(f"fp8_gemm: {config} does not fit N={n}, K={k}")
+    if m > config.max_rows():
+        raise ValueError(f"fp8_gemm: {config.kind!r} configs serve M<={config.max_rows()}, "
+                         f"got M={m}")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
+        return y
+    if config.kind == "fma":
+        _fp8_gemv_kernel[(triton.cdiv(n, config.block_n),)](
+            x, w, scale_inv, y, n, K=k, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            AHEAD=config.stages, VEC=VEC, X_ROW=config.x_row(), num_warps=config.warps,
+            num_stages=1, **pdl.launch_options(x))
         return y
     bm = block_m(m)
     opts = pdl.launch_options(x)

@@ -5,15 +5,18 @@ for W8A8, x is first quantised per row and 128-column group exactly as the kerne
 (s = amax / 448, 1 for an all-zero group; q = e4m3(clamp(x / s, +-448))), so the kernel's
 quantisation must be bit-identical and only summation order differs.
 
-CPU (TRITON_INTERPRET=1, fp32 x): the interpreter converts e4m3 both ways and runs fp8 x fp8
-dots, so both variants run there on awkward shapes (M = 1, 3, 5, 16; N odd or below a tile;
-K not a multiple of 128 nor of the K tile; split-K with uneven and empty splits); its bf16
-dot is not usable, so bf16 x runs on the GPU only. Tolerance: relative error (max abs
-difference over max abs reference) < 1e-5 for fp32 output, < 1e-2 for bf16 output (its
-rounding). GPU: SDAR-8B shapes (K = 4096; N = 6144, 4096, 24576, 12288; M = 1, 4, 16) in bf16
-with PDL on, and a CUDA-graph capture replayed bit-identical to eager calls. The sm_90
-compile test (CPU, bundled ptxas) checks the PDL protocol and that W8A8 emits e4m3 tensor-core
-instructions.
+CPU (TRITON_INTERPRET=1, fp32 x): the interpreter converts e4m3 both ways (its fp32 -> e4m3
+cast mis-rounds across powers of two, so the kernel rounds first there: `exact_cast`, checked
+against torch's cast on every e4m3 value and midpoint) and runs fp8 x fp8 dots, so all three
+kernels (weight-only, W8A8, the M <= 4 GEMV) run there on awkward shapes (M = 1, 3, 5, 16;
+N odd or below a tile; K not a multiple of 128 nor of the K tile; split-K with uneven and
+empty splits); its bf16 dot is not usable, so bf16 x runs on the GPU only. Tolerance:
+relative error (max abs difference over max abs reference) < 1e-5 for fp32 output, < 1e-2 for
+bf16 output (its rounding). GPU: SDAR-8B shapes (K = 4096; N = 6144, 4096, 24576, 12288;
+M = 1, 4, 16) in bf16 with PDL on, the native e4m3 cast against the rounding, and CUDA-graph
+captures replayed bit-identical to eager calls. The sm_90 compile tests (CPU, Triton's bundled
+ptxas) check the PDL protocol (the GEMV's weight prefetch before its wait included) and that
+the tensor-core kernels run as wgmma, W8A8 on e4m3 operands with IEEE division.
 """
 
 from __future__ import annotations
@@ -113,6 +116,26 @@ def test_weight_only(case):
     assert torch.equal(out, fp8_gemm(x, w, s, cfg))  # deterministic
 
 
+GEMV_CASES = [  # m, n, k, block_n, block_k, ahead, warps
+    (1, 129, 384, 8, 128, 2, 4),  # N odd: the last program's rows clamped
+    (3, 40, 512, 4, 256, 4, 1),
+    (4, 33, 1024, 4, 512, 1, 1),  # a warp along K: x read as one [1, BLOCK_K] row
+    (2, 20, 256, 16, 64, 3, 4),
+    (3, 50, 320, 16, 64, 2, 2),  # K: a partial last scale block
+]
+
+
+@pytest.mark.parametrize("case", GEMV_CASES, ids=str)
+def test_gemv(case):
+    m, n, k, bn, bk, ahead, warps = case
+    x, w, s = make(m, n, k, torch.float32, seed=m * k + n)
+    cfg = Fp8GemmConfig(bn, bk, 1, stages=ahead, warps=warps, kind="fma")
+    assert cfg.fits(n, k) and cfg.x_row() == (bk == 512 and warps == 1)
+    out = fp8_gemm(x, w, s, cfg)
+    check(out, reference(x, w, s, False), torch.float32)
+    assert torch.equal(out, fp8_gemm(x, w, s, cfg))
+
+
 @pytest.mark.parametrize("case", W8A8_CASES, ids=str)
 def test_w8a8(case):
     m, n, k, bn, split = case
@@ -167,6 +190,14 @@ def test_configs_fit():
     assert not Fp8GemmConfig(64, 256).fits(64, 512)  # a K tile across two scale blocks
     assert not Fp8GemmConfig(64, 64, w8a8=True).fits(64, 512)  # W8A8: a tile is a group
     assert not Fp8GemmConfig(64, 128, split_k=3).fits(64, 256)  # an empty split by design
+    gemv = dict(split_k=1, stages=2, kind="fma")
+    assert Fp8GemmConfig(8, 256, **gemv).fits(33, 512)
+    assert not Fp8GemmConfig(8, 256, **gemv).fits(33, 640)  # K: not a multiple of the tile
+    assert not Fp8GemmConfig(256, 256, **gemv).fits(512, 512)  # two scale rows per program
+    assert not Fp8GemmConfig(8, 256, w8a8=True, **gemv).fits(33, 512)
+    assert {c.kind for c in fp8_candidates(4096, 4096, rows=4)} == {"dot", "fma"}
+    assert {c.kind for c in fp8_candidates(4096, 4096, rows=8)} == {"dot"}
+    assert {c.kind for c in fp8_candidates(4096, 4096, True, rows=1)} == {"dot"}
 
 
 def test_rejects_bad_inputs():
@@ -183,6 +214,9 @@ def test_rejects_bad_inputs():
         fp8_gemm(x.double(), w, s)
     with pytest.raises(ValueError, match="does not fit"):
         fp8_gemm(x, w, s, Fp8GemmConfig(16, 64, w8a8=True))
+    with pytest.raises(ValueError, match="M<=4"):
+        fp8_gemm(torch.zeros(5, 128, device=DEV), w[:, :128].contiguous(), s[:, :1].contiguous(),
+                 Fp8GemmConfig(8, 128, stages=1, kind="fma"))
 
 
 # --- GPU -------------------------------------------------------------------------------------
@@ -198,17 +232,20 @@ def test_real_shapes_gpu(shape, m, w8a8):
     n, k = shape
     x, w, s = make(m, n, k, torch.bfloat16, seed=n + m, zero_group=True)
     ref = reference(x, w, s, w8a8)
-    for cfg in [fp8_config(m, n, k, w8a8, x.device)] + fp8_candidates(n, k, w8a8, x.device)[::5]:
+    cands = fp8_candidates(n, k, w8a8, x.device, rows=m)  # with the GEMV's at m <= 4
+    for cfg in [fp8_config(m, n, k, w8a8, x.device)] + cands[::5]:
         check(fp8_gemm(x, w, s, cfg), ref, torch.bfloat16)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("w8a8", [False, True], ids=["weight_only", "w8a8"])
-def test_graph_replay_bit_identical_gpu(w8a8):
+@pytest.mark.parametrize("kind", ["weight_only", "w8a8", "gemv"])
+def test_graph_replay_bit_identical_gpu(kind):
     n, k, m = 4096, 4096, 4
     _, w, s = make(m, n, k, torch.bfloat16, seed=3)
-    cfg = fp8_config(m, n, k, w8a8, w.device)
+    cfg = fp8_config(m, n, k, kind == "w8a8", w.device)
     assert cfg.split_k > 1  # the reduction kernel is captured too
+    if kind == "gemv":
+        cfg = Fp8GemmConfig(8, 512, 1, stages=2, warps=4, kind="fma")
     static_x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -261,6 +298,16 @@ def _compile(out: Path) -> None:
         ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                              options=dict(num_stages=4, num_warps=4)).asm["ptx"]
         (out / f"{name}.ptx").write_text(ptx)
+    from dlrt.kernels.fp8_gemm import _fp8_gemv_kernel as fn
+
+    sig = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", y_ptr="*bf16", N="i32")
+    signature = {a: sig.get(a, "constexpr") for a in fn.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+               if sig.get(a, "").startswith("*")}
+    src = ASTSource(fn=fn, signature=signature, constexprs=GEMV_PTX, attrs=aligned)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                         options=dict(num_stages=1, num_warps=4)).asm["ptx"]
+    (out / "gemv.ptx").write_text(ptx)
 
 
 @pytest.fixture(scope="module")
@@ -278,6 +325,23 @@ def ptx_dir(tmp_path_factory) -> Path:
 def _body(ptx: str) -> list[str]:
     lines = (re.sub(r"^@!?%p\d+\s+", "", ln.strip()) for ln in ptx.splitlines())
     return [ln for ln in lines if ln and not ln.startswith("//")]
+
+
+GEMV_PTX = dict(K=4096, ROWS=4, BLOCK_N=8, BLOCK_K=512, AHEAD=2, VEC=16, X_ROW=False, PDL=True)
+
+
+def test_sm90_gemv_code(ptx_dir):
+    """The GEMV loads its first AHEAD weight tiles (16-byte loads) and the scales before the
+    PDL wait, x only after it; it releases its dependent after its last FMA."""
+    lines = _body((ptx_dir / "gemv.ptx").read_text())
+    wait = min(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
+    release = min(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch"))
+    early = [ln for ln in lines[:wait] if ln.startswith("ld.global")]
+    per_tile = GEMV_PTX["BLOCK_N"] * GEMV_PTX["BLOCK_K"] // 16 // 128
+    assert sum(ln.startswith("ld.global.v4") for ln in early) == GEMV_PTX["AHEAD"] * per_tile
+    assert not [ln for ln in early if ".b16" in ln]  # no bf16 x before the wait
+    fmas = [i for i, ln in enumerate(lines) if re.match(r"fma\.", ln)]
+    assert fmas and wait < min(fmas) and max(fmas) < release
 
 
 @pytest.mark.parametrize("name", ["weight_only", "w8a8"])
