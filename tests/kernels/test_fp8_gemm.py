@@ -8,7 +8,7 @@ quantisation must be bit-identical and only summation order differs.
 CPU (TRITON_INTERPRET=1, fp32 x): the interpreter converts e4m3 both ways (its fp32 -> e4m3
 cast mis-rounds across powers of two, so the kernel rounds first there: `exact_cast`, checked
 against torch's cast on every e4m3 value and midpoint) and runs fp8 x fp8 dots, so all three
-kernels (weight-only, W8A8, the M <= 4 GEMV) run there on awkward shapes (M = 1, 3, 5, 16;
+kernels (weight-only, W8A8, the M <= 4 GEMV) run there on awkward shapes (M = 1, 3, 5, 16, 33, 64;
 N odd or below a tile; K not a multiple of 128 nor of the K tile; split-K with uneven and
 empty splits); its bf16 dot is not usable, so bf16 x runs on the GPU only. Tolerance:
 relative error (max abs difference over max abs reference) < 1e-5 for fp32 output, < 1e-2 for
@@ -97,12 +97,14 @@ CASES = [  # m, n, k, block_n, block_k, split_k
     (5, 130, 384, 64, 128, 2),  # three K tiles over two splits
     (16, 48, 300, 16, 32, 8),  # ten K tiles over eight splits: uneven, the last empty
     (1, 200, 257, 128, 64, 3),
+    (33, 40, 160, 32, 128, 1),  # a round's rows: x padded to 64
 ]
 W8A8_CASES = [  # m, n, k, block_n, split_k
     (1, 33, 128, 16, 1),
     (3, 129, 300, 32, 2),  # partial last group (44 columns), N odd
     (4, 40, 256, 16, 1),  # row 1 has an all-zero group
     (16, 20, 520, 16, 3),
+    (64, 24, 136, 16, 2),
 ]
 
 

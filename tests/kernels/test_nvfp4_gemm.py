@@ -5,9 +5,9 @@ e2m1 by table (0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 the sign), multiply by the per-
 and the global scale in float64, then matmul in float64. The kernel's dequantised tile is
 exact, so only fp32 summation order and the global scale's fp32 product differ.
 
-CPU (TRITON_INTERPRET=1, fp32 x): awkward shapes (M = 1, 3, 5, 16; N odd or below a tile; K
-not a multiple of the tile, and not of 16), split-K with uneven splits, every code in both
-nibbles, the nibble order. bf16 x runs on the GPU only (the interpreter's bf16 dot is not
+CPU (TRITON_INTERPRET=1, fp32 x): awkward shapes (M = 1, 3, 5, 16, 40; N odd or below a
+tile; K not a multiple of the tile, and not of 16), split-K with uneven splits, every code in
+both nibbles, the nibble order. bf16 x runs on the GPU only (the interpreter's bf16 dot is not
 usable). Tolerance: relative error (max abs difference over max abs reference) < 1e-5 for
 fp32 output, < 1e-2 for bf16 output. GPU: SDAR-8B shapes (K = 4096; N = 6144, 4096, 24576,
 12288; M = 1, 4, 16) with PDL on, and a CUDA-graph capture replayed bit-identical to eager
@@ -73,6 +73,7 @@ CASES = [  # m, n, k, block_n, block_k, split_k
     (5, 70, 512, 64, 128, 3),  # four tiles over three splits
     (16, 48, 96, 16, 32, 2),
     (1, 20, 520, 16, 256, 2),
+    (40, 24, 64, 16, 32, 1),  # a round's rows: x padded to 64
 ]
 
 
