@@ -42,11 +42,12 @@ GEMV (`Fp8GemmConfig.kind` "fma"):
 - GEMV (kind "fma", weight-only, M <= 4): `skinny_gemm`'s GEMV on FP8 weights. Each
   program owns BLOCK_N (dividing 128: one scale row) whole rows of `w`, keeps the next 1-4
   [BLOCK_N, BLOCK_K] tiles in flight (16-byte loads of 16 e4m3 values), converts the current
-  one to fp32 and multiplies it on CUDA cores with x scaled per column by its block's
-  `scale_inv` (x * s in fp32: one rounding per product more than the reference, relative
-  ~1e-7), runs of 16 adjacent products summed inside a thread; one reduction over K at the
-  end. K must be a multiple of BLOCK_K (N any). Under PDL its first weight tiles and scales
-  are loaded before it waits for the producer of x.
+  one to fp32 and multiplies it on CUDA cores with x scaled by its block's `scale_inv` (one
+  value per tile when BLOCK_K <= 128, else per column; x * s in fp32: one rounding per
+  product more than the reference, relative ~1e-7), runs of 16 adjacent products summed
+  inside a thread; one reduction over K at the end. K must be a multiple of BLOCK_K (N any).
+  Under PDL its first weight tiles and scales are loaded before it waits for the producer of
+  x.
 
 Both "dot" variants: the N tile spans any number of scale rows (the scale is gathered per
 column), K need not be a multiple of 128 or of the K tile (the tail is masked), N any size
@@ -153,8 +154,9 @@ def fp8_config(m: int, n: int, k: int, w8a8: bool = False,
 
 
 # (block_n, block_k, warps) of the GEMV: 16-64 weight bytes per thread and tile
-GEMV_BLOCKS = ((4, 512, 4), (8, 256, 4), (8, 512, 4), (8, 1024, 8), (16, 512, 8),
-               (4, 2048, 4), (8, 2048, 8), (16, 1024, 8))
+# (tiles of at most 128 columns read one scale per tile; wider ones one per column)
+GEMV_BLOCKS = ((16, 128, 2), (32, 128, 4), (8, 128, 1), (4, 512, 4), (8, 256, 4),
+               (8, 512, 4), (8, 1024, 8), (16, 512, 8), (4, 2048, 4), (16, 1024, 8))
 GEMV_AHEAD = (1, 2, 4)
 
 
@@ -253,14 +255,19 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, M, N, K: tl.constexpr
 
 @triton.jit
 def _s_load(s_row, t, k, z, BLOCK_K: tl.constexpr, TILES: tl.constexpr, X_ROW: tl.constexpr):
-    """The block scale of every column of tile t (clamped at the last) in x's layout
-    (`skinny_gemm._x_load`): [1, BLOCK_K] or [BLOCK_N, BLOCK_K]."""
-    kb = (tl.minimum(t, TILES - 1) * BLOCK_K + k) // 128
-    if X_ROW:
-        cols = kb[None, :]
+    """The block scale of tile t (clamped at the last): one value when the tile lies in one
+    scale block (BLOCK_K <= 128: one load), else that of every column in x's layout
+    (`skinny_gemm._x_load`): [1, BLOCK_K] or [BLOCK_N, BLOCK_K] (a load per element, from
+    L1)."""
+    if BLOCK_K <= 128:
+        sv = tl.load(s_row + (tl.minimum(t, TILES - 1) * BLOCK_K) // 128)
     else:
-        cols = kb[None, :] + z[:, None]
-    return tl.load(s_row + cols)
+        kb = (tl.minimum(t, TILES - 1) * BLOCK_K + k) // 128
+        if X_ROW:
+            sv = tl.load(s_row + kb[None, :])
+        else:
+            sv = tl.load(s_row + kb[None, :] + z[:, None])
+    return sv
 
 
 @triton.jit

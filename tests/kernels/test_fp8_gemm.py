@@ -306,10 +306,11 @@ def _compile(out: Path) -> None:
     signature = {a: sig.get(a, "constexpr") for a in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
                if sig.get(a, "").startswith("*")}
-    src = ASTSource(fn=fn, signature=signature, constexprs=GEMV_PTX, attrs=aligned)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options=dict(num_stages=1, num_warps=4)).asm["ptx"]
-    (out / "gemv.ptx").write_text(ptx)
+    for name, (consts, warps) in GEMV_PTX.items():
+        src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=aligned)
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                             options=dict(num_stages=1, num_warps=warps)).asm["ptx"]
+        (out / f"{name}.ptx").write_text(ptx)
 
 
 @pytest.fixture(scope="module")
@@ -329,21 +330,36 @@ def _body(ptx: str) -> list[str]:
     return [ln for ln in lines if ln and not ln.startswith("//")]
 
 
-GEMV_PTX = dict(K=4096, ROWS=4, BLOCK_N=8, BLOCK_K=512, AHEAD=2, VEC=16, X_ROW=False, PDL=True)
+_GEMV = dict(K=4096, ROWS=4, VEC=16, X_ROW=False, PDL=True)
+GEMV_PTX = {  # name: (constexprs, warps): a scale per column (512-wide tiles), one per tile
+    "gemv": (dict(_GEMV, BLOCK_N=8, BLOCK_K=512, AHEAD=2), 4),
+    "gemv128": (dict(_GEMV, BLOCK_N=16, BLOCK_K=128, AHEAD=4), 2),
+}
 
 
-def test_sm90_gemv_code(ptx_dir):
+@pytest.mark.parametrize("name", sorted(GEMV_PTX))
+def test_sm90_gemv_code(ptx_dir, name):
     """The GEMV loads its first AHEAD weight tiles (16-byte loads) and the scales before the
-    PDL wait, x only after it; it releases its dependent after its last FMA."""
-    lines = _body((ptx_dir / "gemv.ptx").read_text())
+    PDL wait, x only after it; it releases its dependent after its last FMA; its loop has no
+    barrier (x and the scales are read in the weight tile's layout)."""
+    text = (ptx_dir / f"{name}.ptx").read_text()
+    lines = _body(text)
+    consts, warps = GEMV_PTX[name]
     wait = min(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
     release = min(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch"))
     early = [ln for ln in lines[:wait] if ln.startswith("ld.global")]
-    per_tile = GEMV_PTX["BLOCK_N"] * GEMV_PTX["BLOCK_K"] // 16 // 128
-    assert sum(ln.startswith("ld.global.v4") for ln in early) == GEMV_PTX["AHEAD"] * per_tile
+    per_tile = consts["BLOCK_N"] * consts["BLOCK_K"] // 16 // (32 * warps)
+    assert sum(ln.startswith("ld.global.v4") for ln in early) == consts["AHEAD"] * per_tile
     assert not [ln for ln in early if ".b16" in ln]  # no bf16 x before the wait
     fmas = [i for i, ln in enumerate(lines) if re.match(r"fma\.", ln)]
     assert fmas and wait < min(fmas) and max(fmas) < release
+    raw = text.splitlines()
+    heads = [(i, ln.split(":")[0].strip()) for i, ln in enumerate(raw) if "Loop Header" in ln]
+    assert heads
+    for start, label in heads:
+        back = re.compile(rf"bra(\.uni)?\s+{re.escape(label)};")
+        end = max(i for i, ln in enumerate(raw) if back.search(ln))
+        assert not [ln for ln in raw[start:end] if "bar.sync" in ln or "barrier" in ln]
 
 
 @pytest.mark.parametrize("name", ["weight_only", "w8a8"])
