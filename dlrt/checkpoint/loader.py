@@ -166,8 +166,11 @@ def load_safetensors(model: nn.Module, folder: CheckpointFolder, online: bool = 
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         scales = [k for k in missing if k.rpartition(".")[2] != "weight"]
-        hint = (f"; the quantised layers' scales are missing (e.g. {scales[0]}): the checkpoint "
-                "does not match its quantization_config") if scales else ""
+        hint = (f"; quantised layers lack their scales (e.g. {scales[0]}): the checkpoint does "
+                "not match its quantization config. Re-export it with every scale (NVFP4: "
+                "weight_scale and the global weight_scale_2), or list modules stored "
+                "unquantised in modules_to_not_convert (FP8) / exclude_modules (NVFP4)"
+                ) if scales else ""
         raise CheckpointError(f"checkpoint {folder.path} lacks tensor(s) {missing[:5]}{more}"
                               f"{hint}")
     by_file: dict[Path, list[WeightSpec]] = defaultdict(list)
@@ -227,9 +230,10 @@ def _check_dtype(spec: WeightSpec, value: torch.Tensor, where: str) -> None:
     if spec.dtype == torch.float32 and value.dtype.is_floating_point \
             and value.element_size() >= 2:
         return  # fp32 scales written in another float dtype: exact enough, converted
-    raise CheckpointError(f"tensor {spec.key} in {where} is {value.dtype}, the "
-                          f"{spec.fmt.name if spec.fmt else 'quantised'} format stores "
-                          f"{spec.dtype}")
+    raise CheckpointError(f"tensor {spec.key} in {where} is {value.dtype}, but its layer is "
+                          f"quantised and the format stores {spec.dtype}: if the module is "
+                          "stored unquantised, list it in the quantization config's "
+                          "modules_to_not_convert (FP8) / exclude_modules (NVFP4)")
 
 
 def _load_file(params: dict[str, nn.Parameter], path: Path, specs: list[WeightSpec]) -> None:

@@ -71,3 +71,29 @@ def test_quantised_modes_identical(made, preset, quantization, strategy):
                          threshold=0.3)
         out[mode] = (r.token_ids, r.denoise_steps, r.finish_reason)
     assert out["device_loop"] == out["host_loop"] == out["eager"], out
+
+
+@pytest.mark.parametrize("m", [1, 3, 16, 80])
+def test_fp8_kernel_seam(m):
+    """`Fp8Linear.kernel` set to the block-scaled FP8 GEMM serves up to `max_rows` rows and
+    matches the dequantising reference (fp32 sums in both: summation order only); more rows
+    take the reference path."""
+    from dlrt.kernels.fp8_gemm import fp8_gemm
+    from dlrt.layers.linear import Linear
+    from dlrt.layers.quant.convert import quantize_module
+    from dlrt.layers.quant.fp8 import FP8_FORMAT, Fp8Linear, quantize_fp8_block
+
+    n, k = 384, 1000
+    with torch.device("meta"):
+        layer = Linear(k, n)
+    quantize_module(layer, FP8_FORMAT)
+    w, s = quantize_fp8_block(torch.randn(n, k, device="cuda") * 0.02)
+    layer.weight = torch.nn.Parameter(w, requires_grad=False)
+    layer.weight_scale_inv = torch.nn.Parameter(s, requires_grad=False)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    ref = layer(x)  # no kernel: the reference path
+    calls = []
+    layer.method = Fp8Linear(kernel=lambda *a: calls.append(1) or fp8_gemm(*a))
+    out = layer(x)
+    assert len(calls) == (1 if m <= 64 else 0)
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2

@@ -103,27 +103,27 @@ class Fp8Format(QuantFormat):
 class Fp8Linear(LinearMethod):
     """y = x @ w^T with w held as FP8 blocks (`layer.weight`, `layer.weight_scale_inv`).
 
-    `kernel` (an `Fp8Kernel`, e.g. a weight-streaming GEMM that reads FP8 and scales) serves
-    CUDA inputs when set and the scales are in block rows (`FP8_FORMAT`). Otherwise (the CPU,
-    a GPU without a kernel) the reference path: the weight is dequantised block by block into
-    x's dtype for this call (never kept) and multiplied with `F.linear`, so its result equals
-    the unquantised layer on the dequantised weight.
+    `kernel` (an `Fp8Kernel`, e.g. `dlrt.kernels.fp8_gemm.fp8_gemm`) serves CUDA inputs of at
+    most `max_rows` rows when set and the scales are in block rows (`FP8_FORMAT`). Otherwise
+    (the CPU, prefill rows, a GPU without a kernel) the reference path: the weight is
+    dequantised block by block into x's dtype for this call (never kept) and multiplied with
+    `F.linear`, so its result equals the unquantised layer on the dequantised weight.
     """
 
     name = "fp8"
     quantized = True
 
-    def __init__(self, kernel: Fp8Kernel | None = None):
-        self.kernel = kernel
+    def __init__(self, kernel: Fp8Kernel | None = None, max_rows: int = 64):
+        self.kernel, self.max_rows = kernel, max_rows
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel is not None and x.is_cuda \
-                and layer.weight_scale_inv.shape[0] == _blocks(layer.weight.shape[0]):
-            shape = x.shape
-            y = self.kernel(x.reshape(-1, shape[-1]), layer.weight, layer.weight_scale_inv)
-            return y.reshape(*shape[:-1], y.shape[-1])
-        w = dequantize_fp8_block(layer.weight, layer.weight_scale_inv, x.dtype)
-        return F.linear(x, w)
+        w, scale = layer.weight, layer.weight_scale_inv
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if self.kernel is not None and x.is_cuda and rows <= self.max_rows \
+                and scale.shape[0] == _blocks(w.shape[0]):
+            y = self.kernel(x.reshape(rows, x.shape[-1]).contiguous(), w, scale)
+            return y.reshape(*x.shape[:-1], y.shape[-1])
+        return F.linear(x, dequantize_fp8_block(w, scale, x.dtype))
 
 
 FP8_FORMAT = Fp8Format(block_rows=True)
