@@ -249,20 +249,28 @@ def test_graph_replay_bit_identical_gpu(kind):
     if kind == "gemv":
         cfg = Fp8GemmConfig(8, 512, 1, stages=2, warps=4, kind="fma")
     static_x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    # fed by the RMSNorm kernel inside the graph: a PDL producer, as in a layer
+    from dlrt.kernels.rms_norm import rms_norm
+
+    norm_w = torch.rand(k, device=DEV, dtype=torch.bfloat16) + 0.5
+
+    def run(x):
+        return fp8_gemm(rms_norm(x, norm_w, 1e-6), w, s, cfg)
+
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        fp8_gemm(static_x, w, s, cfg)  # compile outside the capture
+        run(static_x)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        static_y = fp8_gemm(static_x, w, s, cfg)
+        static_y = run(static_x)
     for seed in range(3):
         x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16,
                         generator=torch.Generator(DEV).manual_seed(seed))
         static_x.copy_(x)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(static_y, fp8_gemm(x, w, s, cfg))
+        assert torch.equal(static_y, run(x))
 
 
 @pytest.mark.gpu

@@ -154,20 +154,28 @@ def test_graph_replay_bit_identical_gpu():
     cfg = nvfp4_config(m, n, k, w.device)
     assert cfg.split_k > 1
     static_x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    # fed by the RMSNorm kernel inside the graph: a PDL producer, as in a layer
+    from dlrt.kernels.rms_norm import rms_norm
+
+    norm_w = torch.rand(k, device=DEV, dtype=torch.bfloat16) + 0.5
+
+    def run(x):
+        return nvfp4_gemm(rms_norm(x, norm_w, 1e-6), w, s, g, cfg)
+
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        nvfp4_gemm(static_x, w, s, g, cfg)
+        run(static_x)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        static_y = nvfp4_gemm(static_x, w, s, g, cfg)
+        static_y = run(static_x)
     for seed in range(3):
         x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16,
                         generator=torch.Generator(DEV).manual_seed(seed))
         static_x.copy_(x)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(static_y, nvfp4_gemm(x, w, s, g, cfg))
+        assert torch.equal(static_y, run(x))
 
 
 # --- sm_90 code (compiled on the CPU) ----------------------------------------------------------
