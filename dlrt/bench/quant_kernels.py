@@ -156,7 +156,8 @@ def bench_shape(n: int, k: int, rows: tuple[int, ...] = (1, 4, 16), configs: int
         us = _time(lambda h, w: F.linear(h, w), cold["bf16"], norm)
         impls.append(("bf16 cublas", "bf16", us, None, F.linear(h, w)))
         if m <= 16:
-            cands = candidates(n, k, sms, m)[:max(configs, 1) * 2]
+            cands = candidates(n, k, sms, m)  # GEMV configs first at m <= 4, then "dot"
+            cands = cands[::max(1, len(cands) // max(2 * configs, 1))]
             us, cfg = _best(skinny_gemm, cands, cold["bf16"], norm)
             impls.append(("bf16 triton", "bf16", us, cfg, skinny_gemm(h, w, cfg)))
         try:  # cuBLASLt FP8 with per-tensor scales (rows padded to 16)
