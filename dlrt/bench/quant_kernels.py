@@ -24,6 +24,10 @@ includes its activation quantisation).
 
     python -m dlrt.bench.quant_kernels                      # SDAR-8B shapes, M = 1, 4, 16
     python -m dlrt.bench.quant_kernels --rows 4 --shapes 4096x4096 --configs 16
+
+Every config is a Triton compile (the GEMVs once per M): the default run (5 shapes, 3 row
+counts, 8 configs per variant) compiles a few hundred kernels; where one device call must
+stay under 10 minutes, pass fewer --shapes or --configs per call.
 """
 
 from __future__ import annotations
