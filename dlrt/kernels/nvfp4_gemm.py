@@ -1,7 +1,7 @@
 """Weight-streaming GEMM on NVFP4 weights (weight-only) for the few rows of a round.
 
     y[M, N] = x[M, K] @ dequant(w)^T,
-    dequant(w)[n, k] = e2m1(w[n, k]) * float(w_scale[n, k // 16]) * global_scale
+    dequant(w)[n, k] = e2m1(w[n, k]) * float(w_scale[n, k // 16]) * global_scale (or [n])
 
 Weight layout (NVIDIA ModelOpt "NVFP4" export; dlrt's loaders write the same):
   w             uint8 [N, K / 2], row-major: two FP4 e2m1 values per byte, the LOW nibble
@@ -10,8 +10,10 @@ Weight layout (NVIDIA ModelOpt "NVFP4" export; dlrt's loaders write the same):
                 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 for codes 0-7, codes 8-15 their negatives.
   w_scale       float8_e4m3fn [N, ceil(K / 16)], row-major (linear, not the swizzled layout
                 of CUTLASS kernels): one multiplier per 16 consecutive elements of a row.
-  global_scale  float32, one element on the device (ModelOpt's `weight_scale_2`): a multiplier
-                of the whole weight, read by the kernel (no host sync; graph-safe).
+  global_scale  float32 on the device, one element (ModelOpt's `weight_scale_2`: a multiplier
+                of the whole weight) or [N] (one per row: merged projections whose parts
+                carry different global scales, as dlrt's layers hold them); read by the kernel
+                (no host sync; graph-safe).
 x: [M, K] bf16, fp16 or fp32, contiguous, K even, M <= 64; y: [M, N] in x.dtype. At M <= 16
 the product is a pass over the weight: 0.5 byte per element plus 1 byte per 16 of scales.
 
@@ -25,7 +27,7 @@ significand) is exact in bf16 / fp16 / fp32, so the dequantised tile in x's dtyp
 The even elements (low nibbles) and odd elements (high nibbles) form two [BLOCK_N,
 BLOCK_K / 2] tiles, multiplied with the even and odd columns of x on tensor cores (transposed,
 as in `dlrt.kernels.fp8_gemm`: the weight is the A operand; fp32 x: full-fp32 dot), summed
-in fp32; global_scale multiplies the fp32 accumulator once at the end. Numerics: exact
+in fp32; global_scale (per row) multiplies the fp32 accumulator once at the end. Numerics: exact
 products, fp32 sums: the reference "dequantise to fp32 (exact), matmul in fp32" differs by
 summation order only. K need not be a multiple of the tile or of 16 (masked tails), N any
 size. Split-K, its deterministic reduction and PDL as in the FP8 and BF16 GEMMs.
@@ -134,7 +136,8 @@ def _e2m1(v):
 @triton.jit
 def _nvfp4_gemm_kernel(x_ptr, w_ptr, s_ptr, g_ptr, y_ptr, part_ptr, M, N, K: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       SPLIT_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+                       SPLIT_K: tl.constexpr, ROW_SCALE: tl.constexpr, PRECISION: tl.constexpr,
+                       PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -180,7 +183,10 @@ def _nvfp4_gemm_kernel(x_ptr, w_ptr, s_ptr, g_ptr, y_ptr, part_ptr, M, N, K: tl.
         acc += tl.dot(lo, tl.trans(x_even), input_precision=PRECISION, out_dtype=tl.float32)
         acc += tl.dot(hi, tl.trans(x_odd), input_precision=PRECISION, out_dtype=tl.float32)
     pdl.release(PDL)
-    acc = acc * tl.load(g_ptr)
+    if ROW_SCALE:  # one global scale per weight row
+        acc = acc * tl.load(g_ptr + n, mask=n_ok, other=0.0)[:, None]
+    else:
+        acc = acc * tl.load(g_ptr)
     ok = n_ok[:, None] & m_ok[None, :]
     if SPLIT_K == 1:
         tl.store(y_ptr + m[None, :] * N + n[:, None], acc.to(y_ptr.dtype.element_ty), mask=ok)
@@ -203,9 +209,9 @@ def check_nvfp4_weight(w: torch.Tensor, w_scale: torch.Tensor, global_scale: tor
             or w_scale.device != w.device):
         raise ValueError(f"w_scale must be contiguous float8_e4m3fn {shape} on {w.device}, got "
                          f"{w_scale.dtype} {tuple(w_scale.shape)} on {w_scale.device}")
-    if (global_scale.dtype != torch.float32 or global_scale.numel() != 1
-            or global_scale.device != w.device):
-        raise ValueError(f"global_scale must be one float32 on {w.device}, got "
+    if (global_scale.dtype != torch.float32 or global_scale.numel() not in (1, n)
+            or not global_scale.is_contiguous() or global_scale.device != w.device):
+        raise ValueError(f"global_scale must be one or {n} contiguous float32 on {w.device}, got "
                          f"{global_scale.dtype} {tuple(global_scale.shape)} on "
                          f"{global_scale.device}")
     return n
@@ -220,7 +226,7 @@ def nvfp4_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
         x: [M <= 64, K] bf16 / fp16 / fp32, contiguous, K even.
         w: [N, K/2] uint8, contiguous: element 2j in the low nibble of byte j, 2j+1 high.
         w_scale: [N, ceil(K/16)] float8_e4m3fn, contiguous.
-        global_scale: one float32 element on x's device.
+        global_scale: float32 on x's device: one element, or [N] (one per row).
         config: tiles; None: `nvfp4_config(M, N, K)`.
     Returns:
         y: [M, N] in x.dtype, a new tensor (fp32 sums).
@@ -248,7 +254,7 @@ def nvfp4_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
     grid = (triton.cdiv(n, config.block_n), config.split_k)
     _nvfp4_gemm_kernel[grid](x, w, w_scale, global_scale, y, part, m, n, K=k, BLOCK_M=bm,
                              BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                             SPLIT_K=config.split_k,
+                             SPLIT_K=config.split_k, ROW_SCALE=global_scale.numel() != 1,
                              PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                              num_stages=config.stages, num_warps=config.warps, **opts)
     if config.split_k > 1:

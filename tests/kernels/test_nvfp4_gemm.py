@@ -2,8 +2,9 @@
 
 Reference: unpack each byte (low nibble = element 2j, high nibble = element 2j + 1), decode
 e2m1 by table (0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 the sign), multiply by the per-16 e4m3 scale
-and the global scale in float64, then matmul in float64. The kernel's dequantised tile is
-exact, so only fp32 summation order and the global scale's fp32 product differ.
+and the global scale (one, or one per row) in float64, then matmul in float64. The kernel's
+dequantised tile is exact, so only fp32 summation order and the global scale's fp32 product
+differ.
 
 CPU (TRITON_INTERPRET=1, fp32 x): awkward shapes (M = 1, 3, 5, 16, 40; N odd or below a
 tile; K not a multiple of the tile, and not of 16), split-K with uneven splits, every code in
@@ -48,7 +49,8 @@ def ref_dequant(w, w_scale, global_scale) -> torch.Tensor:
 
 
 def reference(x, w, w_scale, global_scale) -> torch.Tensor:
-    return x.double() @ ref_dequant(w, w_scale, global_scale).T
+    g = global_scale.double().reshape(-1, 1)  # one, or one per row
+    return x.double() @ ref_dequant(w, w_scale, torch.ones(())).mul(g).T
 
 
 def make(m, n, k, dtype, seed):
@@ -85,6 +87,9 @@ def test_against_reference(case):
     out = nvfp4_gemm(x, w, s, g, cfg)
     check(out, reference(x, w, s, g), torch.float32)
     assert torch.equal(out, nvfp4_gemm(x, w, s, g, cfg))
+    # one global scale per row (merged projections)
+    rows = torch.linspace(0.001, 0.1, n, device=DEV)
+    check(nvfp4_gemm(x, w, s, rows, cfg), reference(x, w, s, rows), torch.float32)
 
 
 def test_codes_and_nibble_order():
@@ -125,6 +130,8 @@ def test_rejects_bad_inputs():
         nvfp4_gemm(x, w, s.float(), g)
     with pytest.raises(ValueError, match="global_scale"):
         nvfp4_gemm(x, w, s, g.double())
+    with pytest.raises(ValueError, match="global_scale"):
+        nvfp4_gemm(x, w, s, torch.ones(3, device=DEV))
     with pytest.raises(ValueError, match="M<=64"):
         nvfp4_gemm(torch.zeros(65, 96, device=DEV), w, s, g)
     with pytest.raises(ValueError, match="does not fit"):
@@ -142,6 +149,8 @@ SDAR_8B = [(6144, 4096), (4096, 4096), (24576, 4096), (12288, 4096)]
 def test_real_shapes_gpu(shape, m):
     n, k = shape
     x, w, s, g = make(m, n, k, torch.bfloat16, seed=n + m)
+    if m == 4:  # one global scale per row, as merged projections hold them
+        g = torch.rand(n, device=DEV) * 0.02 + 0.001
     ref = reference(x, w, s, g)
     for cfg in [nvfp4_config(m, n, k, x.device)] + nvfp4_candidates(n, k, x.device)[::7]:
         check(nvfp4_gemm(x, w, s, g, cfg), ref, torch.bfloat16)
@@ -189,8 +198,8 @@ def _compile(out: Path) -> None:
 
     sig = dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*fp8e4nv", g_ptr="*fp32", y_ptr="*bf16",
                part_ptr="*fp32", M="i32", N="i32")
-    consts = dict(K=4096, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, PRECISION="tf32",
-                  PDL=True)
+    consts = dict(K=4096, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, ROW_SCALE=True,
+                  PRECISION="tf32", PDL=True)
     signature = {a: sig.get(a, "constexpr") for a in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
                if sig.get(a, "").startswith("*")}
