@@ -60,6 +60,7 @@ its dependent after its main loop, as the BF16 "dot" kernel does.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -136,6 +137,7 @@ def _sms(device: torch.device | None) -> int:
     return 132  # an H100 / H200
 
 
+@functools.lru_cache(maxsize=1024)  # called per product when no config is given
 def fp8_config(m: int, n: int, k: int, w8a8: bool = False,
                device: torch.device | None = None) -> Fp8GemmConfig:
     """The default config for x [m, k] and w [n, k]: 128-wide K tiles; N tiles of 64 columns

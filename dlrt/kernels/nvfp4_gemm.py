@@ -38,6 +38,7 @@ instruction; the benchmark (`dlrt.bench.quant_kernels`) measures it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -87,6 +88,7 @@ def _sms(device: torch.device | None) -> int:
     return 132
 
 
+@functools.lru_cache(maxsize=1024)  # called per product when no config is given
 def nvfp4_config(m: int, n: int, k: int,
                  device: torch.device | None = None) -> Nvfp4GemmConfig:
     """The default config: 256-element (128-byte) K tiles, N tiles of 64 (down to 16 while
