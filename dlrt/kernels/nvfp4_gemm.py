@@ -126,13 +126,16 @@ def nvfp4_candidates(n: int, k: int, device: torch.device | None = None
 
 
 @triton.jit
-def _e2m1(v):
-    """FP4 e2m1 codes (0-15, any integer type) -> their values * 2^-14 in fp32, exactly: sign
-    to fp16 bit 15, exponent and mantissa to fp16 bits 9-11 (exponent field e, mantissa's top
-    bit m: 2^(e-15) * (1 + m/2), or the subnormal m * 2^-15 for e = 0)."""
-    v = v.to(tl.uint16)
-    bits = ((v & 8) << 12) | ((v & 7) << 9)
-    return bits.to(tl.float16, bitcast=True).to(tl.float32)
+def _e2m1(p):
+    """Packed bytes (uint8) -> the values * 2^-14 in fp32 of their low and high nibbles'
+    e2m1 codes, exactly. Each code's sign goes to fp16 bit 15, its exponent and mantissa to
+    fp16 bits 9-11 (exponent field e, mantissa's top bit m: 2^(e-15) * (1 + m/2), or the
+    subnormal m * 2^-15 for e = 0), straight from the byte: no nibble is extracted first."""
+    v = p.to(tl.uint16)
+    lo = ((v & 0x08) << 12) | ((v & 0x07) << 9)
+    hi = ((v & 0x80) << 8) | ((v & 0x70) << 5)
+    return (lo.to(tl.float16, bitcast=True).to(tl.float32),
+            hi.to(tl.float16, bitcast=True).to(tl.float32))
 
 
 @triton.jit
@@ -180,8 +183,9 @@ def _nvfp4_gemm_kernel(x_ptr, w_ptr, s_ptr, g_ptr, y_ptr, part_ptr, M, N, K: tl.
             x_even = tl.load(x_rows + xc[None, :], mask=x_ok, other=0.0)
             x_odd = tl.load(x_rows + xc[None, :] + 1, mask=x_ok, other=0.0)
         scale = (sc.to(tl.float32) * 16384.0)[:, :, None]  # undoes _e2m1's 2^-14
-        lo = tl.reshape(_e2m1(p & 15) * scale, [BLOCK_N, HALF]).to(x_even.dtype)
-        hi = tl.reshape(_e2m1(p >> 4) * scale, [BLOCK_N, HALF]).to(x_even.dtype)
+        lo, hi = _e2m1(p)
+        lo = tl.reshape(lo * scale, [BLOCK_N, HALF]).to(x_even.dtype)
+        hi = tl.reshape(hi * scale, [BLOCK_N, HALF]).to(x_even.dtype)
         acc += tl.dot(lo, tl.trans(x_even), input_precision=PRECISION, out_dtype=tl.float32)
         acc += tl.dot(hi, tl.trans(x_odd), input_precision=PRECISION, out_dtype=tl.float32)
     pdl.release(PDL)
