@@ -97,3 +97,33 @@ def test_fp8_kernel_seam(m):
     out = layer(x)
     assert len(calls) == (1 if m <= 64 else 0)
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("m", [1, 3, 80])
+def test_nvfp4_kernel_seam(m):
+    """`Nvfp4Linear.kernel` set to the NVFP4 GEMM (global scale per row: a merged projection
+    whose parts have their own) matches the dequantising reference; more rows take it."""
+    from dlrt.kernels.nvfp4_gemm import nvfp4_gemm
+    from dlrt.layers.linear import MergedLinear
+    from dlrt.layers.quant.convert import quantize_module
+    from dlrt.layers.quant.nvfp4 import NVFP4_FORMAT, Nvfp4Linear, quantize_nvfp4
+
+    k = 1024
+    with torch.device("meta"):
+        layer = MergedLinear(k, {"a": 256, "b": 128})
+    quantize_module(layer, NVFP4_FORMAT)
+    parts = [quantize_nvfp4(torch.randn(n, k, device="cuda") * scale)
+             for n, scale in ((256, 0.02), (128, 0.5))]
+    layer.weight = torch.nn.Parameter(torch.cat([p[0] for p in parts]), requires_grad=False)
+    layer.weight_scale = torch.nn.Parameter(torch.cat([p[1] for p in parts]),
+                                            requires_grad=False)
+    layer.weight_scale_2 = torch.nn.Parameter(
+        torch.cat([p[2].expand(n) for p, n in zip(parts, (256, 128), strict=True)]),
+        requires_grad=False)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    ref = layer(x)
+    calls = []
+    layer.method = Nvfp4Linear(kernel=lambda *a: calls.append(1) or nvfp4_gemm(*a))
+    out = layer(x)
+    assert len(calls) == (1 if m <= 64 else 0)
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2

@@ -22,6 +22,8 @@ so merged projections whose parts have different global scales stay exact).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,6 +31,10 @@ from torch import nn
 from dlrt.layers.quant import LinearMethod, QuantFormat
 
 GROUP = 16
+# The kernel seam of `Nvfp4Linear`: (x [M, K] in the model dtype, contiguous; weight uint8
+# [N, K/2]; weight_scale float8_e4m3fn [N, K/16]; weight_scale_2 float32 [N]) -> x @ w^T
+# [M, N] in x's dtype.
+Nvfp4Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -124,16 +130,27 @@ class Nvfp4Format(QuantFormat):
 
 
 class Nvfp4Linear(LinearMethod):
-    """y = x @ w^T with w held as NVFP4 (`layer.weight`, `weight_scale`, `weight_scale_2`):
-    the reference path on every device (no kernel yet): dequantised into x's dtype for this
-    call (never kept), then `F.linear`."""
+    """y = x @ w^T with w held as NVFP4 (`layer.weight`, `weight_scale`, `weight_scale_2`).
+
+    `kernel` (an `Nvfp4Kernel`, e.g. `dlrt.kernels.nvfp4_gemm.nvfp4_gemm`) serves CUDA inputs
+    of at most `max_rows` rows when set. Otherwise (the CPU, prefill rows, no kernel) the
+    reference path: the weight is dequantised into x's dtype for this call (never kept), then
+    `F.linear`.
+    """
 
     name = "nvfp4"
     quantized = True
 
+    def __init__(self, kernel: Nvfp4Kernel | None = None, max_rows: int = 64):
+        self.kernel, self.max_rows = kernel, max_rows
+
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        w = dequantize_nvfp4(layer.weight, layer.weight_scale, layer.weight_scale_2, x.dtype)
-        return F.linear(x, w)
+        w, scale, scale_2 = layer.weight, layer.weight_scale, layer.weight_scale_2
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if self.kernel is not None and x.is_cuda and rows <= self.max_rows:
+            y = self.kernel(x.reshape(rows, x.shape[-1]).contiguous(), w, scale, scale_2)
+            return y.reshape(*x.shape[:-1], y.shape[-1])
+        return F.linear(x, dequantize_nvfp4(w, scale, scale_2, x.dtype))
 
 
 NVFP4_FORMAT = Nvfp4Format()
