@@ -249,7 +249,11 @@ def _load_file(params: dict[str, nn.Parameter], path: Path, specs: list[WeightSp
                                       f"{list(shape)}, the model expects {list(want)}")
             value = quantized.take(s, f.get_tensor) if s.source else f.get_tensor(s.key)
             _check_dtype(s, value, path.name)
-            place(params[s.param].data, s, value)
+            dst = params[s.param].data
+            if dst.is_floating_point() and not value.is_floating_point():
+                raise CheckpointError(f"tensor {s.read_key} in {path.name} is {value.dtype}: "
+                                      f"the model expects floating-point values")
+            place(dst, s, value)
 
 
 def tensor_seed(seed: int, key: str) -> int:

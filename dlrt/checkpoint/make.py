@@ -27,7 +27,7 @@ import torch
 
 from dlrt.checkpoint.folder import INDEX_NAME, CheckpointFolder
 from dlrt.checkpoint.loader import spec_value, stored_dtype, weight_specs
-from dlrt.checkpoint.presets import PRESETS, preset, real_config
+from dlrt.checkpoint.presets import PRESETS, preset, real_config, real_configs
 from dlrt.checkpoint.quant import HF_QUANT_CONFIG, quantize_for_writing
 from dlrt.errors import CheckpointError, OptionError
 from dlrt.models.family import Family
@@ -47,7 +47,11 @@ def _source(source: str | Path) -> tuple[dict, dict, Path | None]:
     if str(source) in PRESETS:
         cfg, gen = preset(str(source))
         return cfg, gen, None
-    if not Path(source).exists() and real_config(str(source)):
+    if not Path(source).exists():
+        if not real_config(str(source)):
+            raise CheckpointError(f"{source}: no such folder, preset or shipped config; presets: "
+                                  f"{', '.join(PRESETS)}; shipped configs: "
+                                  f"{', '.join(real_configs())}")
         source = real_config(str(source))
     folder = CheckpointFolder.open(source, require_weights=False)
     gen = dict(folder.generation_config)

@@ -61,8 +61,9 @@ class EngineConfig:
     max_model_len: int | None = _option(
         None, "context limit in tokens (default: the config's maximum)")
     decoder: str = _option(
-        "auto", "the block loop; auto: the model family's default (block for SDAR, canvas for "
-        "LLaDA; dllm_var decodes LLaDA weights block by block)", ("auto", *DECODERS))
+        "auto", "the block loop; auto: the model family's default (block for SDAR and "
+        "LLaDA2, canvas for LLaDA; dllm_var decodes LLaDA weights block by block)",
+        ("auto", *DECODERS))
     mask_token_id: int | None = _option(
         None, "mask token id (default: the config's, else the tokenizer's)")
     execution_mode: str = _option(

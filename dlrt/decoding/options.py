@@ -13,6 +13,10 @@ from dlrt.decoding.sampling import SamplingSpec
 from dlrt.decoding.strategies import STRATEGIES, StrategySpec
 from dlrt.errors import OptionError
 
+# NOTE: every post pass is a forward; a block that keeps editing runs them all, and the server
+# checks cancellation and its timeout only between blocks.
+MAX_POST_STEPS = 1024
+
 
 @dataclass(frozen=True)
 class DecodingOptions:
@@ -27,8 +31,8 @@ class DecodingOptions:
     editing_threshold: in [0, 1]; rewrite a decided position of the active block when its
         candidate differs with p above it (LLaDA2.1 token editing; `block` decoder and
         families that edit only). Default None: no edits.
-    max_post_steps: >= 0, passes over a block with no mask left while edits continue
-        (editing only; default 16).
+    max_post_steps: 0..MAX_POST_STEPS (1024), passes over a block with no mask left while
+        edits continue (editing only; default 16).
     temperature: >= 0; 0 is greedy. top_k: >= 0 (0 = off). top_p: in (0, 1].
     seed: >= 0; sampling and `random` are reproducible for a given seed.
     stop: extra stop token ids (int) or stop strings (str).
@@ -150,7 +154,8 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     _check(editing is None or 0.0 <= editing <= 1.0, "editing_threshold", editing,
            "must be in [0, 1]")
     post = _pick(opts.max_post_steps, defaults.max_post_steps)
-    _check(0 <= post < 2**62, "max_post_steps", post, "must be in [0, 2^62)")
+    _check(0 <= post <= MAX_POST_STEPS, "max_post_steps", post,
+           f"must be in [0, {MAX_POST_STEPS}] (post passes a block may run while edits go on)")
     temperature = float(_pick(opts.temperature, gen.get("temperature") if sample else 0.0, 0.0))
     _check(math.isfinite(temperature) and temperature >= 0.0, "temperature", temperature,
            "must be a finite number >= 0")

@@ -118,11 +118,13 @@ def _generate(args: argparse.Namespace) -> int:
         result = llm.generate(prompt, chat=args.chat, **kw)
         print(json.dumps(result.to_dict(), ensure_ascii=False))
         return 0
+    ids = llm.tokenizer is None  # no text to show: the ids, a block per line
     for block in llm.stream(prompt, chat=args.chat, **kw):
-        sys.stdout.write(block.text)
+        sys.stdout.write(" ".join(map(str, block.token_ids)) + "\n" if ids else block.text)
         sys.stdout.flush()
         if block.finish_reason:
-            sys.stdout.write("\n")
+            if not ids:
+                sys.stdout.write("\n")
             sys.stderr.write(f"[finish_reason={block.finish_reason}]\n")
     return 0
 

@@ -523,6 +523,7 @@ PARAMS = [  # (path, body, the `param` of the 400: the field as the client sent 
     ("/generate", {**HI, "editing_threshold": 0.5}, "editing_threshold"),  # SDAR does not edit
     ("/generate", {**HI, "max_post_steps": -1}, "max_post_steps"),
     ("/generate", {**HI, "max_post_steps": 1.5}, "max_post_steps"),
+    ("/generate", {**HI, "max_post_steps": 100000}, "max_post_steps"),
     ("/generate", {"prompt": "word " * 200}, "prompt"),  # the prompt alone fills the context
     ("/generate", {"input_ids": [-1]}, "input_ids"),
     ("/generate", {"input_ids": []}, "input_ids"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -662,6 +663,23 @@ def test_missing_expert_tensor(tiny_sdar_moe, tmp_path):
     rewrite_weights(folder, lambda t: t.pop("model.layers.1.mlp.experts.5.down_proj.weight"))
     with pytest.raises(CheckpointError, match=r"model\.layers\.1\.mlp\.experts\.5\.down_proj"):
         LLM(folder)
+
+
+def test_integer_tensor_for_a_float_weight(tiny_sdar_moe, tmp_path):
+    folder = clone(tiny_sdar_moe, tmp_path / "c")
+    key = "model.layers.1.mlp.experts.3.up_proj.weight"
+
+    def to_int(t):
+        t[key] = t[key].to(torch.int32)
+
+    rewrite_weights(folder, to_int)
+    with pytest.raises(CheckpointError, match=rf"{re.escape(key)}.*int32.*floating-point"):
+        LLM(folder)
+
+
+def test_make_names_what_it_knows_for_an_unknown_source(tmp_path):
+    with pytest.raises(CheckpointError, match=r"no such folder.*tiny-llada2.*LLaDA2\.0-mini"):
+        make_checkpoint("tiny-bogus", tmp_path / "x")
 
 
 def test_misshaped_tensor(tiny_sdar, tmp_path):

@@ -110,11 +110,12 @@ def test_real_config_normalised():
     ({"first_k_dense_replace": -1}, "first_k_dense_replace"),
     ({"mask_token_id": 157184}, "mask_token_id"),
     ({"hidden_size": None}, "hidden_size"),
+    ({"num_experts": ...}, "num_experts"),  # absent (null means every layer dense)
 ])
 def test_bad_configs_name_the_field(changes, words):
     hf = dict(PRESETS["tiny-llada2"])
     for k, v in changes.items():
-        if v is None:
+        if v is None or v is ...:
             hf.pop(k)
         else:
             hf[k] = v
@@ -270,3 +271,17 @@ def test_generate_end_to_end(llm, b, max_new):
     assert r.finish_reason == "length"
     again = llm.generate(prompt, max_new, block_length=b, temperature=0.0, ignore_eos=True)
     assert again.token_ids == r.token_ids  # greedy is deterministic
+
+
+def test_cli_generate_without_tokenizer_prints_the_ids(tiny_llada2, capsys):
+    """No tokenizer, no text: `dlrt generate` prints each block's ids on a line."""
+    from dlrt.entrypoints.cli import main
+
+    argv = ["generate", "--model", str(tiny_llada2), "--prompt-ids", "1,2,3",
+            "--max-new-tokens", "40", "--temperature", "0", "--ignore-eos"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.split("\n")
+    ids = [int(t) for line in lines for t in line.split()]
+    assert len(ids) == 40 and len([line for line in lines if line]) == 2  # blocks of 32
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == ids

@@ -79,12 +79,13 @@ def _rotary_dim(hf: dict[str, Any], head_dim: int) -> int:
 
 def _moe(hf: dict[str, Any], num_layers: int) -> dict[str, Any]:
     """Router settings and which layers are sparse: those >= first_k_dense_replace, unless
-    `num_experts` is null (then all are dense)."""
+    `num_experts` is null (then all are dense). A config without `num_experts` is refused:
+    LLaDA2MoeConfig's default (16) fits no released model."""
     first_dense = f.as_int("first_k_dense_replace",
                            f.optional(hf, "first_k_dense_replace", 0), minimum=0)
     if "num_experts" in hf and hf["num_experts"] is None:
         return {}
-    experts = f.as_int("num_experts", hf.get("num_experts", 16))
+    experts = f.as_int("num_experts", f.required(hf, "num_experts"))
     top_k = f.as_int("num_experts_per_tok", f.optional(hf, "num_experts_per_tok", 2))
     if top_k > experts:
         raise f.bad("num_experts_per_tok", top_k, f"exceeds num_experts={experts}")
