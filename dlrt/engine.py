@@ -2,8 +2,9 @@
 
 `Engine.create` opens the checkpoint, resolves the config (`EngineConfig.resolve`) and builds, in
 order: the tokenizer, the ops table, the model (meta device, then weights), the linear layers'
-methods (`dlrt.tuning.linear`), the paged KV cache, the attention backend, the runner, the
-executor and the decoder. Nothing here is global: two engines in one process are independent.
+methods (`dlrt.tuning.linear`, `dlrt.tuning.quant`), the paged KV cache, the attention backend,
+the runner, the executor and the decoder. Nothing here is global: two engines in one process
+are independent.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dlrt.runtime.executor import Executor
 from dlrt.runtime.runner import ModelRunner
 from dlrt.tokenizer import load_tokenizer
 from dlrt.tuning.linear import LinearPlan, tune
+from dlrt.tuning.quant import tune_quant
 
 log = logging.getLogger(__name__)
 
@@ -131,12 +133,19 @@ def _report_quantization(scheme: QuantScheme | None, device: torch.device) -> No
 
 def _plan_linears(model: nn.Module, config: EngineConfig,
                   defaults: DecoderDefaults) -> LinearPlan:
-    """On CUDA with the Triton kernels: per weight shape, cuBLAS or the skinny Triton GEMM
-    (timed once per device at the block's rows, then cached). Otherwise cuBLAS everywhere."""
+    """On CUDA with the Triton kernels: per weight shape, cuBLAS or the skinny Triton GEMM, and
+    for the FP8 (block-layout) and NVFP4 layers the dequantising reference or a checked
+    low-precision kernel (timed once per device at the block's rows, then cached). Otherwise
+    cuBLAS everywhere and the reference path for quantised layers."""
     if config.linear_kernels == "cublas":  # resolved: also where no timing can apply
         return tune(model, policy="cublas")
-    rows = defaults.block_length or 4
-    return tune(model, rows=min(rows, 16), policy=config.linear_kernels)
+    rows = min(defaults.block_length or 4, 16)
+    plan = tune(model, rows=rows, policy=config.linear_kernels)
+    methods, records = tune_quant(model, config.torch_dtype, rows=rows,
+                                  policy=config.linear_kernels)
+    plan.methods.update(methods)
+    plan.records.update(records)
+    return plan
 
 
 def _eos_ids(folder: CheckpointFolder, config: ModelConfig) -> tuple[int, ...]:

@@ -345,6 +345,13 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     print(table(rows, BYTE_COLUMNS))
     print(table([summary], list(summary)))
     for shape, rec in llm.linear_plan.records.items():
+        if "reference_us" in rec:  # a quantised shape ("fp8,N,K"): every candidate
+            print(f"projection [{shape}] after a norm: reference {rec['reference_us']:.1f} us "
+                  f"-> {rec['chosen']}")
+            for label, c in rec["candidates"].items():
+                print(f"  {label}: " + (f"{c['us']:.1f} us, error {c['error']:.2g}"
+                                        if c["us"] is not None else f"skipped ({c['skipped']})"))
+            continue
         triton_us = rec["triton_us"]
         print(f"projection [{shape}] after a norm: cublas {rec['cublas_us']:.1f} us, triton "
               f"{triton_us if triton_us is None else round(triton_us, 1)} us -> "

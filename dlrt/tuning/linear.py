@@ -138,7 +138,7 @@ def tune(model: nn.Module, rows: int = 4, policy: str = "auto", timer=time_shape
     policy: "auto" (the faster per shape, Triton only when at least 3% faster), "triton" (the
     fastest Triton config for every shape that has one), "cublas" (no timing).
     cache_file: where timings are kept (default: per device under DLRT_CACHE_DIR/gemm).
-    Layers with a quantised method (FP8, NVFP4) are not planned: they keep their method.
+    Layers with a quantised method (FP8, NVFP4) are not planned here (`dlrt.tuning.quant`).
     Returns the plan; the model is not changed (`LinearPlan.apply`).
     """
     if policy not in POLICIES:

@@ -1,8 +1,8 @@
 """Quantised checkpoints on CUDA (GPU, marked `gpu`): FP8 and NVFP4 tiny checkpoints load with
 their formats on the device, online FP8 equals the written checkpoint there too, and the three
-execution modes commit identical tokens (the projections take the dequantising path unless a
-kernel is wired to `Fp8Linear.kernel`; the Triton MoE dequantises the experts inside the
-graphs). The LM head is sharpened (x50) so threshold strategies commit varying numbers."""
+execution modes commit identical tokens (the projections take the low-precision kernels the
+load-time plan sets, else the dequantising path; the Triton MoE dequantises the experts inside
+the graphs). The LM head is sharpened (x50) so threshold strategies commit varying numbers."""
 
 from __future__ import annotations
 
@@ -127,3 +127,27 @@ def test_nvfp4_kernel_seam(m):
     out = layer(x)
     assert len(calls) == (1 if m <= 64 else 0)
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+
+
+def test_fp8_plan_on_cuda(made):
+    """An FP8 tiny checkpoint with the Triton kernels gets a plan for its block-layout layers
+    (every candidate recorded, a chosen kernel set on its layers), and the three execution
+    modes commit identical tokens with it."""
+    from dlrt.layers.quant.fp8 import Fp8Linear
+    from dlrt.tuning.quant import REFERENCE
+
+    llm = _llm(made("tiny-sdar", "fp8"), kernels="triton", linear_kernels="triton")
+    quant = {k: r for k, r in llm.linear_plan.records.items() if k.startswith("fp8,")}
+    assert quant and all(r["candidates"] for r in quant.values())
+    assert all(r["chosen"] == REFERENCE or r["candidates"][r["chosen"]]["us"] is not None
+               for r in quant.values())
+    kernels = [m.method for m in llm.model.modules()
+               if isinstance(getattr(m, "method", None), Fp8Linear) and m.method.kernel]
+    assert kernels  # policy triton: the fastest passing candidate everywhere one passes
+    prompt = [(5 * i + 3) % 150000 for i in range(37)]
+    out = {}
+    for mode in MODES:
+        llm.set_execution_mode(mode)
+        r = llm.generate(prompt, max_new_tokens=24)
+        out[mode] = (r.token_ids, r.denoise_steps, r.finish_reason)
+    assert out["device_loop"] == out["host_loop"] == out["eager"], out

@@ -104,7 +104,8 @@ class Fp8Linear(LinearMethod):
     """y = x @ w^T with w held as FP8 blocks (`layer.weight`, `layer.weight_scale_inv`).
 
     `kernel` (an `Fp8Kernel`, e.g. `dlrt.kernels.fp8_gemm.fp8_gemm`) serves CUDA inputs of at
-    most `max_rows` rows when set and the scales are in block rows (`FP8_FORMAT`). Otherwise
+    most `max_rows` rows when set (by the load-time plan, `dlrt.tuning.quant`) and the scales
+    are in block rows (`FP8_FORMAT`). Otherwise
     (the CPU, prefill rows, a GPU without a kernel) the reference path: the weight is
     dequantised block by block into x's dtype for this call (never kept) and multiplied with
     `F.linear`, so its result equals the unquantised layer on the dequantised weight.

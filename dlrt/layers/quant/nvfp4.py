@@ -133,9 +133,9 @@ class Nvfp4Linear(LinearMethod):
     """y = x @ w^T with w held as NVFP4 (`layer.weight`, `weight_scale`, `weight_scale_2`).
 
     `kernel` (an `Nvfp4Kernel`, e.g. `dlrt.kernels.nvfp4_gemm.nvfp4_gemm`) serves CUDA inputs
-    of at most `max_rows` rows when set. Otherwise (the CPU, prefill rows, no kernel) the
-    reference path: the weight is dequantised into x's dtype for this call (never kept), then
-    `F.linear`.
+    of at most `max_rows` rows when set (by the load-time plan, `dlrt.tuning.quant`).
+    Otherwise (the CPU, prefill rows, no kernel) the reference path: the weight is dequantised
+    into x's dtype for this call (never kept), then `F.linear`.
     """
 
     name = "nvfp4"
