@@ -28,6 +28,10 @@ Two forms of 2 and 3, chosen from the static shape (`moe_form`, `moe_config`):
      Grid (N*k // BLOCK_M + min(E, N*k), cdiv(I or H, BLOCK_N)).
 Programs past the live tile count (read from device memory) exit at once. Buffers are sized
 by N*k, never by the experts touched.
+FP8 experts (float8_e4m3fn w13 / w2 with 128 x 128 block scales, `dlrt.kernels.moe_fp8`): the
+same launches with the constexpr FP8 on; both forms load the e4m3 tiles, convert them in
+registers and apply each block's scale (fp32 accumulation), so a touched expert's FP8 bytes
+are read once per call. FP8 off compiles the BF16 code unchanged.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import triton.language as tl
 
 from dlrt.kernels import pdl
 from dlrt.kernels.moe_align import align_pairs, max_tiles
+from dlrt.kernels.moe_fp8 import _fp8_tiles, _scale_rows, check_fp8_experts, fp8_steps
 
 # The form rule. Measured on an H200 (bf16, SDAR-30B-A3B and LLaDA2.0-mini experts): the
 # tiles form at BLOCK_M = 16 streams the touched experts at 0.87-0.99 of the copy bandwidth
@@ -141,10 +146,10 @@ def _row_out(acc, acc_up, pairs_ptr, c, r: tl.constexpr, count, n, out_ptr, wt_p
 
 
 @triton.jit
-def _rows_kernel(in_ptr, w_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K: tl.constexpr,
+def _rows_kernel(in_ptr, w_ptr, s_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K: tl.constexpr,
                  TOPK: tl.constexpr, GATED: tl.constexpr, ROWS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
-                 PDL: tl.constexpr):
+                 FP8: tl.constexpr, PDL: tl.constexpr):
     tile = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     k = tl.arange(0, BLOCK_K)
@@ -158,6 +163,8 @@ def _rows_kernel(in_ptr, w_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K: tl.cons
     w_rows = 2 * N_OUT if GATED else N_OUT
     slab = w_ptr + expert * w_rows * K + tl.minimum(n, N_OUT - 1).to(tl.int64)[:, None] * K \
         + k[None, :]  # clamped rows: no load masks
+    if FP8:
+        s_w, s_v = _scale_rows(s_ptr, expert, n, N_OUT, K, GATED)
     TILES: tl.constexpr = K // BLOCK_K
     for c in range(0, count, ROWS):
         srcs = tl.load(pairs_ptr + tl.minimum(c + tl.arange(0, ROWS), count - 1))
@@ -176,6 +183,10 @@ def _rows_kernel(in_ptr, w_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K: tl.cons
             v_next = tl.load(slab + N_OUT * K)
         for t in range(0, TILES):
             w, v = w_next.to(tl.float32), v_next.to(tl.float32)
+            if FP8:  # the tile dequantised in registers (fp32, as the reference's weight)
+                w = w * tl.load(s_w + (t * BLOCK_K) // 128)[:, None]
+                if GATED:
+                    v = v * tl.load(s_v + (t * BLOCK_K) // 128)[:, None]
             ahead = tl.minimum(t + 1, TILES - 1) * BLOCK_K  # the next step in flight
             w_next = tl.load(slab + ahead)
             if GATED:
@@ -200,10 +211,10 @@ def _rows_kernel(in_ptr, w_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K: tl.cons
 
 
 @triton.jit
-def _tiles_kernel(in_ptr, w_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K: tl.constexpr,
+def _tiles_kernel(in_ptr, w_ptr, s_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K: tl.constexpr,
                   TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-                  PDL: tl.constexpr):
+                  FP8: tl.constexpr, PDL: tl.constexpr):
     tile = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
@@ -222,12 +233,17 @@ def _tiles_kernel(in_ptr, w_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K: tl.con
         + k[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = acc
-    for t in range(0, K // BLOCK_K):
-        a = tl.load(rows + t * BLOCK_K)
-        acc = tl.dot(a, tl.trans(tl.load(slab + t * BLOCK_K)), acc, input_precision=PRECISION)
-        if GATED:
-            acc_up = tl.dot(a, tl.trans(tl.load(slab + N_OUT * K + t * BLOCK_K)), acc_up,
-                            input_precision=PRECISION)
+    if FP8:
+        acc, acc_up = _fp8_tiles(acc, acc_up, rows, slab, s_ptr, expert, n, N_OUT, K, GATED,
+                                 BLOCK_K, PRECISION)
+    else:
+        for t in range(0, K // BLOCK_K):
+            a = tl.load(rows + t * BLOCK_K)
+            acc = tl.dot(a, tl.trans(tl.load(slab + t * BLOCK_K)), acc,
+                         input_precision=PRECISION)
+            if GATED:
+                acc_up = tl.dot(a, tl.trans(tl.load(slab + N_OUT * K + t * BLOCK_K)), acc_up,
+                                input_precision=PRECISION)
     pdl.release(PDL)
     ok = (m < count)[:, None] & (n < N_OUT)[None, :]
     _epilogue(acc, acc_up, p[:, None], ok, n[None, :], out_ptr, wt_ptr, N_OUT, GATED,
@@ -248,13 +264,19 @@ def _combine_kernel(y_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK: tl.constexpr,
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                  ids: torch.Tensor, config: MoEConfig | None = None) -> torch.Tensor:
+                  ids: torch.Tensor, config: MoEConfig | None = None,
+                  w13_scale: torch.Tensor | None = None,
+                  w2_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The routed experts of a MoE layer (see the module docstring).
 
     Args:
-        x: [N, H] activations. w13: [E, 2I, H], w2: [E, H, I], x's dtype and device.
+        x: [N, H] activations. w13: [E, 2I, H], w2: [E, H, I], x's dtype and device; or
+            float8_e4m3fn with `w13_scale` / `w2_scale` (float32 128 x 128 block scales
+            [E, ceil(2I/128), ceil(H/128)] / [E, ceil(H/128), I/128], I a multiple of 128):
+            read as FP8 by the kernels (`dlrt.kernels.moe_fp8`).
         weights: [N, k] fp32 routing weights. ids: [N, k] expert ids (int32 or int64).
-        config: block sizes and form; None: `moe_config` of the shape.
+        config: block sizes and form; None: `moe_config` of the shape (FP8: K steps capped
+            at 128).
     Returns:
         [N, H] in x's dtype, a new tensor.
     """
@@ -262,13 +284,19 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     e, two_i, _ = w13.shape
     inter = two_i // 2
     k = ids.shape[1]
+    fp8 = w13_scale is not None
+    if fp8:
+        check_fp8_experts(w13, w2, w13_scale, w2_scale)
     if w13.shape[2] != h or w2.shape != (e, h, inter) or weights.shape != ids.shape \
-            or ids.shape[0] != n or w13.dtype != x.dtype or w2.dtype != x.dtype:
+            or ids.shape[0] != n or (not fp8 and (w13.dtype != x.dtype or w2.dtype != x.dtype)):
         raise ValueError(f"fused_experts: x {tuple(x.shape)} {x.dtype}, w13 "
                          f"{tuple(w13.shape)} {w13.dtype}, w2 {tuple(w2.shape)} {w2.dtype}, "
                          f"weights {tuple(weights.shape)}, ids {tuple(ids.shape)} do not fit")
     cfg = config or moe_config(n, k, e, h, inter)
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
+    s13 = s2 = w13  # unused without FP8
+    if fp8:
+        cfg, s13, s2 = fp8_steps(cfg), w13_scale.contiguous(), w2_scale.contiguous()
     weights, ids = weights.float().contiguous(), ids.contiguous()
     out = torch.empty_like(x)
     if n == 0:
@@ -280,21 +308,21 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     act = torch.empty((nk, inter), dtype=x.dtype, device=x.device)
     y = torch.empty((nk, h), dtype=torch.float32, device=x.device)
     opts = pdl.launch_options(x)
-    steps = ((x, w13, act, inter, h, cfg.up_n, cfg.up_k, True),
-             (act, w2, y, h, inter, cfg.down_n, cfg.down_k, False))
-    for src, w, dst, n_out, kdim, block_n, block_k, gated in steps:
+    steps = ((x, w13, s13, act, inter, h, cfg.up_n, cfg.up_k, True),
+             (act, w2, s2, y, h, inter, cfg.down_n, cfg.down_k, False))
+    for src, w, scale, dst, n_out, kdim, block_n, block_k, gated in steps:
         grid = (tiles, triton.cdiv(n_out, block_n))
         if cfg.form == "rows":
-            _rows_kernel[grid](src, w, dst, table, weights, tiles, n_out, K=kdim, TOPK=k,
-                               GATED=gated, ROWS=cfg.rows, BLOCK_N=block_n, BLOCK_K=block_k,
-                               VEC=min(VEC, block_k), num_warps=cfg.warps, num_stages=1,
-                               **opts)
+            _rows_kernel[grid](src, w, scale, dst, table, weights, tiles, n_out, K=kdim,
+                               TOPK=k, GATED=gated, ROWS=cfg.rows, BLOCK_N=block_n,
+                               BLOCK_K=block_k, VEC=min(VEC, block_k), FP8=fp8,
+                               num_warps=cfg.warps, num_stages=1, **opts)
         else:
-            _tiles_kernel[grid](src, w, dst, table, weights, tiles, n_out, K=kdim, TOPK=k,
-                                GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=block_n,
+            _tiles_kernel[grid](src, w, scale, dst, table, weights, tiles, n_out, K=kdim,
+                                TOPK=k, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=block_n,
                                 BLOCK_K=block_k,
                                 PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                                num_warps=cfg.warps, num_stages=cfg.stages, **opts)
+                                FP8=fp8, num_warps=cfg.warps, num_stages=cfg.stages, **opts)
     block = min(1024, triton.next_power_of_2(h))
     _combine_kernel[(n, triton.cdiv(h, block))](y, out, h, TOPK=k, BLOCK=block, num_warps=4,
                                                 **opts)

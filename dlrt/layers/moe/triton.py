@@ -4,13 +4,18 @@
 Runs on CUDA and, under TRITON_INTERPRET=1, on the CPU. Every launch has fixed shapes and
 reads its counts from device memory (capturable); the kernels' form (GEMV rows or grouped
 GEMM tiles) is a function of the static shape only (`dlrt.kernels.moe.moe_config`).
-Quantised experts (FP8, NVFP4) have no kernel of their own yet: every call dequantises all E
-experts into x's dtype (fixed shapes, still capturable; transient memory of one layer's
-experts in that dtype) and runs the same kernels on them.
+FP8 experts in 128 x 128 block scales (`FP8_FORMAT`, every real model) are read as FP8 by the
+kernels (`dlrt.kernels.moe_fp8`; sm_89+ or the interpreter): each touched expert's FP8 bytes
+once per call. Other quantised experts keep a dequantising fallback: FP8 in the row layout
+(`FP8_ROWS_FORMAT`: I not a multiple of 128, tiny test models), FP8 on a GPU before sm_89,
+and NVFP4 have no kernel of their own; every call
+dequantises all E experts into x's dtype (fixed shapes, still capturable; transient memory
+of one layer's experts in that dtype) and runs the BF16 / fp32 kernels on them.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -18,6 +23,22 @@ import torch
 from dlrt.kernels.moe import MoEConfig, fused_experts, moe_config
 from dlrt.kernels.moe_route import route_topk
 from dlrt.layers.moe.base import MoEMethod
+
+
+@functools.lru_cache(maxsize=16)
+def _fp8_device(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (8, 9)
+
+
+def fp8_blocks(experts) -> bool:
+    """Whether the kernels read the experts as FP8: FP8 in 128 x 128 block scales, on the CPU
+    (the interpreter) or a GPU with FP8 support (sm_89+); else the dequantising fallback."""
+    fmt = experts.quant_format
+    if fmt is None or fmt.name != "fp8" or not getattr(fmt, "block_rows", False):
+        return False
+    dev = experts.w13.device
+    return dev.type != "cuda" or _fp8_device(dev.index if dev.index is not None
+                                             else torch.cuda.current_device())
 
 
 class TritonMoE(MoEMethod):
@@ -45,7 +66,12 @@ class TritonMoE(MoEMethod):
         """x [N, H], weights [N, k] fp32, ids [N, k] -> [N, H] in x's dtype."""
         ex = layer.experts
         cfg = self.config(x.shape[0], ids.shape[1], ex.num_experts, ex.hidden, ex.intermediate)
-        if ex.quant_format is None:
+        fmt = ex.quant_format
+        if fmt is None:
             return fused_experts(x, ex.w13, ex.w2, weights, ids, cfg)
+        if fp8_blocks(ex):
+            return fused_experts(x, ex.w13, ex.w2, weights, ids, cfg,
+                                 w13_scale=ex.w13_weight_scale_inv,
+                                 w2_scale=ex.w2_weight_scale_inv)
         return fused_experts(x, ex.expert_weight("w13", None, x.dtype),
                              ex.expert_weight("w2", None, x.dtype), weights, ids, cfg)

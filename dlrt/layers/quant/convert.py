@@ -20,7 +20,7 @@ from torch import nn
 
 from dlrt.layers.linear import LinearBase, MergedLinear
 from dlrt.layers.moe import StackedExperts
-from dlrt.layers.quant import QuantFormat
+from dlrt.layers.quant import QuantFormat, expand_rows
 
 
 def param_name(weight: str, suffix: str) -> str:
@@ -68,3 +68,26 @@ def quantize_module(module: nn.Module, fmt: QuantFormat) -> None:
         _replace(module, "w2", (e,), h, i, fmt)
     else:
         raise TypeError(f"cannot quantise a {type(module).__name__}")
+
+
+def quantize_experts(module: StackedExperts, fmt: QuantFormat) -> None:
+    """Convert materialised experts to hold `fmt` from their current weights, in place (tests,
+    benchmarks): each checkpoint part (gate, up, down of each expert) quantised as a checkpoint
+    stores it, then laid out as held (`expand_rows`), on the weights' device."""
+    w13, w2 = module.w13.detach(), module.w2.detach()
+    i = module.intermediate
+    quantize_module(module, fmt)
+    fmt = module.quant_format
+    held: dict[str, list[torch.Tensor]] = {}
+    for e in range(module.num_experts):
+        for weight, parts in (("w13", (w13[e, :i], w13[e, i:])), ("w2", (w2[e],))):
+            rows: dict[str, list[torch.Tensor]] = {}
+            for part in parts:
+                for suffix, t in fmt.quantize(part).items():
+                    t = expand_rows(t, fmt.expand.get(suffix, 1), part.shape[0])
+                    rows.setdefault(suffix, []).append(t.expand(part.shape[0]) if t.dim() == 0
+                                                       else t)
+            for suffix, ts in rows.items():
+                held.setdefault(param_name(weight, suffix), []).append(torch.cat(ts))
+    for name, ts in held.items():
+        module._parameters[name] = nn.Parameter(torch.stack(ts), requires_grad=False)

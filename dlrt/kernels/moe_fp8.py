@@ -1,0 +1,89 @@
+"""FP8 expert weights in the fused MoE kernels (`dlrt.kernels.moe`): block-scaled
+float8_e4m3fn experts read directly, each touched expert's FP8 bytes once per call.
+
+Layout (`dlrt.layers.quant.fp8.FP8_FORMAT` held by `StackedExperts`, the checkpoint's
+128 x 128 blocks with the gate and up parts' block rows concatenated, I a multiple of 128):
+  w13 float8_e4m3fn [E, 2I, H], w13 scale_inv float32 [E, ceil(2I/128), ceil(H/128)];
+  w2  float8_e4m3fn [E, H, I],  w2 scale_inv  float32 [E, ceil(H/128), ceil(I/128)];
+  dequant(w)[e, r, c] = w[e, r, c] * scale_inv[e, r // 128, c // 128].
+The kernels' K steps (BLOCK_K) divide 128, so a step lies in one scale column; the scale is
+gathered per output column (row r of the weight) and step.
+
+  "rows" form: the e4m3 tile is converted to fp32 in registers and multiplied by its block's
+      scale (one fp32 product, exactly the reference's fp32 dequantised weight), then used
+      as in the BF16 path (fp32 FMAs).
+  "tiles" form: the e4m3 tile is converted to x's dtype (exact: every e4m3 value is a bf16 /
+      fp16 / fp32 value), multiplied with the gathered rows into a fresh fp32 partial sum
+      (`tl.dot`), which is scaled per column by the step's block scale and added to the fp32
+      accumulator (as `dlrt.kernels.fp8_gemm`).
+Numerics against `ReferenceMoE` on the dequantised experts: fp32 x: fp32 summation order only;
+bf16 x: the kernels keep the dequantised weight in fp32 (rows) or scale exact products (tiles)
+where the reference rounds the dequantised weight to bf16 first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+FP8 = torch.float8_e4m3fn
+QBLOCK = 128
+
+
+@triton.jit
+def _scale_rows(s_ptr, expert, n, N_OUT, K: tl.constexpr, GATED: tl.constexpr):
+    """Pointers to the scale rows of output columns n (clamped) of `expert`: (gate or the
+    weight, up), each [BLOCK_N]; add a step's scale column."""
+    KB: tl.constexpr = (K + 127) // 128
+    w_rows = 2 * N_OUT if GATED else N_OUT
+    base = s_ptr + expert * ((w_rows + 127) // 128) * KB
+    nc = tl.minimum(n, N_OUT - 1)
+    s_w = base + (nc // 128) * KB
+    s_v = s_w
+    if GATED:
+        s_v = base + ((N_OUT + nc) // 128) * KB
+    return s_w, s_v
+
+
+@triton.jit
+def _fp8_tiles(acc, acc_up, rows, slab, s_ptr, expert, n, N_OUT, K: tl.constexpr,
+               GATED: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """The tiles form's main loop on an FP8 slab (see the module docstring)."""
+    s_w, s_v = _scale_rows(s_ptr, expert, n, N_OUT, K, GATED)
+    for t in range(0, K // BLOCK_K):
+        a = tl.load(rows + t * BLOCK_K)
+        kb = (t * BLOCK_K) // 128
+        w = tl.load(slab + t * BLOCK_K).to(a.dtype)
+        part = tl.dot(a, tl.trans(w), input_precision=PRECISION, out_dtype=tl.float32)
+        acc += part * tl.load(s_w + kb)[None, :]
+        if GATED:
+            v = tl.load(slab + N_OUT * K + t * BLOCK_K).to(a.dtype)
+            part = tl.dot(a, tl.trans(v), input_precision=PRECISION, out_dtype=tl.float32)
+            acc_up += part * tl.load(s_v + kb)[None, :]
+    return acc, acc_up
+
+
+def fp8_steps(cfg):
+    """The config with K steps of at most 128 (a step in one scale column; the steps are
+    powers of two, so they divide 128)."""
+    return dataclasses.replace(cfg, up_k=min(cfg.up_k, QBLOCK), down_k=min(cfg.down_k, QBLOCK))
+
+
+def check_fp8_experts(w13: torch.Tensor, w2: torch.Tensor, s13: torch.Tensor,
+                      s2: torch.Tensor) -> None:
+    """ValueError unless w13 / w2 are float8_e4m3fn with block-layout scales (module
+    docstring)."""
+    e, two_i, h = w13.shape
+    cdiv = triton.cdiv
+    want13 = (e, cdiv(two_i, QBLOCK), cdiv(h, QBLOCK))
+    want2 = (e, cdiv(h, QBLOCK), cdiv(two_i // 2, QBLOCK))
+    if w13.dtype != FP8 or w2.dtype != FP8 or s13.dtype != torch.float32 \
+            or s2.dtype != torch.float32 or tuple(s13.shape) != want13 \
+            or tuple(s2.shape) != want2 or (two_i // 2) % QBLOCK:
+        raise ValueError(f"fused_experts (fp8): w13 {tuple(w13.shape)} {w13.dtype}, w2 "
+                         f"{tuple(w2.shape)} {w2.dtype} need float8_e4m3fn weights, I a "
+                         f"multiple of {QBLOCK}, and float32 block scales {want13} / {want2}; "
+                         f"got {tuple(s13.shape)} {s13.dtype} / {tuple(s2.shape)} {s2.dtype}")

@@ -1,0 +1,182 @@
+"""The fused MoE kernels on FP8 experts (`dlrt.kernels.moe_fp8`) against the PyTorch reference.
+
+The reference is `ReferenceMoE.apply` on the same FP8 layer, which dequantises the experts
+(w * scale_inv per 128 x 128 block, fp32) as it reads them. Under TRITON_INTERPRET=1 on the CPU
+with fp32 activations (the interpreter's bf16 dot is unreliable) at tiny block-aligned shapes
+(H = 256, I = 128: two block rows of w13 / w2 per expert; E = 8, k = 2), the weights scaled
+per 128 x 128 block so that every block has its own scale. Tolerance: max error < 1e-5 of the
+output's max in fp32 (the kernels differ from the reference in fp32 summation order and, in the
+tiles form, apply the scale to a step's partial sum). bf16 on the GPU: within 2 bf16 ulps of
+the output's scale. Both forms, the awkward routings (every row to one expert, k = 1); the row
+layout (I not a multiple of 128) keeps the dequantising fallback. GPU: SDAR-30B-A3B and
+LLaDA2.0-mini shapes in bf16, and a CUDA-graph replay bit-identical to eager.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from dlrt.kernels.moe import MoEConfig, fused_experts  # noqa: E402
+from dlrt.layers.moe import FusedMoE  # noqa: E402
+from dlrt.layers.moe.base import RouterSpec  # noqa: E402
+from dlrt.layers.moe.reference import ReferenceMoE  # noqa: E402
+from dlrt.layers.moe.triton import TritonMoE, fp8_blocks  # noqa: E402
+from dlrt.layers.quant.convert import quantize_experts  # noqa: E402
+from dlrt.layers.quant.fp8 import FP8_FORMAT, FP8_ROWS_FORMAT  # noqa: E402
+from dlrt.ops import get_ops  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+E, K, H, INTER = 8, 2, 256, 128
+# forced forms: rows (2 pairs per pass), tiles, and wide tiles (a program spans two scale rows
+# of w2; K steps of 256 capped at 128)
+FORMS = {"rows": MoEConfig("rows", rows=2, up_n=32, up_k=128, down_n=64, down_k=64),
+         "tiles": MoEConfig("tiles", block_m=16, up_n=32, up_k=64, down_n=64, down_k=128),
+         "wide": MoEConfig("tiles", block_m=16, up_n=128, up_k=256, down_n=256, down_k=128)}
+
+
+def make_fp8_layer(spec: RouterSpec, dtype=torch.float32, hidden=H, inter=INTER,
+                   seed=0) -> FusedMoE:
+    """A layer with random weights, every 128 x 128 expert block multiplied by its own factor
+    (0.25 to 4), the experts then quantised to FP8 (the layout that fits I)."""
+    gen = torch.Generator().manual_seed(seed)
+    layer = FusedMoE(hidden, inter, spec, get_ops("triton"))
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            scale = 1.0 if name.startswith("gate") else p.shape[-1] ** -0.5
+            p.copy_(torch.randn(p.shape, generator=gen) * scale)
+        for p in (layer.experts.w13, layer.experts.w2):
+            e, n, k = p.shape
+            f = 0.25 * 16 ** torch.rand(e, -(-n // 128), -(-k // 128), generator=gen)
+            p.mul_(f.repeat_interleave(128, 1)[:, :n].repeat_interleave(128, 2)[:, :, :k])
+    layer = layer.to(DEV, dtype).requires_grad_(False)  # before quantising: FP8 is a float
+    quantize_experts(layer.experts, FP8_FORMAT)
+    if spec.scoring == "sigmoid":
+        layer.gate.float()
+    return layer
+
+
+def check(out: torch.Tensor, ref: torch.Tensor) -> None:
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    scale = ref.float().abs().max().clamp_min(1e-6)
+    err = float((out.float() - ref.float()).abs().max() / scale)
+    assert err < (2 * 2**-8 if out.dtype == torch.bfloat16 else 1e-5), err
+
+
+def no_dequantise(layer):
+    """Fail the call if the experts are dequantised (the kernels must read FP8)."""
+    def fail(*_):
+        raise AssertionError("FP8 experts were dequantised")
+    layer.experts.expert_weight = fail
+
+
+def run_forms(layer, x, weights, ids):
+    ref = ReferenceMoE().apply(layer, x, weights, ids)
+    no_dequantise(layer)
+    try:
+        for cfg in FORMS.values():
+            check(TritonMoE(lambda *_, c=cfg: c).apply(layer, x, weights, ids), ref)
+    finally:
+        del layer.experts.expert_weight
+    return ref
+
+
+def test_layout_is_blocks():
+    ex = make_fp8_layer(RouterSpec("softmax", E, K)).experts
+    assert ex.quant_format is FP8_FORMAT and fp8_blocks(ex)
+    assert ex.w13.dtype == torch.float8_e4m3fn and ex.w2.dtype == torch.float8_e4m3fn
+    assert ex.w13_weight_scale_inv.shape == (E, 2, 2)
+    assert ex.w2_weight_scale_inv.shape == (E, 2, 1)
+
+
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("n", [1, 6])
+def test_fp8_fused_matches_reference(n, scoring):
+    spec = RouterSpec("softmax", E, K) if scoring == "softmax" else \
+        RouterSpec("sigmoid", E, K, n_group=4, topk_group=2, scaling=2.5)
+    layer = make_fp8_layer(spec, seed=n)
+    x = torch.randn(n, H, generator=torch.Generator().manual_seed(n)).to(DEV)
+    weights, ids = layer.method.route(layer, x)
+    ref = run_forms(layer, x, weights, ids)
+    check(layer.method.apply(layer, x, weights, ids), ref)  # the layer's own config
+
+
+def test_fp8_awkward_routings():
+    layer = make_fp8_layer(RouterSpec("softmax", E, K), seed=1)
+    gen = torch.Generator().manual_seed(9)
+    n = 9
+    x = torch.randn(n, H, generator=gen).to(DEV)
+    w = torch.rand(n, K, generator=gen).to(DEV)
+    run_forms(layer, x, w, torch.tensor([[5, 2]] * n, device=DEV))  # all rows to two experts
+    run_forms(layer, x, w[:, :1], torch.full((n, 1), 7, device=DEV))  # k = 1, one expert
+    run_forms(layer, x[:4], w[:4], torch.randperm(E, generator=gen).view(4, K).to(DEV))
+    x[3] = 0.0
+    ids = torch.tensor([[0, 1]] * n, device=DEV)
+    out = TritonMoE(lambda *_: FORMS["tiles"]).apply(layer, x, w, ids)
+    assert not out[3].any()
+
+
+def test_row_layout_keeps_the_dequantising_fallback():
+    """I = 32 (part boundaries off the 128-row blocks): scales held per weight row; the method
+    dequantises, the kernels refuse the layout."""
+    layer = make_fp8_layer(RouterSpec("softmax", E, K), hidden=64, inter=32, seed=4)
+    ex = layer.experts
+    assert ex.quant_format is FP8_ROWS_FORMAT and not fp8_blocks(ex)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(4)).to(DEV)
+    weights, ids = layer.method.route(layer, x)
+    check(layer.method.apply(layer, x, weights, ids), ReferenceMoE().apply(layer, x, weights, ids))
+    with pytest.raises(ValueError, match="fp8"):
+        fused_experts(x, ex.w13, ex.w2, weights, ids, w13_scale=ex.w13_weight_scale_inv,
+                      w2_scale=ex.w2_weight_scale_inv)
+
+
+GPU_SHAPES = [  # n, E, k, H, I, router
+    (1, 128, 8, 2048, 768, RouterSpec("softmax", 128, 8)),
+    (4, 128, 8, 2048, 768, RouterSpec("softmax", 128, 8)),
+    (64, 128, 8, 2048, 768, RouterSpec("softmax", 128, 8)),
+    (4, 256, 8, 2048, 512, RouterSpec("sigmoid", 256, 8, n_group=8, topk_group=4,
+                                      scaling=2.5)),
+    (300, 256, 8, 2048, 512, RouterSpec("sigmoid", 256, 8, n_group=8, topk_group=4,
+                                        scaling=2.5)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_SHAPES, ids=lambda c: f"n{c[0]}-E{c[1]}")
+def test_fp8_real_shapes_gpu(case):
+    n, e, k, h, i, spec = case
+    layer = make_fp8_layer(spec, torch.bfloat16, h, i, seed=n)
+    assert fp8_blocks(layer.experts)
+    x = torch.randn(n, h, device=DEV, dtype=torch.bfloat16)
+    weights, ids = layer.method.route(layer, x)
+    ref = ReferenceMoE().apply(layer, x, weights, ids)
+    no_dequantise(layer)
+    check(layer.method.apply(layer, x, weights, ids), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [4, 64])
+def test_fp8_graph_replay_bit_identical_gpu(n):
+    layer = make_fp8_layer(RouterSpec("softmax", 128, 8), torch.bfloat16, 2048, 768, seed=7)
+    method = layer.method
+
+    def moe(x):
+        return method.apply(layer, x, *method.route(layer, x))
+
+    static_x = torch.randn(n, 2048, device=DEV, dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        moe(static_x)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        static_out = moe(static_x)
+    for seed in range(3):
+        x = torch.randn(n, 2048, device=DEV, dtype=torch.bfloat16,
+                        generator=torch.Generator(DEV).manual_seed(seed))
+        static_x.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, moe(x))
