@@ -37,8 +37,8 @@ def _kernels() -> dict:
         skinny_gemm,
     )
     slices = dict(SLICE=2560, SLICES=64, BLOCK=512)
-    moe_args = dict(in_ptr=P16, w_ptr=P16, out_ptr=P16, table_ptr=I32, wt_ptr=P32, T="i32",
-                    N_OUT="i32")
+    moe_args = dict(in_ptr=P16, w_ptr=P16, s_ptr=P32, out_ptr=P16, table_ptr=I32, wt_ptr=P32,
+                    T="i32", N_OUT="i32")
     search = dict(logits_ptr=P16, stats_ptr=P32, acc_ptr=I64, zk_ptr=I64, V="i32", nsl="i32")
     return {
         "sample_max": (sampling._max_kernel, search, slices),
@@ -91,10 +91,17 @@ def _kernels() -> dict:
                                                      T="i32"),
                       dict(E=128, E_P2=128, R=16, BLOCK=32)),
         "moe_rows": (moe._rows_kernel, moe_args,
-                     dict(K=2048, TOPK=8, GATED=True, ROWS=4, BLOCK_N=32, BLOCK_K=128, VEC=8)),
+                     dict(K=2048, TOPK=8, GATED=True, ROWS=4, BLOCK_N=32, BLOCK_K=128, VEC=8,
+                          FP8=False)),
+        "moe_rows_fp8": (moe._rows_kernel, dict(moe_args, w_ptr="*fp8e4nv"),
+                         dict(K=2048, TOPK=8, GATED=True, ROWS=4, BLOCK_N=32, BLOCK_K=128,
+                              VEC=8, FP8=True)),
         "moe_tiles": (moe._tiles_kernel, moe_args,
                       dict(K=2048, TOPK=8, GATED=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256,
-                           PRECISION="tf32")),
+                           PRECISION="tf32", FP8=False)),
+        "moe_tiles_fp8": (moe._tiles_kernel, dict(moe_args, w_ptr="*fp8e4nv"),
+                          dict(K=2048, TOPK=8, GATED=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
+                               PRECISION="tf32", FP8=True)),
         "moe_combine": (moe._combine_kernel, dict(y_ptr=P32, out_ptr=P16, H="i32"),
                         dict(TOPK=8, BLOCK=1024)),
         "gemm_reduce": (skinny_gemm._reduce_kernel, dict(part_ptr=P32, y_ptr=P16, M="i32",
@@ -104,8 +111,8 @@ def _kernels() -> dict:
 
 NAMES = ["attention_merge", "attention_split", "gemm", "gemm_reduce", "gemv", "gemv_row",
          "greedy_merge", "greedy_slice", "moe_align", "moe_combine", "moe_route", "moe_rows",
-         "moe_tiles", "qk_norm_rope", "rms_norm", "sample_max", "sample_pass",
-         "sample_pick", "sample_race", "silu_mul"]
+         "moe_rows_fp8", "moe_tiles", "moe_tiles_fp8", "qk_norm_rope", "rms_norm", "sample_max",
+         "sample_pass", "sample_pick", "sample_race", "silu_mul"]
 PDL_OFF = ["rms_norm", "gemm"]
 GEMVS = ["gemv", "gemv_row"]
 WEIGHT_FIRST = GEMVS  # load their first weight tiles before the wait
