@@ -166,6 +166,12 @@ def _bench_kernels(args: argparse.Namespace) -> int:
     return kernels.main(args, engine_kwargs(args))
 
 
+def _bench_accuracy(args: argparse.Namespace) -> int:
+    from dlrt.bench import accuracy
+
+    return accuracy.main(args, engine_kwargs(args))
+
+
 def _serve(args: argparse.Namespace) -> int:
     from dlrt.server.serve import serve
 
@@ -314,6 +320,18 @@ def build_parser() -> argparse.ArgumentParser:
     bk.add_argument("--rows", type=_positive(int), default=4, help="rows N (the block length)")
     bk.add_argument("--out", default=BENCH_OUT, help=OUT_HELP)
     bk.set_defaults(func=_bench_kernels)
+
+    ba = bench.add_parser("accuracy", help="FP8 / NVFP4 logits of one prefill forward against "
+                                           "the dequantised weights and the unquantised model")
+    add_engine_flags(ba, skip=("execution_mode", "max_model_len", "quantization"))
+    ba.add_argument("--quantization", default="fp8,nvfp4",
+                    help="comma-separated precisions: fp8, nvfp4 (default fp8,nvfp4)")
+    ba.add_argument("--num-tokens", type=_positive(int), default=64,
+                    help="prompt positions of the forward (default 64)")
+    ba.add_argument("--num-layers", type=_positive(int), default=None,
+                    help="keep only the first L layers (with --load-format dummy)")
+    ba.add_argument("--out", default=BENCH_OUT, help=OUT_HELP)
+    ba.set_defaults(func=_bench_accuracy)
     return parser
 
 
