@@ -104,7 +104,7 @@ def run(llm_kwargs: dict[str, Any], quantizations: list[str], num_tokens: int,
     load = time.perf_counter() - t0
     ids = prompt_ids(plain.engine.model_config.vocab_size, num_tokens, seed)
     base, fwd = logits(plain, ids)
-    facts = dict(dtype=str(plain.dtype).removeprefix("torch."), device=str(plain.device),
+    facts = dict(dtype=str(plain.dtype).removeprefix("torch."), torch_device=str(plain.device),
                  num_layers=plain.engine.model_config.num_layers,
                  vocab_size=plain.engine.model_config.vocab_size,
                  block=plain.engine.model_config.block_size)
@@ -154,7 +154,7 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
     shown = [{**r, **{c: f"{r[c]:.2e}" for c in COLUMNS[1:3]}} for r in rows]
     print(table(shown, COLUMNS))
     name = f"accuracy-{str(model or 'default').rstrip('/').split('/')[-1]}"
-    device = torch.device(facts["device"])
+    device = torch.device(facts["torch_device"])
     path = write_json(name, dict(model=str(model), load_format=llm_kwargs.get("load_format"),
                                  num_tokens=args.num_tokens, **facts, rows=rows),
                       device, args.out)

@@ -35,6 +35,7 @@ def test_bench_accuracy(tmp_path, capsys, source, extra):
     record = json.loads(path.read_text())
     assert FIELDS <= record.keys()
     assert record["num_tokens"] == 21 and record["dtype"] == "float32"
+    assert record["device"].startswith("cpu (") and record["torch_device"] == "cpu"
     assert record["num_layers"] == (1 if extra else 2)
     rows = {r["quantization"]: r for r in record["rows"]}
     assert list(rows) == ["none", "fp8", "nvfp4"]
