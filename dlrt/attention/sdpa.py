@@ -1,6 +1,7 @@
 """Reference attention backend: PyTorch scaled_dot_product_attention with an explicit mask.
 
-Reads the lengths on the host (`.item()`), so it serves eager execution only (CPU and GPU).
+Reads the lengths on the host (`.item()`), so it serves eager execution only (CPU and GPU). An
+FP8 cache's keys and values are dequantised into q's dtype as they are gathered.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ def chunk_mask(n: int, start: int, kv_len: int, chunk_block: int | None,
 
 
 class SDPABackend(AttentionBackend):
-    """Gathers keys 0..kv_len-1 from the cache, runs SDPA."""
+    """Gathers keys 0..kv_len-1 from the cache (dequantised when FP8), runs SDPA."""
 
     def forward(self, layer: int, q: torch.Tensor, scale: float, meta: ForwardMeta,
                 cache: PagedKVCache) -> torch.Tensor:
         start, kv_len = (int(x) for x in meta.lens.tolist())
-        keys, values = cache.read(layer, kv_len)
+        keys, values = cache.read(layer, kv_len, q.dtype)  # [kv_len, Hkv, D]
         groups = q.shape[1] // keys.shape[1]
         if groups > 1:
             keys = keys.repeat_interleave(groups, dim=1)

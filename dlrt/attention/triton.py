@@ -1,7 +1,7 @@
 """Triton attention backend: `dlrt.kernels.paged_attention` over the paged cache.
 
-Lengths are read from device memory, so the backend works inside captured CUDA graphs; on the
-CPU it runs under TRITON_INTERPRET=1 (tests).
+Lengths (and an FP8 cache's per-layer scales) are read from device memory, so the backend works
+inside captured CUDA graphs; on the CPU it runs under TRITON_INTERPRET=1 (tests).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ class TritonBackend(AttentionBackend):
                 cache: PagedKVCache) -> torch.Tensor:
         n, h_q, d = q.shape
         splits, scratch = self.plan(cache.capacity, n, h_q, cache.k.shape[-2], d, q.device)
+        k_scale, v_scale = cache.scales(layer)  # FP8: 0-d views of the device scales
         return paged_chunk_attention(
             q.contiguous(), cache.k[layer], cache.v[layer], cache.page_table, meta.lens, scale,
-            meta.chunk_block, max_kv=cache.capacity, splits=splits, scratch=scratch)
+            meta.chunk_block, max_kv=cache.capacity, splits=splits, scratch=scratch,
+            k_scale=k_scale, v_scale=v_scale)

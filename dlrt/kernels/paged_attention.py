@@ -13,6 +13,11 @@ queries still fills the GPU); each split's length follows the context read from 
 (whole tiles of BLOCK_N keys), so short and long contexts alike spread over the splits. A second
 kernel merges the splits' partial softmax states. Algorithm: FlashAttention's
 online softmax (Dao et al., 2022) with split-K merging as in Flash-Decoding (Dao et al., 2023).
+
+An FP8 cache (float8_e4m3fn, K and V stored divided by the layer's k_scale / v_scale): tiles
+are loaded in FP8 (half the bytes of BF16) and converted to q's dtype in registers (exact);
+k_scale is folded into the softmax scale and v_scale into each split's output, both read from
+device memory, so one captured graph serves any scale.
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ def _tile(q, k_ptr, v_ptr, page_table_ptr, j0, hi, start, i, row_ok, kvh, m, s_s
     page = tl.load(page_table_ptr + j // PAGE, mask=j_ok, other=0)
     slot = page.to(tl.int64) * PAGE + j % PAGE
     kv_off = (slot[:, None] * H_KV + kvh) * D + d[None, :]
-    k = tl.load(k_ptr + kv_off, mask=j_ok[:, None], other=0.0)
-    v = tl.load(v_ptr + kv_off, mask=j_ok[:, None], other=0.0)
+    # NOTE: a no-op unless the cache is FP8: e4m3 converts exactly to bf16/fp16/fp32
+    k = tl.load(k_ptr + kv_off, mask=j_ok[:, None], other=0.0).to(q.dtype)
+    v = tl.load(v_ptr + kv_off, mask=j_ok[:, None], other=0.0).to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
     visible = j_ok[None, :] & row_ok[:, None]
     if CHUNK_BLOCK > 0:
@@ -64,12 +70,12 @@ def _split_len(kv_len, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
 @triton.jit
 def _attn_split_kernel(
     q_ptr, k_ptr, v_ptr, page_table_ptr, lens_ptr,
-    part_o_ptr, part_ml_ptr,
+    part_o_ptr, part_ml_ptr, k_scale_ptr, v_scale_ptr,
     scale, N,
     H_Q: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     CHUNK_BLOCK: tl.constexpr, SPLITS: tl.constexpr, MAX_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-    DYNAMIC_TRIPS: tl.constexpr, PDL: tl.constexpr,
+    KV_SCALED: tl.constexpr, DYNAMIC_TRIPS: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl.begin(PDL)
     G: tl.constexpr = H_Q // H_KV
@@ -83,6 +89,8 @@ def _attn_split_kernel(
     hi = tl.minimum(lo + span, kv_len)
     if lo >= kv_len:  # a split past the context: the merge ignores it
         return
+    if KV_SCALED:  # scores of the stored keys: q . k_stored * (scale * k_scale)
+        scale = scale * tl.load(k_scale_ptr)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # flattened (query i, head-in-group g)
     i = rows // G
     head = kvh * G + rows % G
@@ -106,6 +114,8 @@ def _attn_split_kernel(
             m, s_sum, acc = _tile(q, k_ptr, v_ptr, page_table_ptr, lo + t * BLOCK_N, hi, start,
                                   i, row_ok, kvh, m, s_sum, acc, scale, H_KV, D, PAGE,
                                   CHUNK_BLOCK, BLOCK_N, PRECISION)
+    if KV_SCALED:  # sum_j p_j v_j = v_scale * sum_j p_j v_stored_j
+        acc = acc * tl.load(v_scale_ptr)
     out_row = (split * N * H_Q + i * H_Q + head)
     tl.store(part_o_ptr + out_row[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
     tl.store(part_ml_ptr + out_row * 2, m, mask=row_ok)
@@ -142,10 +152,14 @@ def block_keys(max_kv: int, splits: int) -> int:
 
 
 def _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, splits,
-            out, scratch):
+            out, scratch, k_scale, v_scale):
     n, h_q, d = q.shape
     _, page, h_kv, _ = k_cache.shape
     assert q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
+    scaled = k_cache.dtype == torch.float8_e4m3fn
+    assert v_cache.dtype == k_cache.dtype and (scaled or k_cache.dtype == q.dtype), \
+        (q.dtype, k_cache.dtype, v_cache.dtype)
+    assert not scaled or (k_scale is not None and v_scale is not None)
     assert h_q % h_kv == 0 and d in (16, 32, 64, 128, 256), (h_q, h_kv, d)
     g = h_q // h_kv
     block_m = _block_rows(n * g)
@@ -155,11 +169,13 @@ def _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, s
     assert part_ml.numel() >= splits * n * h_q * 2
     grid = (triton.cdiv(n * g, block_m), h_kv, splits)
     opts = pdl.launch_options(q)
-    _attn_split_kernel[grid](q, k_cache, v_cache, page_table, lens, part_o, part_ml, scale, n,
+    _attn_split_kernel[grid](q, k_cache, v_cache, page_table, lens, part_o, part_ml,
+                             k_scale if scaled else lens, v_scale if scaled else lens, scale, n,
                              H_Q=h_q, H_KV=h_kv, D=d, PAGE=page, CHUNK_BLOCK=chunk_block or 0,
                              SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n,
                              MAX_TILES=triton.cdiv(triton.cdiv(max_kv, splits), block_n),
                              PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                             KV_SCALED=scaled,
                              DYNAMIC_TRIPS=os.environ.get("TRITON_INTERPRET") != "1", **opts)
     _attn_merge_kernel[(n * h_q,)](part_o, part_ml, lens, out, n * h_q, D=d, SPLITS=splits,
                                    SPLITS_P2=triton.next_power_of_2(splits), BLOCK_N=block_n,
@@ -193,26 +209,34 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           chunk_block: int | None, max_kv: int, splits: int = 16,
                           out: torch.Tensor | None = None,
                           scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
-                          ) -> torch.Tensor:
+                          k_scale: torch.Tensor | None = None,
+                          v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of a chunk of queries over a paged KV cache (see module docstring).
 
     Args:
         q: [N, Hq, D] (bf16/fp16/fp32; fp32 products in full fp32, not TF32), RoPE applied;
             Hq a multiple of Hkv; D in 16..256.
-        k_cache, v_cache: [num_pages, page_size, Hkv, D], one layer, same dtype as q.
+        k_cache, v_cache: [num_pages, page_size, Hkv, D], one layer, q's dtype, or
+            float8_e4m3fn (an FP8 cache: keys are k_cache * k_scale, values v_cache * v_scale;
+            sm_89+ on the GPU).
         page_table: [num_pages] int32, page of each logical page index.
         lens: [2] int32 on the device: (start, kv_len) — chunk start and visible key count.
         scale: softmax scale. chunk_block: block-causal block length inside the chunk, or None.
         max_kv: upper bound of kv_len. splits: programs along the context (fixes the grid with
             max_kv); each takes ceil(kv_len / splits) keys rounded up to whole tiles.
         out: optional [N, Hq, D] output; scratch: optional `split_scratch(...)` buffers.
+        k_scale, v_scale: FP8 caches only: fp32 scalar tensors ([] or [1]) on the device.
     Returns:
         [N, Hq, D] in q.dtype. Rows of queries that see no key are undefined.
+    Raises:
+        ValueError: an FP8 cache without its scales.
     """
     n, h_q, d = q.shape
+    if k_cache.dtype == torch.float8_e4m3fn and (k_scale is None or v_scale is None):
+        raise ValueError("an FP8 KV cache is read with its k_scale and v_scale")
     if out is None:
         out = torch.empty_like(q)
     if scratch is None:
         scratch = split_scratch(n, h_q, d, splits, q.device)
     return _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, splits,
-                   out, scratch)
+                   out, scratch, k_scale, v_scale)

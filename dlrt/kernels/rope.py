@@ -11,7 +11,9 @@ Numerics follow the reference layers (`dlrt.layers.norm.RMSNorm`, `dlrt.layers.r
 norm is taken in fp32 and cast to the dtype before the weight multiply; RoPE either casts
 cos/sin to the dtype and rounds each product and the sum (transformers' Qwen3), or rotates in
 fp32 and casts once (`full_precision`, OLMo/LLaDA). Products are not contracted into FMAs, so
-the fp32 rounding matches the unfused ops.
+the fp32 rounding matches the unfused ops. An FP8 cache (float8_e4m3fn, KV_FP8) receives k and
+v rounded to the dtype, then divided by the layer's scale (read from device memory) and rounded
+to e4m3 (`dlrt.kernels.e4m3`): the bytes `dlrt.ops.reference.quantize_kv` gives.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import triton
 import triton.language as tl
 
 from dlrt.kernels import pdl
+from dlrt.kernels.e4m3 import quantize_e4m3
 
 
 @triton.jit
@@ -60,24 +63,35 @@ def _head_norm(x1, x2, xp, p_mask, w_ptr, eps, HALF: tl.constexpr, D: tl.constex
 
 
 @triton.jit
-def _store_head(out, x1, x2, xp, p_mask, c, s, HALF: tl.constexpr, D: tl.constexpr,
+def _store(ptr, x, mask, scale, FP8: tl.constexpr, dtype: tl.constexpr):
+    """Store fp32 x rounded to the dtype; into an FP8 cache (a uint8 view), the e4m3 code of
+    that value / scale."""
+    x = x.to(dtype)
+    if FP8:
+        tl.store(ptr, quantize_e4m3(x.to(tl.float32), scale), mask=mask)
+    else:
+        tl.store(ptr, x, mask=mask)
+
+
+@triton.jit
+def _store_head(out, x1, x2, xp, p_mask, c, s, scale, HALF: tl.constexpr, D: tl.constexpr,
                 ROT: tl.constexpr, PASS: tl.constexpr, FP32_ROPE: tl.constexpr,
-                dtype: tl.constexpr):
+                FP8: tl.constexpr, dtype: tl.constexpr):
     """Rotate the first ROT dims and store the head at `out`; dims ROT..D-1 as they are."""
     d = tl.arange(0, HALF)
-    tl.store(out + d, _rot_half(x1, x2, c, s, FP32_ROPE, dtype).to(dtype))
-    tl.store(out + HALF + d, _rot_half(x2, -x1, c, s, FP32_ROPE, dtype).to(dtype))
+    _store(out + d, _rot_half(x1, x2, c, s, FP32_ROPE, dtype), None, scale, FP8, dtype)
+    _store(out + HALF + d, _rot_half(x2, -x1, c, s, FP32_ROPE, dtype), None, scale, FP8, dtype)
     if ROT < D:
-        tl.store(out + ROT + tl.arange(0, PASS), xp.to(dtype), mask=p_mask)
+        _store(out + ROT + tl.arange(0, PASS), xp, p_mask, scale, FP8, dtype)
 
 
 @triton.jit
 def _qk_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, page_table_ptr,
-                         k_cache_ptr, v_cache_ptr, q_out_ptr, eps,
+                         k_cache_ptr, v_cache_ptr, q_out_ptr, k_scale_ptr, v_scale_ptr, eps,
                          H_Q: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr,
                          ROT: tl.constexpr, PASS: tl.constexpr,
                          PAGE: tl.constexpr, HAS_NORM: tl.constexpr, FP32_ROPE: tl.constexpr,
-                         PDL: tl.constexpr):
+                         KV_FP8: tl.constexpr, PDL: tl.constexpr):
     pdl.begin(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -98,8 +112,8 @@ def _qk_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, pag
     if h < H_Q:
         if HAS_NORM:
             x1, x2, xp = _head_norm(x1, x2, xp, p_mask, qw_ptr, eps, HALF, D, ROT, PASS, dtype)
-        _store_head(q_out_ptr + (t * H_Q + h) * D, x1, x2, xp, p_mask, c, s, HALF, D, ROT,
-                    PASS, FP32_ROPE, dtype)
+        _store_head(q_out_ptr + (t * H_Q + h) * D, x1, x2, xp, p_mask, c, s, 1.0, HALF, D,
+                    ROT, PASS, FP32_ROPE, False, dtype)
     else:
         kvh = h - H_Q
         if HAS_NORM:
@@ -107,18 +121,24 @@ def _qk_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, pag
         pos = tl.load(pos_ptr + t)
         page = tl.load(page_table_ptr + pos // PAGE).to(tl.int64)
         slot = ((page * PAGE + pos % PAGE) * H_KV + kvh) * D
-        _store_head(k_cache_ptr + slot, x1, x2, xp, p_mask, c, s, HALF, D, ROT, PASS,
-                    FP32_ROPE, dtype)
+        k_scale = tl.load(k_scale_ptr) if KV_FP8 else 1.0
+        _store_head(k_cache_ptr + slot, x1, x2, xp, p_mask, c, s, k_scale, HALF, D, ROT, PASS,
+                    FP32_ROPE, KV_FP8, dtype)
         v = row + (H_Q + H_KV + kvh) * D
         dd = tl.arange(0, D)
-        tl.store(v_cache_ptr + slot + dd, tl.load(v + dd))
+        if KV_FP8:
+            v_codes = quantize_e4m3(tl.load(v + dd).to(tl.float32), tl.load(v_scale_ptr))
+            tl.store(v_cache_ptr + slot + dd, v_codes)
+        else:
+            tl.store(v_cache_ptr + slot + dd, tl.load(v + dd))
 
 
 def qk_norm_rope_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
                        q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
                        cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                        k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-                       full_precision: bool) -> torch.Tensor:
+                       full_precision: bool, k_scale: torch.Tensor | None = None,
+                       v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Normalise and rotate q and k, write k and v into one layer of the paged cache.
 
     Args:
@@ -128,10 +148,15 @@ def qk_norm_rope_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, hea
             the first R dims of each head are rotated (R = D, or R < D: partial RoPE; R/2 a
             power of two, as D).
         positions: [N] int64 absolute positions (cache slots via `page_table`).
-        k_cache, v_cache: [num_pages, page_size, Hkv, D] contiguous, qkv's dtype.
+        k_cache, v_cache: [num_pages, page_size, Hkv, D] contiguous, qkv's dtype or
+            float8_e4m3fn (an FP8 cache: k / k_scale and v / v_scale are stored, clamped to
+            +-448 and rounded to nearest even, as `dlrt.ops.reference.quantize_kv`).
         full_precision: rotate in fp32 (LLaDA) instead of the dtype (Qwen3/SDAR).
+        k_scale, v_scale: FP8 caches only: fp32 scalar tensors ([] or [1]) on the device.
     Returns:
         q: [N, Hq, D] in qkv.dtype.
+    Raises:
+        ValueError: a layout other than the above; an FP8 cache without its scales.
     """
     n = qkv.shape[0]
     if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim or not qkv.is_contiguous():
@@ -145,12 +170,23 @@ def qk_norm_rope_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, hea
                          f"{head_dim} and R/2 a power of two")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("k_cache and v_cache must be contiguous")
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if fp8 != (v_cache.dtype == torch.float8_e4m3fn) or (not fp8 and k_cache.dtype != qkv.dtype):
+        raise ValueError(f"caches {k_cache.dtype}, {v_cache.dtype}: both qkv's dtype "
+                         f"({qkv.dtype}) or both float8_e4m3fn")
+    if fp8:
+        if k_scale is None or v_scale is None or k_scale.dtype != torch.float32 \
+                or v_scale.dtype != torch.float32:
+            raise ValueError("an FP8 KV cache is written with fp32 k_scale and v_scale")
+        # NOTE: the kernel stores e4m3 codes it rounds itself, through byte views.
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     q = torch.empty((n, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     has_norm = q_weight is not None
     _qk_norm_rope_kernel[(n, num_heads + num_kv_heads)](
         qkv, q_weight if has_norm else qkv, k_weight if has_norm else qkv, cos, sin, positions,
-        page_table, k_cache, v_cache, q, eps, H_Q=num_heads, H_KV=num_kv_heads, D=head_dim,
-        ROT=rot, PASS=triton.next_power_of_2(max(head_dim - rot, 1)), PAGE=k_cache.shape[1],
-        HAS_NORM=has_norm, FP32_ROPE=full_precision, num_warps=1, enable_fp_fusion=False,
-        **pdl.launch_options(qkv))
+        page_table, k_cache, v_cache, q, k_scale if fp8 else cos, v_scale if fp8 else cos, eps,
+        H_Q=num_heads, H_KV=num_kv_heads, D=head_dim, ROT=rot,
+        PASS=triton.next_power_of_2(max(head_dim - rot, 1)), PAGE=k_cache.shape[1],
+        HAS_NORM=has_norm, FP32_ROPE=full_precision, KV_FP8=fp8, num_warps=1,
+        enable_fp_fusion=False, **pdl.launch_options(qkv))
     return q

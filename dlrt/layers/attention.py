@@ -2,8 +2,8 @@
 
 Per layer: split q/k/v, per-head q/k RMSNorm (SDAR, LLaDA2), RoPE (of all dims, or of the
 first R: LLaDA2), K/V write into the paged cache (the ops table's `qk_norm_rope_write`: one
-kernel with Triton), then attention by the forward's backend. The layer holds per-layer
-constants; it names no kernel.
+kernel with Triton; an FP8 cache is written with the layer's scales), then attention by the
+forward's backend. The layer holds per-layer constants; it names no kernel.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class Attention(nn.Module):
             q_norm.weight if q_norm is not None else None,
             k_norm.weight if k_norm is not None else None,
             q_norm.eps if q_norm is not None else 0.0, cos, sin, ctx.meta.positions,
-            cache.k[layer], cache.v[layer], cache.page_table, rotary.full_precision)
+            cache.k[layer], cache.v[layer], cache.page_table, rotary.full_precision,
+            *cache.scales(layer))
         out = ctx.attend(layer, q, self.scale)  # [N, Hq, D]
         return out.reshape(out.shape[0], -1)

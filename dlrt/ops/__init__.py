@@ -26,8 +26,10 @@ class Ops:
         (the Triton kernel writes the sum into `residual` and returns it)
     silu_and_mul(gate_up [N, 2I]) -> [N, I]
     qk_norm_rope_write(qkv, Hq, Hkv, D, q_weight, k_weight, eps, cos, sin, positions,
-        k_cache, v_cache, page_table, full_precision) -> q [N, Hq, D] (k, v written); cos,
-        sin [N, R/2]: the first R dims of each head are rotated (R < D: partial RoPE)
+        k_cache, v_cache, page_table, full_precision, k_scale=None, v_scale=None)
+        -> q [N, Hq, D] (k, v written); cos, sin [N, R/2]: the first R dims of each head are
+        rotated (R < D: partial RoPE); a float8_e4m3fn cache stores k / k_scale and
+        v / v_scale (fp32 scalar tensors on the device; `reference.quantize_kv`)
     candidates(logits [n, V], sampling, mode, round_idx, positions) -> (ids, confidences)
     """
 

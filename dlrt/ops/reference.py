@@ -6,6 +6,10 @@ neox layout (rotate the two halves of each head's rotated dims: all, or the firs
 partial RoPE); `full_precision` rotates in fp32 and casts back (OLMo/LLaDA
 `rope_full_precision`), otherwise cos/sin are cast to the input dtype first (transformers'
 Qwen3, LLaDA2).
+
+An FP8 KV cache (float8_e4m3fn) holds K and V divided by a per-layer fp32 scale: stored =
+clamp(x / scale, -448, 448) rounded to nearest even (`quantize_kv`), read back as
+stored * scale (`dequantize_kv`); every write of the cache goes through `paged_write`.
 """
 
 from __future__ import annotations
@@ -67,29 +71,62 @@ def paged_slots(page_table: torch.Tensor, page_size: int,
     return page_table[positions // page_size].long() * page_size + positions % page_size
 
 
+KV_FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn
+
+
+def quantize_kv(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """K or V for an FP8 cache: clamp(x / scale, -448, 448) cast to float8_e4m3fn (round to
+    nearest even); the division in fp32. x: any shape and float dtype; scale: fp32 scalar
+    tensor (shape [] or [1]) on x's device. Returns float8_e4m3fn of x's shape."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(KV_FP8)
+
+
+def dequantize_kv(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Values of an FP8 cache: x.float() * scale (fp32) cast to `dtype`."""
+    return (x.float() * scale).to(dtype)
+
+
 def paged_write(k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-                positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Write k, v [n, Hkv, D] at `positions` into one layer's cache [pages, page, Hkv, D]."""
+                positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None
+                ) -> None:
+    """Write k, v [n, Hkv, D] at `positions` into one layer's cache [pages, page, Hkv, D].
+
+    An FP8 cache (float8_e4m3fn) stores `quantize_kv(k, k_scale)` and `quantize_kv(v,
+    v_scale)` (scales: fp32 scalar tensors); other caches store k and v as they are.
+
+    Raises:
+        ValueError: an FP8 cache without its scales.
+    """
     slots = paged_slots(page_table, k_cache.shape[1], positions)
-    k_cache.view(-1, *k.shape[1:]).index_copy_(0, slots, k)
-    v_cache.view(-1, *v.shape[1:]).index_copy_(0, slots, v)
+    for cache, x, scale in ((k_cache, k, k_scale), (v_cache, v, v_scale)):
+        if cache.dtype == KV_FP8:
+            if scale is None:
+                raise ValueError("an FP8 KV cache is written with its k_scale and v_scale")
+            # NOTE: index_copy_ has no float8 kernels; the bytes are copied.
+            cache, x = cache.view(torch.uint8), quantize_kv(x, scale).view(torch.uint8)
+        cache.view(-1, *x.shape[1:]).index_copy_(0, slots, x)
 
 
 def qk_norm_rope_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
                        q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
                        cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                        k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-                       full_precision: bool) -> torch.Tensor:
+                       full_precision: bool, k_scale: torch.Tensor | None = None,
+                       v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Split the fused QKV [N, (Hq + 2 Hkv) D]; per-head RMSNorm of q and k over all D dims
     (when the weights are given), RoPE of the first R = 2 * cos.shape[-1] dims (cos, sin
-    [N, R/2] fp32), k and v written into the cache at `positions`; returns q [N, Hq, D]."""
+    [N, R/2] fp32), k and v written into the cache at `positions` (`paged_write`: an FP8
+    cache stores them divided by k_scale / v_scale); returns q [N, Hq, D]."""
     n, d = qkv.shape[0], head_dim
     q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
     q, k = q.reshape(n, -1, d), k.reshape(n, -1, d)
     if q_weight is not None:
         q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
     q, k = rope_rotate(q, cos, sin, full_precision), rope_rotate(k, cos, sin, full_precision)
-    paged_write(k_cache, v_cache, page_table, positions, k, v.reshape(n, -1, d))
+    paged_write(k_cache, v_cache, page_table, positions, k, v.reshape(n, -1, d), k_scale,
+                v_scale)
     return q
 
 
