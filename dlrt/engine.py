@@ -2,9 +2,9 @@
 
 `Engine.create` opens the checkpoint, resolves the config (`EngineConfig.resolve`) and builds, in
 order: the tokenizer, the ops table, the model (meta device, then weights), the linear layers'
-methods (`dlrt.tuning.linear`, `dlrt.tuning.quant`), the paged KV cache, the attention backend,
-the runner, the executor and the decoder. Nothing here is global: two engines in one process
-are independent.
+methods (`dlrt.tuning.linear`, `dlrt.tuning.quant`), the paged KV cache (the model dtype, or FP8
+with the checkpoint's per-layer scales), the attention backend, the runner, the executor and
+the decoder. Nothing here is global: two engines in one process are independent.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from dlrt.attention.kv_cache import PagedKVCache
+from dlrt.attention.kv_cache import KV_FP8, PagedKVCache
 from dlrt.attention.registry import get_backend
 from dlrt.checkpoint.folder import CheckpointFolder
+from dlrt.checkpoint.kv_scales import read_kv_scales
 from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize
 from dlrt.checkpoint.quant import QuantScheme, quantize_model, resolve_scheme
 from dlrt.config.engine import EngineConfig
@@ -77,7 +78,7 @@ class Engine:
                 folder.path)
         except ConfigError as e:
             raise ConfigError(f"{folder.path}: {e}") from e
-        device, dtype = config.torch_device, config.torch_dtype
+        device = config.torch_device
         scheme = resolve_scheme(config.quantization, folder.hf_config, folder.path)
         config = dataclasses.replace(config, quantization=scheme.name if scheme else "none")
         _report_quantization(scheme, device)
@@ -85,8 +86,7 @@ class Engine:
         model = _load(mconfig, ops, folder, config, scheme)
         plan = _plan_linears(model, config, defaults)
         plan.apply(model)
-        cache = PagedKVCache(mconfig.num_layers, mconfig.num_kv_heads, mconfig.head_dim,
-                             config.max_model_len, dtype, device)
+        cache = _kv_cache(mconfig, config, model, folder)
         backend = get_backend(config.attention_backend, cache, mconfig.num_heads)
         runner = ModelRunner(model, ops, backend, cache, device)
         executor = Executor(config.execution_mode, device, backend)
@@ -112,6 +112,22 @@ def _load(config: ModelConfig, ops: Ops, folder: CheckpointFolder, engine: Engin
     else:
         load_safetensors(model, folder, online=scheme is not None and scheme.online)
     return model.eval()
+
+
+def _kv_cache(config: ModelConfig, engine: EngineConfig, model: nn.Module,
+              folder: CheckpointFolder) -> PagedKVCache:
+    """The paged KV cache in the model dtype, or in FP8 with the checkpoint's per-layer
+    k_scale / v_scale (`dlrt.checkpoint.kv_scales`; 1.0 when it holds none)."""
+    kv_dtype = engine.torch_kv_cache_dtype
+    scales = None
+    if kv_dtype == KV_FP8:
+        scales = read_kv_scales(model, folder) if engine.load_format != "dummy" else None
+        log.info("FP8 KV cache (e4m3), %s", "the checkpoint's per-layer k/v scales"
+                 if scales else "scales 1.0 (the checkpoint holds no k_scale / v_scale)")
+    k_scale, v_scale = scales or (None, None)
+    return PagedKVCache(config.num_layers, config.num_kv_heads, config.head_dim,
+                        engine.max_model_len, kv_dtype, engine.torch_device,
+                        k_scale=k_scale, v_scale=v_scale)
 
 
 def _report_quantization(scheme: QuantScheme | None, device: torch.device) -> None:

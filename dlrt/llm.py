@@ -42,7 +42,8 @@ class LLM:
         **options: engine options, the fields of `dlrt.config.engine.EngineConfig` (each
             documented there, as the CLI's engine flags are): dtype, device, load_format,
             seed (of dummy weights), max_model_len, decoder, mask_token_id, execution_mode,
-            attention_backend, quantization, kernels, linear_kernels. None = the default.
+            attention_backend, quantization, kv_cache_dtype, kernels, linear_kernels. None =
+            the default.
     Raises:
         CheckpointError, ConfigError, OptionError: the message names the problem; a bad
             option fails before the checkpoint is read.
@@ -59,6 +60,7 @@ class LLM:
     folder = _engine("folder", "the checkpoint folder")
     model = _engine("model", "the model (plain PyTorch modules)")
     runner = _engine("runner", "one forward against the KV cache")
+    kv_cache = _engine("runner.cache", "the paged KV cache (its dtype; FP8: per-layer scales)")
     executor = _engine("executor", "runs block programs in the execution mode")
     decoder = _engine("decoder", "the block loop")
     decoder_defaults = _engine("decoder_defaults", "the decoder's default options")

@@ -16,6 +16,7 @@ import torch
 from dlrt.attention.base import AttentionBackend
 from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.errors import OptionError
+from dlrt.ops.reference import KV_FP8
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +44,18 @@ def capturable(name: str) -> bool:
 
 
 def check_backend(name: str, device: torch.device, dtype: torch.dtype, execution_mode: str,
-                  head_dim: int | None = None) -> None:
+                  head_dim: int | None = None, kv_cache_dtype: torch.dtype | None = None
+                  ) -> None:
     """Whether backend `name` can serve this device, dtype, execution mode and (when given)
-    the model's head size.
+    the model's head size and the KV cache's dtype (None: the model dtype).
 
     Raises:
-        OptionError: unknown name, or what the backend needs is missing (says what to use).
+        OptionError: unknown name, or what the backend needs is missing (says what to use);
+            an FP8 cache (float8_e4m3fn) on FlashInfer, or on 'triton' before sm_89.
     """
     _known(name)
+    if kv_cache_dtype == KV_FP8:
+        _check_fp8_cache(name, device)
     if name.startswith("flashinfer"):
         from dlrt.attention.flashinfer import check_flashinfer
 
@@ -63,15 +68,29 @@ def check_backend(name: str, device: torch.device, dtype: torch.dtype, execution
                           f"attention backend (triton, flashinfer), not {name!r}")
 
 
+def _check_fp8_cache(name: str, device: torch.device) -> None:
+    if name.startswith("flashinfer"):
+        raise OptionError(f"attention backend {name!r} does not read an FP8 KV cache "
+                          "(kv_cache_dtype='fp8': per-layer scales read from device memory); "
+                          "use attention_backend='triton'")
+    if name == "triton" and device.type == "cuda" \
+            and torch.cuda.get_device_capability(device) < (8, 9):
+        raise OptionError("kv_cache_dtype='fp8' with attention backend 'triton' needs a GPU of "
+                          "compute capability 8.9+ (FP8 loads); use kv_cache_dtype='auto'")
+
+
 def default_backend(device: torch.device, dtype: torch.dtype, decoder: str,
-                    head_dim: int) -> str:
+                    head_dim: int, kv_cache_dtype: torch.dtype | None = None) -> str:
     """The backend used when none is asked for: 'sdpa' on the CPU; on Hopper (sm_90) with
     FlashInfer installed, 'flashinfer' for the canvas decoder (a LLaDA canvas fills FA3's
     query tiles: its attention took 249 us per round instead of 1085 us with 'triton' at a
-    256-token canvas of LLaDA-8B on the H200); 'triton' otherwise (a block of a few queries:
-    the Triton kernel took half FlashInfer's time on SDAR-1.7B and SDAR-8B)."""
+    256-token canvas of LLaDA-8B on the H200) unless the KV cache is FP8 (FlashInfer does not
+    read it); 'triton' otherwise (a block of a few queries: the Triton kernel took half
+    FlashInfer's time on SDAR-1.7B and SDAR-8B)."""
     if device.type != "cuda":
         return "sdpa"
+    if kv_cache_dtype == KV_FP8:
+        return "triton"
     if decoder == "canvas" and torch.cuda.get_device_capability(device)[0] == 9 \
             and importlib.util.find_spec("flashinfer") is not None:
         from dlrt.attention.flashinfer import DTYPES, HEAD_DIMS, check_flashinfer

@@ -11,6 +11,8 @@ Quantised modules (`dlrt.layers.quant.convert`) read each part's format tensors 
 (`QuantFormat.expand`). With online quantisation the checkpoint holds the unquantised
 `<part>.weight` and every format tensor is made from it by `QuantFormat.quantize`: the same
 function `make_checkpoint` writes quantised checkpoints with, so both load the same bits.
+KV-cache scales (`...self_attn.k_scale` / `v_scale`) are not weights: `checkpoint.kv_scales`
+reads them for an FP8 KV cache.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from torch import nn
 
 from dlrt.checkpoint.folder import CheckpointFolder
+from dlrt.checkpoint.kv_scales import is_kv_scale
 from dlrt.errors import CheckpointError
 from dlrt.layers.linear import MergedLinear
 from dlrt.layers.moe import StackedExperts
@@ -186,9 +189,10 @@ def load_safetensors(model: nn.Module, folder: CheckpointFolder, online: bool = 
     if activation:
         log.info("ignored %d activation scale(s) (input_scale): weight-only quantised path",
                  len(activation))
-    if unused - activation:
+    kv = {k for k in unused if is_kv_scale(k)}  # the KV cache's (`checkpoint.kv_scales`)
+    if unused - activation - kv:
         log.warning("ignored %d checkpoint tensor(s) the model does not use, e.g. %s",
-                    len(unused - activation), sorted(unused - activation)[:3])
+                    len(unused - activation - kv), sorted(unused - activation - kv)[:3])
 
 
 def _shape_ok(spec: WeightSpec, shape: tuple[int, ...]) -> bool:

@@ -5,8 +5,9 @@ generates its flags from them (`dlrt.entrypoints.cli`).
 Two steps, both here: `EngineConfig.from_kwargs` checks names, types and choices before
 anything is read (a bad value never waits for a checkpoint to load); `resolve` replaces every
 "auto" by a concrete value for one checkpoint and device and checks what depends on them (the
-decoder fits the family, the attention backend serves the device, dtype and head size, the
-context fits the model). The resolved config is frozen too; nothing changes it afterwards.
+decoder fits the family, the attention backend serves the device, dtype, head size and KV
+cache dtype, the context fits the model). The resolved config is frozen too; nothing changes
+it afterwards.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from dlrt import env
+from dlrt.attention.kv_cache import KV_FP8
 from dlrt.attention.registry import backend_names, check_backend, default_backend
 from dlrt.checkpoint.quant import QUANTIZATIONS
 from dlrt.config.model import ModelConfig
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
           "float64": torch.float64}
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 def _option(default: Any, help: str, choices: tuple | None = None, flag: str | None = None):
@@ -80,6 +83,11 @@ class EngineConfig:
         "ModelOpt nvfp4; else unquantised), none (an unquantised checkpoint), fp8 / nvfp4 (a "
         "checkpoint in that format, or an unquantised one quantised while loading; fp8: "
         "128x128 blocks)", QUANTIZATIONS)
+    kv_cache_dtype: str = _option(
+        "auto", "the KV cache: auto (the model dtype), fp8 (float8_e4m3fn: half the bytes of "
+        "bfloat16; K and V divided by per-layer fp32 scales, the checkpoint's "
+        "self_attn.k_scale / v_scale, else 1.0; attention backends triton (sm_89+) and sdpa)",
+        KV_CACHE_DTYPES)
     kernels: str = _option(
         "auto", "the small ops of a forward and a round: auto (triton on CUDA, reference on the "
         "CPU), triton (Triton kernels; on the CPU only under TRITON_INTERPRET=1), reference "
@@ -116,13 +124,19 @@ class EngineConfig:
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
+    @property
+    def torch_kv_cache_dtype(self) -> torch.dtype:
+        """What the KV cache stores (after `resolve_device`): the model dtype or FP8."""
+        return KV_FP8 if self.kv_cache_dtype == "fp8" else DTYPES[self.kv_cache_dtype]
+
     def resolve_device(self) -> EngineConfig:
-        """Device, dtype, execution mode, kernels and (when asked for) the attention backend:
-        what needs no checkpoint, checked before one is opened.
+        """Device, dtype, execution mode, kernels, KV cache dtype and (when asked for) the
+        attention backend: what needs no checkpoint, checked before one is opened.
 
         Raises:
             OptionError: a device that does not exist here, a mode or backend it cannot run,
-                Triton kernels without Triton.
+                Triton kernels without Triton, an attention backend that does not read the
+                KV cache's dtype (FlashInfer and an FP8 cache).
         """
         device = _device(self.device)
         dtype = self.dtype if self.dtype != "auto" else (
@@ -136,17 +150,20 @@ class EngineConfig:
                 and os.environ.get("TRITON_INTERPRET") != "1":
             raise OptionError("kernels 'triton' need a CUDA device (on the CPU they run only in "
                               "Triton's interpreter, TRITON_INTERPRET=1); use 'reference'")
+        kv = self.kv_cache_dtype if self.kv_cache_dtype != "auto" else dtype
+        kv_torch = KV_FP8 if kv == "fp8" else None
         attention = self.attention_backend
         if attention == "auto" and env.attention_backend():
             attention = env.attention_backend()
             try:
-                check_backend(attention, device, DTYPES[dtype], mode)
+                check_backend(attention, device, DTYPES[dtype], mode, kv_cache_dtype=kv_torch)
             except OptionError as e:
                 raise OptionError(f"{e} (DLRT_ATTENTION_BACKEND={attention})") from e
         elif attention != "auto":
-            check_backend(attention, device, DTYPES[dtype], mode)
+            check_backend(attention, device, DTYPES[dtype], mode, kv_cache_dtype=kv_torch)
         return dataclasses.replace(self, device=str(device), dtype=dtype, execution_mode=mode,
-                                   kernels=kernels, attention_backend=attention)
+                                   kernels=kernels, attention_backend=attention,
+                                   kv_cache_dtype=kv)
 
     def resolve(self, config: ModelConfig, tokenizer_mask_id: int | None = None,
                 path: str | Path | None = None
@@ -164,10 +181,11 @@ class EngineConfig:
         decoder, defaults = decoder_for(family(config.family),
                                         None if out.decoder == "auto" else out.decoder,
                                         config.block_size)
+        kv = out.torch_kv_cache_dtype
         attention = out.attention_backend
         if attention == "auto":
-            attention = default_backend(device, dtype, decoder, config.head_dim)
-        check_backend(attention, device, dtype, out.execution_mode, config.head_dim)
+            attention = default_backend(device, dtype, decoder, config.head_dim, kv)
+        check_backend(attention, device, dtype, out.execution_mode, config.head_dim, kv)
         max_len = _context(config, out.max_model_len)
         mask = _mask_token(config, out.mask_token_id, tokenizer_mask_id)
         load = "safetensors" if out.load_format == "auto" else out.load_format
