@@ -24,8 +24,10 @@ from dlrt.tuning.timing import graph_us
 COLUMNS = ["op", "shape", "impl", "us", "vs_reference", "GBps"]
 
 
-def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], Any]]]:
-    """op name -> {impl: closure} over fresh random inputs at the model's shapes."""
+def small_ops(config, n: int, dtype, dev, kv_dtype=None
+              ) -> dict[str, dict[str, Callable[[], Any]]]:
+    """op name -> {impl: closure} over fresh random inputs at the model's shapes; the K/V
+    write into a cache of `kv_dtype` (default: `dtype`; FP8: "qk_norm_rope_write+fp8")."""
     from dlrt.attention.kv_cache import PagedKVCache
     from dlrt.decoding.sampling import SamplingMode, SamplingSpec, candidates, probabilities
     from dlrt.layers.rotary import RotaryEmbedding
@@ -46,13 +48,14 @@ def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], An
         return reference.silu_and_mul(gu)
 
     qkv = torch.randn(n, (hq + 2 * hkv) * d, dtype=dtype, device=dev)
-    cache = PagedKVCache(1, hkv, d, 4096, dtype, dev)
+    cache = PagedKVCache(1, hkv, d, 4096, kv_dtype or dtype, dev)
     pos = torch.arange(1000, 1000 + n, device=dev)
     rotary = RotaryEmbedding(d, c.rope_theta).to(dev)
     cos, sin = rotary.cos_sin(pos)
     qn = kn = torch.ones(d, dtype=dtype, device=dev)
     rope_args = (hq, hkv, d, qn, kn, c.rms_norm_eps)
-    rope_cache = (cache.k[0], cache.v[0], cache.page_table, False)
+    rope_cache = (cache.k[0], cache.v[0], cache.page_table, False, *cache.scales(0))
+    rope_name = "qk_norm_rope_write" + ("+fp8" if cache.quantized else "")
 
     def rope_ref(qkv, cos, sin):
         return reference.qk_norm_rope_write(qkv, *rope_args, cos, sin, pos, *rope_cache)
@@ -86,7 +89,7 @@ def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], An
         f"silu_mul [{n},{2 * c.intermediate_size}]": dict(
             triton=lambda: triton.OPS.silu_and_mul(gu), reference=lambda: silu_ref(gu),
             compiled=lambda: compiled[silu_ref](gu)),
-        f"qk_norm_rope_write [{n},{hq}+{hkv}x{d}]": dict(
+        f"{rope_name} [{n},{hq}+{hkv}x{d}]": dict(
             triton=lambda: triton.qk_norm_rope_write(qkv, *rope_args, cos, sin, pos,
                                                      *rope_cache),
             reference=lambda: rope_ref(qkv, cos, sin),
@@ -96,7 +99,8 @@ def small_ops(config, n: int, dtype, dev) -> dict[str, dict[str, Callable[[], An
 
 def run(llm, n: int) -> list[dict[str, Any]]:
     rows = []
-    for op, impls in small_ops(llm.config, n, llm.dtype, llm.device).items():
+    for op, impls in small_ops(llm.config, n, llm.dtype, llm.device,
+                               llm.kv_cache.dtype).items():
         ref = graph_us(impls["reference"])
         for impl, fn in impls.items():
             try:

@@ -16,9 +16,10 @@ kernels, combine) run twice, the extra time being their cost; the dense projecti
 one that leaves the output uninitialised), the time saved being their cost (repeating them would
 read weights that fit in the 50 MB L2 from there). `other_us` is what remains (norms, RoPE +
 cache write, activations, embedding, state updates). The HBM floor is the bytes one round must
-read (weights it touches, the KV cache of the context) over the device-to-device copy bandwidth
-measured in the same run; a MoE layer counts the most experts the block's rows can touch,
-min(E, k * B), each read once.
+read (weights it touches, the KV cache of the context at the cache's element size: 1 byte with
+`--kv-cache-dtype fp8`) over the device-to-device copy bandwidth measured in the same run; a MoE
+layer counts the most experts the block's rows can touch, min(E, k * B), each read once. The
+summary and the JSON record name the KV cache dtype.
 """
 
 from __future__ import annotations
@@ -119,12 +120,13 @@ def round_bytes(llm, context: int, b: int) -> dict[str, int]:
     and the LM head; B rows of the embedding table), `lm_head`, `experts` (per MoE layer the
     most experts b rows can touch, min(E, k * b), each read once), `kv` (the K/V of `context`
     cached tokens plus the block) and their `total`; `experts_touched` is that count per MoE
-    layer and `experts_expected` the mean distinct count under uniform routing."""
+    layer and `experts_expected` the mean distinct count under uniform routing. KV bytes are
+    counted at the cache's element size (its dtype: the model's, or 1 byte for FP8)."""
     from dlrt.layers.moe import StackedExperts
     from dlrt.models.registry import family
 
     c = llm.config
-    item = torch.empty((), dtype=llm.dtype).element_size()
+    kv_item = llm.kv_cache.k.element_size()
     embedding = family(c.family).embedding
     experts = {id(p) for m in llm.model.modules() if isinstance(m, StackedExperts)
                for p in m.parameters()}
@@ -142,7 +144,7 @@ def round_bytes(llm, context: int, b: int) -> dict[str, int]:
         elif id(p) in head:
             part = "lm_head"
         parts[part] += n
-    parts["kv"] = 2 * c.num_layers * (context + b) * c.num_kv_heads * c.head_dim * item
+    parts["kv"] = 2 * c.num_layers * (context + b) * c.num_kv_heads * c.head_dim * kv_item
     parts["total"] = sum(parts.values())
     parts["experts_touched"] = touched
     parts["experts_expected"] = round(e * (1 - (1 - k / e) ** b), 1) if e else 0
@@ -269,7 +271,8 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
     torch.cuda.current_stream().wait_stream(stream)
     return rows, dict(**api, copy_bandwidth_TBps=bw / 1e12, capture_s=capture_s, rounds=rounds,
                       block_length=program.b, body_nodes=_body_nodes(wg),
-                      kernels=llm.engine_config.kernels)
+                      kernels=llm.engine_config.kernels,
+                      kv_cache_dtype=llm.engine_config.kv_cache_dtype)
 
 
 def _launch_api_us(wg, g_round, reps: int = 20) -> dict[str, float]:
@@ -360,6 +363,7 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     name = f"step-{str(model).rstrip('/').split('/')[-1]}"
     path = write_json(name, dict(model=str(model), decoder=llm.decoder_name,
                                  dtype=str(llm.dtype), attention=llm.attention_backend,
+                                 kv_cache_dtype=llm.engine_config.kv_cache_dtype,
                                  options=options, rows=rows,
                                  summary=summary, projections=llm.linear_plan.records),
                       llm.device, args.out)

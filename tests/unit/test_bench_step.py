@@ -39,3 +39,12 @@ def test_skip_linear_replays_the_first_output_without_computing():
     assert again is first and len(calls) == 1  # no compute: the recorded output
     skip.apply(layer, torch.zeros(2, 8))  # another shape records again
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("kv_cache_dtype,item", [("auto", 2), ("fp8", 1)])
+def test_round_bytes_count_the_kv_cache_dtype(tiny_sdar, kv_cache_dtype, item):
+    llm = LLM(tiny_sdar, dtype="bfloat16", kv_cache_dtype=kv_cache_dtype, max_model_len=64)
+    c = llm.config
+    parts = round_bytes(llm, context=32, b=4)
+    assert parts["kv"] == 2 * c.num_layers * (32 + 4) * c.num_kv_heads * c.head_dim * item
+    assert llm.kv_cache.k.element_size() == item
