@@ -27,6 +27,9 @@ from dlrt.ops import reference  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 FP8 = torch.float8_e4m3fn
 DTYPES = [torch.float32] + ([torch.bfloat16] if DEV == "cuda" else [])
+needs_fp8_loads = pytest.mark.skipif(
+    DEV == "cuda" and torch.cuda.get_device_capability() < (8, 9),
+    reason="the attention kernel's FP8 loads need sm_89+")
 
 
 def e4m3_edges() -> torch.Tensor:
@@ -120,6 +123,7 @@ READ_CASES = [  # n, hq, hkv, d, page, start, chunk_block, valid, k_scale, v_sca
 ]
 
 
+@needs_fp8_loads
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", READ_CASES, ids=[str(c) for c in READ_CASES])
 def test_attention_kernel_reads_fp8_as_sdpa(case, dtype):
