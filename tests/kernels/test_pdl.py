@@ -40,6 +40,16 @@ def _kernels() -> dict:
     moe_args = dict(in_ptr=P16, w_ptr=P16, s_ptr=P32, out_ptr=P16, table_ptr=I32, wt_ptr=P32,
                     T="i32", N_OUT="i32")
     search = dict(logits_ptr=P16, stats_ptr=P32, acc_ptr=I64, zk_ptr=I64, V="i32", nsl="i32")
+    rope_args = dict(qkv_ptr=P16, qw_ptr=P16, kw_ptr=P16, cos_ptr=P32, sin_ptr=P32,
+                     pos_ptr=I64, page_table_ptr=I32, k_cache_ptr=P16, v_cache_ptr=P16,
+                     q_out_ptr=P16, k_scale_ptr=P32, v_scale_ptr=P32, eps="fp32")
+    rope_consts = dict(H_Q=32, H_KV=8, D=128, ROT=128, PASS=1, PAGE=64, HAS_NORM=True,
+                       FP32_ROPE=False)
+    split_args = dict(q_ptr=P16, k_ptr=P16, v_ptr=P16, page_table_ptr=I32, lens_ptr=I32,
+                      part_o_ptr=P32, part_ml_ptr=P32, k_scale_ptr=P32, v_scale_ptr=P32,
+                      scale="fp32", N="i32")
+    split_consts = dict(H_Q=32, H_KV=8, D=128, PAGE=64, CHUNK_BLOCK=4, SPLITS=64, MAX_TILES=8,
+                        BLOCK_M=16, BLOCK_N=64, PRECISION="tf32", DYNAMIC_TRIPS=True)
     return {
         "sample_max": (sampling._max_kernel, search, slices),
         "sample_pass": (sampling._pass_kernel,
@@ -56,18 +66,16 @@ def _kernels() -> dict:
                      dict(HAS_RES=True, BLOCK=4096)),
         "silu_mul": (activation._silu_mul_kernel, dict(gu_ptr=P16, out_ptr=P16, inter="i32"),
                      dict(BLOCK=1024)),
-        "qk_norm_rope": (rope._qk_norm_rope_kernel,
-                         dict(qkv_ptr=P16, qw_ptr=P16, kw_ptr=P16, cos_ptr=P32, sin_ptr=P32,
-                              pos_ptr=I64, page_table_ptr=I32, k_cache_ptr=P16, v_cache_ptr=P16,
-                              q_out_ptr=P16, eps="fp32"),
-                         dict(H_Q=32, H_KV=8, D=128, ROT=128, PASS=1, PAGE=64, HAS_NORM=True,
-                              FP32_ROPE=False)),
-        "attention_split": (paged_attention._attn_split_kernel,
-                            dict(q_ptr=P16, k_ptr=P16, v_ptr=P16, page_table_ptr=I32, lens_ptr=I32,
-                                 part_o_ptr=P32, part_ml_ptr=P32, scale="fp32", N="i32"),
-                            dict(H_Q=32, H_KV=8, D=128, PAGE=64, CHUNK_BLOCK=4, SPLITS=64,
-                                 MAX_TILES=8, BLOCK_M=16, BLOCK_N=64, PRECISION="tf32",
-                                 DYNAMIC_TRIPS=True)),
+        "qk_norm_rope": (rope._qk_norm_rope_kernel, rope_args,
+                         dict(rope_consts, KV_FP8=False)),
+        "qk_norm_rope_fp8": (rope._qk_norm_rope_kernel,  # the cache as bytes
+                             dict(rope_args, k_cache_ptr="*u8", v_cache_ptr="*u8"),
+                             dict(rope_consts, KV_FP8=True)),
+        "attention_split": (paged_attention._attn_split_kernel, split_args,
+                            dict(split_consts, KV_SCALED=False)),
+        "attention_split_fp8": (paged_attention._attn_split_kernel,
+                                dict(split_args, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
+                                dict(split_consts, KV_SCALED=True)),
         "attention_merge": (paged_attention._attn_merge_kernel,
                             dict(part_o_ptr=P32, part_ml_ptr=P32, lens_ptr=I32, out_ptr=P16,
                                  NH="i32"),
@@ -109,10 +117,11 @@ def _kernels() -> dict:
                         dict(SPLIT_K=4, BLOCK_M=16, BLOCK=1024)),
     }
 
-NAMES = ["attention_merge", "attention_split", "gemm", "gemm_reduce", "gemv", "gemv_row",
-         "greedy_merge", "greedy_slice", "moe_align", "moe_combine", "moe_route", "moe_rows",
-         "moe_rows_fp8", "moe_tiles", "moe_tiles_fp8", "qk_norm_rope", "rms_norm", "sample_max",
-         "sample_pass", "sample_pick", "sample_race", "silu_mul"]
+NAMES = ["attention_merge", "attention_split", "attention_split_fp8", "gemm", "gemm_reduce",
+         "gemv", "gemv_row", "greedy_merge", "greedy_slice", "moe_align", "moe_combine",
+         "moe_route", "moe_rows", "moe_rows_fp8", "moe_tiles", "moe_tiles_fp8", "qk_norm_rope",
+         "qk_norm_rope_fp8", "rms_norm", "sample_max", "sample_pass", "sample_pick",
+         "sample_race", "silu_mul"]
 PDL_OFF = ["rms_norm", "gemm"]
 GEMVS = ["gemv", "gemv_row"]
 WEIGHT_FIRST = GEMVS  # load their first weight tiles before the wait
