@@ -53,10 +53,13 @@ def e2m1_codes(v: torch.Tensor) -> torch.Tensor:
 
 
 def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
-    """e2m1 codes (any int dtype) -> fp32 values."""
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
-    table = torch.cat([table, -table])
-    return table[codes.long()]
+    """e2m1 codes (any int dtype) -> fp32 values. Computed from the code's bits (magnitude
+    index m = 2e + b: 0.5 b when e = 0, else 2^(e-1) (1 + b/2)), so no host table is copied
+    to the device (the path runs inside captured graphs)."""
+    c = codes.long()
+    e, b = ((c >> 1) & 3).float(), (c & 1).float()
+    mag = torch.where(e == 0, 0.5 * b, torch.exp2(e - 1) * (1 + 0.5 * b))
+    return torch.where((c & 8) != 0, -mag, mag)
 
 
 def pack(codes: torch.Tensor) -> torch.Tensor:
