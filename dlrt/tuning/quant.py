@@ -4,7 +4,7 @@ chosen at load.
 For every layer whose method is an `Fp8Linear` holding block-layout scales (`FP8_FORMAT`) or
 an `Nvfp4Linear`, each distinct (format, N, K) is planned at M = block rows: first every
 candidate kernel (FP8: the weight-only "dot" configs, the "fma" GEMV configs at rows <= 4 and
-the W8A8 configs of `dlrt.kernels.fp8_gemm.fp8_candidates`; NVFP4: `nvfp4_candidates`) is
+the W8A8 configs (above `W8A8_FROM_ROWS` rows) of `dlrt.kernels.fp8_gemm.fp8_candidates`; NVFP4: `nvfp4_candidates`) is
 checked against the reference path on a random input: the relative error
 ||y - y_ref|| / ||y_ref|| must be within `TOLERANCE` (2e-2 weight-only; 8e-2 for W8A8, which
 also quantises the activations). A candidate that raises or fails the check is skipped with a
@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 
 TOLERANCE = {"fp8": 2e-2, "fp8-w8a8": 8e-2, "nvfp4": 2e-2}  # relative error bound, by kind
 REFERENCE = "reference"
+# W8A8 is timed only above this many rows: at 1-4 rows on an H200 it ran at 0.20-0.24 of the
+# copy bandwidth against 0.43-0.67 for weight-only (SDAR-8B shapes, `bench.quant_kernels`),
+# its per-tile activation quantisation costing more than the halved x bytes save
+W8A8_FROM_ROWS = 16
 
 # time(kernel or None for the reference, rows) -> us; check(kernel, rows) -> relative error
 TimeFn = Callable[[Callable | None], float]
@@ -86,8 +90,9 @@ def candidates(fmt: str, n: int, k: int, rows: int,
     if fmt == "fp8":
         from dlrt.kernels.fp8_gemm import fp8_candidates
 
-        cfgs = fp8_candidates(n, k, device=device, rows=rows) \
-            + fp8_candidates(n, k, w8a8=True, device=device, rows=rows)
+        cfgs = fp8_candidates(n, k, device=device, rows=rows)
+        if rows > W8A8_FROM_ROWS:
+            cfgs += fp8_candidates(n, k, w8a8=True, device=device, rows=rows)
     else:
         from dlrt.kernels.nvfp4_gemm import nvfp4_candidates
 
@@ -228,6 +233,11 @@ def tune_quant(model: nn.Module, dtype: torch.dtype, rows: int = 4, policy: str 
             continue
         cfg = rec["candidates"][rec["chosen"]]["config"]
         most = 4 if cfg.get("kind") == "fma" else 64  # the config's max_rows()
-        methods[name] = cls(kernel(fmt, cfg), max_rows=min(most, m.method.max_rows))
+        wide = {}
+        if fmt == "fp8" and most < m.method.max_rows:  # a GEMV: the default "dot" above it
+            from dlrt.kernels.fp8_gemm import fp8_gemm
+
+            wide = dict(wide=fp8_gemm, wide_rows=m.method.max_rows)
+        methods[name] = cls(kernel(fmt, cfg), max_rows=min(most, m.method.max_rows), **wide)
     log.info("quantised projection kernels: %s", {k: r["chosen"] for k, r in records.items()})
     return methods, records

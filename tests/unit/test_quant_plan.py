@@ -5,6 +5,7 @@ kernel against the reference under the Triton interpreter."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 
 import pytest
@@ -43,7 +44,11 @@ def fakes(us: dict[str, float], errors: dict[str, float], raising=(), reference_
 
 
 def test_the_choice():
-    configs = tq.candidates("fp8", 512, 1024, rows=4)
+    # at a round's few rows W8A8 is not a candidate (slower than weight-only); above
+    # W8A8_FROM_ROWS it is, and the GEMV (4 rows at most) is not
+    few = tq.candidates("fp8", 512, 1024, rows=4)
+    assert any(lb.startswith("fma") for lb in few) and not any("w8a8" in lb for lb in few)
+    configs = {**few, **tq.candidates("fp8", 512, 1024, rows=tq.W8A8_FROM_ROWS + 1)}
     labels = list(configs)
     assert any(lb.startswith("fma") for lb in labels) and any("w8a8" in lb for lb in labels)
     wrong, boom, good, w8a8 = labels[0], labels[1], labels[2], \
@@ -101,7 +106,8 @@ def test_planned_layers_and_the_cache(quantised, fmt, tmp_path):
 
     key = next(iter(shapes))
     n, k = (int(v) for v in key.split(",")[1:])
-    target = list(tq.candidates(fmt, n, k, rows=4))[-1]
+    cands = list(tq.candidates(fmt, n, k, rows=4))
+    target = next((lb for lb in cands if lb.startswith("fma")), cands[-1])
     cache = tmp_path / "q.json"
     methods, records = tq.tune_quant(model, torch.float32, rows=4, time=time, check=check,
                                      cache_file=cache)
@@ -113,6 +119,11 @@ def test_planned_layers_and_the_cache(quantised, fmt, tmp_path):
         assert (methods[name].kernel is None) == (chosen == tq.REFERENCE)
         if chosen == target:
             assert label_of(methods[name].kernel) == target
+    # a 4-row GEMV keeps a tensor-core kernel for 5..64 rows (the folded phase's 2B rows)
+    gemv = {n: m for n, m in methods.items() if m.kernel and label_of(m.kernel).startswith("fma")}
+    assert bool(gemv) == target.startswith("fma")
+    for m in gemv.values():
+        assert m.max_rows == 4 and m.wide is not None and m.wide_rows == 64
     calls.clear()
     again, _ = tq.tune_quant(model, torch.float32, rows=4, time=time, check=check,
                              cache_file=cache)
@@ -134,3 +145,25 @@ def test_the_real_check_under_the_interpreter(quantised):
         return 2 * good(x, w, s)
 
     assert tq.relative_error(layer, fmt, wrong, 2, torch.float32) > 0.5
+
+
+def test_a_gemv_plan_keeps_a_kernel_for_more_rows(quantised, tmp_path):
+    """A plan that picks a 4-row GEMV serves 5..64 rows (the folded phase) with the default
+    tensor-core kernel, and only prefill rows beyond that with the dequantising reference."""
+    from dlrt.kernels.fp8_gemm import fp8_gemm
+
+    model = quantised["fp8"].model
+    name, (fmt, layer) = next(iter(tq.quant_layers(model).items()))
+    gemv = {"block_n": 16, "block_k": 128, "split_k": 1, "stages": 1, "warps": 2,
+            "w8a8": False, "kind": "fma"}
+    rec = {"reference_us": 10.0, "chosen": "fma", "chosen_us": 1.0,
+           "candidates": {"fma": {"config": gemv, "error": 0.0, "us": 1.0, "skipped": None}}}
+    cache = tmp_path / "q.json"  # a cached record: the plan reads it instead of timing
+    cache.write_text(json.dumps({tq._shape_key(fmt, layer): rec}))
+    methods, _ = tq.tune_quant(model, torch.float32, rows=4, cache_file=cache,
+                               time=lambda *a: 10.0, check=lambda *a: 0.0)  # other shapes
+    m = methods[name]
+    assert label_of(m.kernel).startswith("fma")
+    assert m.kernel_for(1) is m.kernel and m.kernel_for(4) is m.kernel
+    assert m.kernel_for(5) is fp8_gemm and m.kernel_for(64) is fp8_gemm
+    assert m.kernel_for(65) is None

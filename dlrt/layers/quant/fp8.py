@@ -105,7 +105,9 @@ class Fp8Linear(LinearMethod):
 
     `kernel` (an `Fp8Kernel`, e.g. `dlrt.kernels.fp8_gemm.fp8_gemm`) serves CUDA inputs of at
     most `max_rows` rows when set (by the load-time plan, `dlrt.tuning.quant`) and the scales
-    are in block rows (`FP8_FORMAT`). Otherwise
+    are in block rows (`FP8_FORMAT`); `wide` (another `Fp8Kernel`) serves the rows above
+    `max_rows` up to `wide_rows` (a plan that picked a 4-row GEMV for a round's rows keeps a
+    tensor-core kernel for the folded phase's 2B rows). Otherwise
     (the CPU, prefill rows, a GPU without a kernel) the reference path: the weight is
     dequantised block by block into x's dtype for this call (never kept) and multiplied with
     `F.linear`, so its result equals the unquantised layer on the dequantised weight.
@@ -114,16 +116,25 @@ class Fp8Linear(LinearMethod):
     name = "fp8"
     quantized = True
 
-    def __init__(self, kernel: Fp8Kernel | None = None, max_rows: int = 64):
+    def __init__(self, kernel: Fp8Kernel | None = None, max_rows: int = 64,
+                 wide: Fp8Kernel | None = None, wide_rows: int = 64):
         self.kernel, self.max_rows = kernel, max_rows
+        self.wide, self.wide_rows = wide, wide_rows
+
+    def kernel_for(self, rows: int) -> Fp8Kernel | None:
+        """The kernel serving `rows` rows on the GPU (None: the reference path)."""
+        if rows <= self.max_rows:
+            return self.kernel
+        return self.wide if rows <= self.wide_rows else None
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         w, scale = layer.weight, layer.weight_scale_inv
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if self.kernel is not None and x.is_cuda and rows <= self.max_rows \
-                and scale.shape[0] == _blocks(w.shape[0]):
-            y = self.kernel(x.reshape(rows, x.shape[-1]).contiguous(), w, scale)
-            return y.reshape(*x.shape[:-1], y.shape[-1])
+        if x.is_cuda and scale.shape[0] == _blocks(w.shape[0]):
+            kernel = self.kernel_for(rows)
+            if kernel is not None:
+                y = kernel(x.reshape(rows, x.shape[-1]).contiguous(), w, scale)
+                return y.reshape(*x.shape[:-1], y.shape[-1])
         return F.linear(x, dequantize_fp8_block(w, scale, x.dtype))
 
 
