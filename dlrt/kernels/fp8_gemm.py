@@ -29,12 +29,15 @@ GEMV (`Fp8GemmConfig.kind` "fma"):
   are exact, sums are fp32, the scale is applied once per (K tile, n) in fp32 - the reference
   "dequantise to fp32, then matmul in fp32" differs by fp32 summation order only (relative
   ~1e-6 of the largest output in fp32; the bf16 output rounding dominates otherwise).
-- W8A8 (w8a8=True, BLOCK_K = 128): each K tile of x is one 128-column group; the kernel
-  quantises it in registers before its dot, per row (token) and group:
+- W8A8 (w8a8=True, BLOCK_K = 128): each K tile of x is one 128-column group. A first small
+  kernel (`quantize_x`, one program per row and group) quantises x per row (token) and group:
       s_x = amax(|x[m, group]|) / 448   (1 where the amax is 0; IEEE division),
       q   = e4m3(clamp(x / s_x, -448, 448))   (IEEE division, round to nearest even; under
             TRITON_INTERPRET rounded in fp32 arithmetic first, `exact_cast`),
-  then an fp8 x fp8 dot with fp32 accumulation per tile, scaled by s_x[m] * scale_inv[n] and
+  and writes the codes (e4m3 [M, K]) and scales (fp32 [M, ceil(K/128)]); the GEMM then loads
+  them like any operand (both tiles streamed from shared memory by the pipeline: quantising
+  inside the GEMM's loop, once per program and tile, ran at 0.2 of the copy bandwidth on an
+  H200), with an fp8 x fp8 dot and fp32 accumulation per tile, scaled by s_x[m] * scale_inv[n] and
   added to the fp32 accumulator. Promoting every 128-element partial sum to an fp32
   accumulator in registers keeps the tensor cores' limited FP8 accumulation precision to one
   group. Numerics: equal to "quantise x as above, dequantise both, matmul in fp32" up to fp32
@@ -200,10 +203,33 @@ def _round_e4m3(v):
 
 
 @triton.jit
-def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, M, N, K: tl.constexpr,
+def _quant_x_kernel(x_ptr, q_ptr, xs_ptr, K: tl.constexpr, EXACT_CAST: tl.constexpr,
+                    PDL: tl.constexpr):
+    """Row pid 0, 128-column group pid 1 of x -> e4m3 codes and the group's scale (the W8A8
+    activation quantisation of the module docstring)."""
+    row = tl.program_id(0)
+    g = tl.program_id(1)
+    KB: tl.constexpr = (K + 128 - 1) // 128
+    k = g * 128 + tl.arange(0, 128)
+    k_ok = k < K
+    pdl.wait(PDL)
+    xf = tl.load(x_ptr + row * K + k, mask=k_ok, other=0.0).to(tl.float32)
+    pdl.release(PDL)
+    amax = tl.max(tl.abs(xf), axis=0)
+    xs = tl.where(amax > 0.0, tl.div_rn(amax, 448.0), 1.0)
+    q = tl.div_rn(xf, xs)
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    if EXACT_CAST:  # round first: the cast then only moves representable values
+        q = _round_e4m3(q)
+    tl.store(q_ptr + row * K + k, q.to(tl.float8e4nv), mask=k_ok)
+    tl.store(xs_ptr + row * KB + g, xs)
+
+
+@triton.jit
+def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, M, N, K: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      SPLIT_K: tl.constexpr, W8A8: tl.constexpr, PRECISION: tl.constexpr,
-                     EXACT_CAST: tl.constexpr, PDL: tl.constexpr):
+                     PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -232,16 +258,9 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, M, N, K: tl.constexpr
         # the tile's scale block column (clamped: a tile past K is all zeros)
         kb = tl.minimum((t * BLOCK_K) // 128, KB - 1)
         ws = tl.load(s_rows + kb, mask=n_ok, other=0.0)
-        if W8A8:
-            xf = x.to(tl.float32)
-            amax = tl.max(tl.abs(xf), axis=1)
-            xs = tl.where(amax > 0.0, tl.div_rn(amax, 448.0), 1.0)
-            q = tl.div_rn(xf, xs[:, None])
-            q = tl.minimum(tl.maximum(q, -448.0), 448.0)
-            if EXACT_CAST:  # round first: the cast then only moves representable values
-                q = _round_e4m3(q)
-            q = q.to(tl.float8e4nv)
-            part = tl.dot(w, tl.trans(q), out_dtype=tl.float32)
+        if W8A8:  # x holds e4m3 codes (`_quant_x_kernel`), xs_ptr their group scales
+            xs = tl.load(xs_ptr + m * KB + kb, mask=m_ok, other=1.0)
+            part = tl.dot(w, tl.trans(x), out_dtype=tl.float32)
             acc += part * ws[:, None] * xs[None, :]
         else:
             part = tl.dot(w.to(x.dtype), tl.trans(x), input_precision=PRECISION,
@@ -364,6 +383,20 @@ def exact_cast(x: torch.Tensor) -> bool:
     return not x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The W8A8 activation quantisation: x [M, K] (bf16 / fp16 / fp32) -> (e4m3 codes
+    float8_e4m3fn [M, K], scales float32 [M, ceil(K / 128)]), per row and 128-column group as
+    the module docstring states. One small kernel (under PDL it overlaps x's producer)."""
+    m, k = x.shape
+    kb = triton.cdiv(k, QBLOCK)
+    q = torch.empty((m, k), dtype=FP8, device=x.device)
+    xs = torch.empty((m, kb), dtype=torch.float32, device=x.device)
+    if m:
+        _quant_x_kernel[(m, kb)](x, q, xs, K=k, EXACT_CAST=exact_cast(x), num_warps=1,
+                                 **pdl.launch_options(x))
+    return q, xs
+
+
 def check_fp8_weight(w: torch.Tensor, scale_inv: torch.Tensor) -> tuple[int, int]:
     """(N, K) of a block-scaled FP8 weight; ValueError on a wrong dtype, shape or layout."""
     if w.dim() != 2 or w.dtype != FP8 or not w.is_contiguous():
@@ -424,12 +457,14 @@ def fp8_gemm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor,
     if config.split_k > 1:
         part = torch.empty((config.split_k, bm, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k)
-    _fp8_gemm_kernel[grid](x, w, scale_inv, y, part, m, n, K=k, BLOCK_M=bm,
+    xq, xs = x, y
+    if config.w8a8:
+        xq, xs = quantize_x(x)
+    _fp8_gemm_kernel[grid](xq, xs, w, scale_inv, y, part, m, n, K=k, BLOCK_M=bm,
                            BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                            SPLIT_K=config.split_k, W8A8=config.w8a8,
                            PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                           EXACT_CAST=exact_cast(x), num_stages=config.stages,
-                           num_warps=config.warps, **opts)
+                           num_stages=config.stages, num_warps=config.warps, **opts)
     if config.split_k > 1:
         block = 1024
         _reduce_kernel[(triton.cdiv(m * n, block),)](part, y, m, n, SPLIT_K=config.split_k,

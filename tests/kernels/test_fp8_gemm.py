@@ -150,6 +150,25 @@ def test_w8a8(case):
     assert ((plain - ref).abs().max() / ref.abs().max()).item() > 1e-4
 
 
+@pytest.mark.parametrize("m, k", [(1, 128), (3, 300), (4, 256), (2, 40)])
+def test_quantize_x_bit_identical(m, k):
+    """`quantize_x` writes exactly the codes and scales of the reference quantisation (an
+    all-zero group gets scale 1; a partial last group scales over its own columns)."""
+    from dlrt.kernels.fp8_gemm import quantize_x
+
+    x, _, _ = make(m, 8, k, torch.bfloat16, seed=7 * m + k, zero_group=True)
+    q, xs = quantize_x(x)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (m, k)
+    assert xs.shape == (m, triton_cdiv(k, 128))
+    for g in range(xs.shape[1]):
+        xg = x[:, g * 128:(g + 1) * 128].float()
+        amax = xg.abs().amax(dim=1)
+        s = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+        assert torch.equal(xs[:, g], s)
+        want = (xg / s[:, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        assert torch.equal(q[:, g * 128:(g + 1) * 128].view(torch.uint8), want.view(torch.uint8))
+
+
 @triton.jit
 def _round_kernel(v_ptr, out_ptr, N: tl.constexpr):
     i = tl.arange(0, N)
@@ -296,11 +315,11 @@ def _compile(out: Path) -> None:
 
     from dlrt.kernels.fp8_gemm import _fp8_gemm_kernel as fn
 
-    sig = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", y_ptr="*bf16",
-               part_ptr="*fp32", M="i32", N="i32")
     for name, w8a8 in (("weight_only", False), ("w8a8", True)):
+        sig = dict(x_ptr="*fp8e4nv" if w8a8 else "*bf16", xs_ptr="*fp32", w_ptr="*fp8e4nv",
+                   s_ptr="*fp32", y_ptr="*bf16", part_ptr="*fp32", M="i32", N="i32")
         consts = dict(K=4096, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, W8A8=w8a8,
-                      PRECISION="tf32", EXACT_CAST=False, PDL=True)
+                      PRECISION="tf32", PDL=True)
         signature = {a: sig.get(a, "constexpr") for a in fn.arg_names}
         aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
                    if sig.get(a, "").startswith("*")}
@@ -308,6 +327,14 @@ def _compile(out: Path) -> None:
         ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                              options=dict(num_stages=4, num_warps=4)).asm["ptx"]
         (out / f"{name}.ptx").write_text(ptx)
+    from dlrt.kernels.fp8_gemm import _quant_x_kernel as fn
+
+    sig = dict(x_ptr="*bf16", q_ptr="*fp8e4nv", xs_ptr="*fp32")
+    src = ASTSource(fn=fn, signature={a: sig.get(a, "constexpr") for a in fn.arg_names},
+                    constexprs=dict(K=4096, EXACT_CAST=False, PDL=True))
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                         options=dict(num_stages=1, num_warps=1)).asm["ptx"]
+    (out / "quant_x.ptx").write_text(ptx)
     from dlrt.kernels.fp8_gemm import _fp8_gemv_kernel as fn
 
     sig = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", y_ptr="*bf16", N="i32")
@@ -383,9 +410,13 @@ def test_sm90_code(ptx_dir, name):
     # the weight tile is the A operand of an m64 warpgroup MMA (fp8 x fp8 for W8A8)
     kind = "e4m3.e4m3" if name == "w8a8" else "bf16.bf16"
     assert any(lines[i].startswith("wgmma.mma_async") and kind in lines[i] for i in math)
-    if name == "w8a8":
-        assert any(re.match(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ln) for ln in lines)
-        assert not any(re.match(r"div\.(full|approx)", ln) for ln in lines)  # IEEE division
+
+
+def test_sm90_quant_x_code(ptx_dir):
+    """The W8A8 activation quantisation casts with cvt.rn.satfinite and divides in IEEE."""
+    lines = _body((ptx_dir / "quant_x.ptx").read_text())
+    assert any(re.match(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ln) for ln in lines)
+    assert not any(re.match(r"div\.(full|approx)", ln) for ln in lines)  # IEEE division
 
 
 if __name__ == "__main__":
