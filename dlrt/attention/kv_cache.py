@@ -96,10 +96,13 @@ class PagedKVCache:
         """The first `length` tokens' k, v of layer `layer`: [length, Hkv, D] each, in `dtype`
         (default: the cache's dtype, float32 for FP8); an FP8 cache's are dequantised."""
         slots = self.slots(torch.arange(length, device=self.page_table.device))
-        k = self.k[layer].view(-1, *self.k.shape[-2:])[slots]
-        v = self.v[layer].view(-1, *self.v.shape[-2:])[slots]
         if not self.quantized:
+            k = self.k[layer].view(-1, *self.k.shape[-2:])[slots]
+            v = self.v[layer].view(-1, *self.v.shape[-2:])[slots]
             return (k, v) if dtype is None else (k.to(dtype), v.to(dtype))
+        # NOTE: FP8 pages are gathered as bytes (not every index kernel takes float8)
+        k = self.k[layer].view(torch.uint8).view(-1, *self.k.shape[-2:])[slots].view(KV_FP8)
+        v = self.v[layer].view(torch.uint8).view(-1, *self.v.shape[-2:])[slots].view(KV_FP8)
         k_scale, v_scale = self.scales(layer)
         dtype = dtype or torch.float32
         return dequantize_kv(k, k_scale, dtype), dequantize_kv(v, v_scale, dtype)
