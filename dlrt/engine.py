@@ -27,6 +27,7 @@ from dlrt.config.engine import EngineConfig
 from dlrt.config.model import ModelConfig
 from dlrt.decoding.options import DecoderDefaults
 from dlrt.errors import ConfigError
+from dlrt.layers.quant.fp8 import set_activations
 from dlrt.models.registry import build_model, family, model_config
 from dlrt.ops import Ops, get_ops
 from dlrt.runtime.decoders import build_decoder
@@ -104,6 +105,7 @@ def _load(config: ModelConfig, ops: Ops, folder: CheckpointFolder, engine: Engin
         model = build_model(config, ops)
     if scheme is not None:
         names = quantize_model(model, config.hidden_size, scheme, set(folder.tensor_files))
+        set_activations(model, engine.fp8_activations)
         log.info("%s weights in %d module(s)%s", scheme.name, len(names),
                  " (quantised while loading)" if scheme.online else "")
     materialize(model, engine.torch_dtype, engine.torch_device)
@@ -132,19 +134,22 @@ def _kv_cache(config: ModelConfig, engine: EngineConfig, model: nn.Module,
 
 def _report_quantization(scheme: QuantScheme | None, device: torch.device) -> None:
     """Say which path serves quantised weights: the dequantising reference on the CPU and on
-    GPUs without FP8 tensor cores (before sm_89: a warning)."""
+    GPUs before sm_89 (no FP8 tensor cores, no e4m3 conversions: a warning); NVFP4 before
+    sm_100 (no FP4 tensor cores) by weight-only kernels."""
     if scheme is None:
         return
     if device.type != "cuda":
         log.info("%s weights on the CPU: the dequantising reference path", scheme.name)
         return
-    need = (8, 9) if scheme.name == "fp8" else (10, 0)
     cap = torch.cuda.get_device_capability(device)
-    if cap < need:
-        log.warning("%s weights on a GPU of compute capability %d.%d, which has no %s tensor "
-                    "cores (sm_%d%d+): served by the dequantising path (each call dequantises "
-                    "its weight; slower than the unquantised model)", scheme.name, *cap,
-                    scheme.name.upper(), *need)
+    if cap < (8, 9):
+        log.warning("%s weights on a GPU of compute capability %d.%d, which has no FP8 tensor "
+                    "cores (sm_89+): served by the dequantising path (each call dequantises "
+                    "its weight; slower than the unquantised model)", scheme.name, *cap)
+    elif scheme.name == "nvfp4" and cap < (10, 0):
+        log.info("nvfp4 weights on compute capability %d.%d, which has no FP4 tensor cores "
+                 "(sm_100+): weight-only kernels (codes dequantised in registers, products in "
+                 "the model dtype)", *cap)
 
 
 def _plan_linears(model: nn.Module, config: EngineConfig,

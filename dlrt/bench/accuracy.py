@@ -1,9 +1,12 @@
 """Accuracy of the low-precision weight formats: logits of one forward over N prompt positions.
 
-For each precision (fp8, nvfp4) the logits of one prefill forward (a fixed seeded id sequence,
-block-causal in the model's blocks, as the block decoder's prefill) are compared
-  (a) with the same model in the model dtype on the *dequantised* weights (the exact reference:
-      what is left is kernel / matmul-order error; ~0 on the CPU's dequantising path),
+For each precision (`PRECISIONS`: fp8 with dynamic activations, fp8 weight-only, nvfp4) the
+logits of one prefill forward (a fixed seeded id sequence, block-causal in the model's blocks,
+as the block decoder's prefill) are compared
+  (a) with the same model in the model dtype on the *dequantised* weights (for the weight-only
+      precisions the exact reference: what is left is kernel / matmul-order error, ~0 on the
+      CPU's dequantising path; for fp8 with dynamic activations it also holds the activations'
+      quantisation error),
   (b) with the unquantised model (the quantisation error),
 as relative L2 errors ||x - ref|| / ||ref||, plus the fraction of positions whose argmax token
 agrees with the unquantised model. One model is held at a time (the dequantised weights of the
@@ -25,6 +28,10 @@ import torch
 
 from dlrt.bench.report import table, write_json
 
+# precision name -> the engine options that load it
+PRECISIONS = {"fp8": dict(quantization="fp8", fp8_activations="dynamic"),
+              "fp8-weight_only": dict(quantization="fp8", fp8_activations="weight_only"),
+              "nvfp4": dict(quantization="nvfp4")}
 COLUMNS = ["quantization", "rel_err_vs_dequantised", "rel_err_vs_unquantised",
            "argmax_agreement", "load_s", "forward_s"]
 
@@ -115,7 +122,7 @@ def run(llm_kwargs: dict[str, Any], quantizations: list[str], num_tokens: int,
     top = base.argmax(-1)
     for q in quantizations:
         t0 = time.perf_counter()
-        quant = LLM(**{**kw, "quantization": q})
+        quant = LLM(**{**kw, **PRECISIONS[q]})
         load = time.perf_counter() - t0
         ours, fwd = logits(quant, ids)
         weights = dequantised_weights(quant)
@@ -138,9 +145,10 @@ def run(llm_kwargs: dict[str, Any], quantizations: list[str], num_tokens: int,
 
 def main(args, llm_kwargs: dict[str, Any]) -> int:
     quantizations = [q.strip() for q in args.quantization.split(",") if q.strip()]
-    bad = [q for q in quantizations if q not in ("fp8", "nvfp4")]
+    bad = [q for q in quantizations if q not in PRECISIONS]
     if bad or not quantizations:
-        raise SystemExit(f"--quantization: expected fp8 and/or nvfp4, got {args.quantization!r}")
+        raise SystemExit(f"--quantization: expected some of {', '.join(PRECISIONS)}, got "
+                         f"{args.quantization!r}")
     model = llm_kwargs.get("model")
     with tempfile.TemporaryDirectory() as tmp:
         kw = dict(llm_kwargs)

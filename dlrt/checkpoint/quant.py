@@ -87,6 +87,11 @@ def _fp8_scheme(q: dict[str, Any], where: str) -> QuantScheme:
                               f"reads block-scaled FP8 with weight_block_size [{BLOCK}, {BLOCK}]")
     if q.get("fmt", "e4m3") != "e4m3":
         raise CheckpointError(f"{where}: fp8 fmt {q.get('fmt')!r} is not supported (e4m3 only)")
+    if q.get("activation_scheme", "dynamic") != "dynamic":
+        raise CheckpointError(f"{where}: fp8 activation_scheme {q.get('activation_scheme')!r} "
+                              "is not supported; dlrt reads block-scaled FP8 with dynamic "
+                              "activations (per token and 128-column group; or weight-only "
+                              "with fp8_activations='weight_only')")
     skip = q.get("ignored_layers", q.get("modules_to_not_convert"))
     return QuantScheme("fp8", _entries(skip, "modules_to_not_convert", where))
 

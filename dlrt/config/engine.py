@@ -28,6 +28,7 @@ from dlrt.checkpoint.quant import QUANTIZATIONS
 from dlrt.config.model import ModelConfig
 from dlrt.decoding.options import DecoderDefaults
 from dlrt.errors import ConfigError, OptionError
+from dlrt.layers.quant.fp8 import ACTIVATIONS
 from dlrt.models.registry import family
 from dlrt.ops import NAMES as KERNELS
 from dlrt.runtime.decoders import DECODERS, decoder_for
@@ -83,6 +84,13 @@ class EngineConfig:
         "ModelOpt nvfp4; else unquantised), none (an unquantised checkpoint), fp8 / nvfp4 (a "
         "checkpoint in that format, or an unquantised one quantised while loading; fp8: "
         "128x128 blocks)", QUANTIZATIONS)
+    fp8_activations: str = _option(
+        "dynamic", "FP8 linear layers: dynamic (W8A8: activations quantised to e4m3 per token "
+        "and 128-column group at run time, the checkpoints' activation_scheme 'dynamic' as "
+        "vLLM and SGLang run it; about 2x BF16 per projection at a round's rows on an H200), "
+        "weight_only (activations stay in the model dtype: the exact product with the "
+        "dequantised weight, slower). FP8 experts of MoE layers are weight-only either way",
+        ACTIVATIONS)
     kv_cache_dtype: str = _option(
         "auto", "the KV cache: auto (the model dtype), fp8 (float8_e4m3fn: half the bytes of "
         "bfloat16; K and V divided by per-layer fp32 scales, the checkpoint's "

@@ -323,9 +323,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ba = bench.add_parser("accuracy", help="FP8 / NVFP4 logits of one prefill forward against "
                                            "the dequantised weights and the unquantised model")
-    add_engine_flags(ba, skip=("execution_mode", "max_model_len", "quantization"))
-    ba.add_argument("--quantization", default="fp8,nvfp4",
-                    help="comma-separated precisions: fp8, nvfp4 (default fp8,nvfp4)")
+    add_engine_flags(ba, skip=("execution_mode", "max_model_len", "quantization",
+                               "fp8_activations"))
+    ba.add_argument("--quantization", default="fp8,fp8-weight_only,nvfp4",
+                    help="comma-separated precisions: fp8 (dynamic activations), "
+                         "fp8-weight_only, nvfp4 (default: all three)")
     ba.add_argument("--num-tokens", type=_positive(int), default=64,
                     help="prompt positions of the forward (default 64)")
     ba.add_argument("--num-layers", type=_positive(int), default=None,

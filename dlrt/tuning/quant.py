@@ -2,17 +2,18 @@
 chosen at load.
 
 For every layer whose method is an `Fp8Linear` holding block-layout scales (`FP8_FORMAT`) or
-an `Nvfp4Linear`, each distinct (format, N, K) is planned at M = block rows: first every
-candidate kernel (FP8: the weight-only "dot" configs, the "fma" GEMV configs at rows <= 4 and
-the W8A8 configs (above `W8A8_FROM_ROWS` rows) of `dlrt.kernels.fp8_gemm.fp8_candidates`; NVFP4: `nvfp4_candidates`) is
-checked against the reference path on a random input: the relative error
-||y - y_ref|| / ||y_ref|| must be within `TOLERANCE` (2e-2 weight-only; 8e-2 for W8A8, which
-also quantises the activations). A candidate that raises or fails the check is skipped with a
+an `Nvfp4Linear`, each distinct (format, N, K, FP8 activation mode) is planned at M = block
+rows: first every candidate kernel (`dlrt.kernels.fp8_gemm.fp8_candidates`: with dynamic
+activations the W8A8 configs; weight-only the "dot" configs and, at rows <= 4, the "fma" GEMV
+configs; NVFP4: `nvfp4_candidates`) is checked against the layer's reference path (the same
+activation mode) on a random input: the relative error ||y - y_ref|| / ||y_ref|| must be
+within `TOLERANCE` (2e-2). A candidate that raises or fails the check is skipped with a
 warning. The reference and the passing candidates are then timed as `tuning.linear` times
 BF16 shapes (inside a CUDA graph, weights cycled through more than the L2 cache, each call
 fed by an RMSNorm kernel). The fastest passing candidate replaces the reference when it is
 at least 3% faster (policy "triton": whenever one passes). Records are cached per device,
-dtype and rows under DLRT_CACHE_DIR/gemm, keyed "<format>,N,K".
+dtype and rows under DLRT_CACHE_DIR/gemm, keyed "<format>,N,K" (",w8a8" added for FP8 with
+dynamic activations).
 
 `choose` holds the decision with the timing and the check injected, so it runs anywhere.
 """
@@ -32,19 +33,15 @@ from torch import nn
 
 from dlrt.layers.linear import LinearBase
 from dlrt.layers.quant import LinearMethod
-from dlrt.layers.quant.fp8 import Fp8Linear, _blocks, dequantize_fp8_block
+from dlrt.layers.quant.fp8 import Fp8Linear, _blocks, reference_linear
 from dlrt.layers.quant.nvfp4 import Nvfp4Linear, dequantize_nvfp4
 from dlrt.tuning.linear import COLD_BYTES, MARGIN, _cache_path
 from dlrt.tuning.timing import graph_us
 
 log = logging.getLogger(__name__)
 
-TOLERANCE = {"fp8": 2e-2, "fp8-w8a8": 8e-2, "nvfp4": 2e-2}  # relative error bound, by kind
+TOLERANCE = {"fp8": 2e-2, "nvfp4": 2e-2}  # relative error bound against the reference
 REFERENCE = "reference"
-# W8A8 is timed only above this many rows: at 1-4 rows on an H200 it ran at 0.20-0.24 of the
-# copy bandwidth against 0.43-0.67 for weight-only (SDAR-8B shapes, `bench.quant_kernels`),
-# its per-tile activation quantisation costing more than the halved x bytes save
-W8A8_FROM_ROWS = 16
 
 # time(kernel or None for the reference, rows) -> us; check(kernel, rows) -> relative error
 TimeFn = Callable[[Callable | None], float]
@@ -57,9 +54,13 @@ def _held(layer: nn.Module, fmt: str) -> tuple[torch.Tensor, ...]:
     return layer.weight, layer.weight_scale, layer.weight_scale_2
 
 
-def _reference(fmt: str) -> Callable:
+def _activations(layer: nn.Module, fmt: str) -> str:
+    return layer.method.activations if fmt == "fp8" else "weight_only"
+
+
+def _reference(fmt: str, activations: str = "weight_only") -> Callable:
     if fmt == "fp8":
-        return lambda x, w, s: F.linear(x, dequantize_fp8_block(w, s, x.dtype))
+        return lambda x, w, s: reference_linear(x, w, s, activations)
     return lambda x, w, s, g: F.linear(x, dequantize_nvfp4(w, s, g, x.dtype))
 
 
@@ -81,18 +82,18 @@ def quant_layers(model: nn.Module) -> dict[str, tuple[str, LinearBase]]:
 
 def _shape_key(fmt: str, layer: nn.Module) -> str:
     n, k = layer.weight.shape
-    return f"{fmt},{n},{k * 2 if fmt == 'nvfp4' else k}"
+    key = f"{fmt},{n},{k * 2 if fmt == 'nvfp4' else k}"
+    return key + ",w8a8" if fmt == "fp8" and _activations(layer, fmt) == "dynamic" else key
 
 
-def candidates(fmt: str, n: int, k: int, rows: int,
-               device: torch.device | None = None) -> dict[str, dict]:
-    """{label: config as a dict} of every kernel worth trying for (format, N, K) at rows."""
+def candidates(fmt: str, n: int, k: int, rows: int, device: torch.device | None = None,
+               activations: str = "weight_only") -> dict[str, dict]:
+    """{label: config as a dict} of every kernel worth trying for (format, N, K) at rows:
+    FP8 with dynamic activations the W8A8 configs, weight-only the others."""
     if fmt == "fp8":
         from dlrt.kernels.fp8_gemm import fp8_candidates
 
-        cfgs = fp8_candidates(n, k, device=device, rows=rows)
-        if rows > W8A8_FROM_ROWS:
-            cfgs += fp8_candidates(n, k, w8a8=True, device=device, rows=rows)
+        cfgs = fp8_candidates(n, k, w8a8=activations == "dynamic", device=device, rows=rows)
     else:
         from dlrt.kernels.nvfp4_gemm import nvfp4_candidates
 
@@ -118,7 +119,7 @@ def kernel(fmt: str, cfg: dict) -> Callable:
 
 
 def _tolerance(fmt: str, cfg: dict) -> float:
-    return TOLERANCE["fp8-w8a8" if cfg.get("w8a8") else fmt]
+    return TOLERANCE[fmt]
 
 
 def choose(fmt: str, configs: dict[str, dict], time: TimeFn, check: CheckFn,
@@ -162,7 +163,7 @@ def relative_error(layer: nn.Module, fmt: str, fn: Callable, rows: int, dtype: t
     k = held[0].shape[1] * (2 if fmt == "nvfp4" else 1)
     gen = torch.Generator(device=held[0].device).manual_seed(seed)
     x = torch.randn(rows, k, generator=gen, device=held[0].device).to(dtype)
-    ref = _reference(fmt)(x, *held).float()
+    ref = _reference(fmt, _activations(layer, fmt))(x, *held).float()
     y = fn(x, *held).float()
     return ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
@@ -181,7 +182,7 @@ def graph_time(layer: nn.Module, fmt: str, fn: Callable | None, rows: int,
     nbytes = sum(t.numel() * t.element_size() for t in held)
     copies = [held] + [tuple(t.clone() for t in held)
                        for _ in range(min(15, COLD_BYTES // max(nbytes, 1)))]
-    fn = fn or _reference(fmt)
+    fn = fn or _reference(fmt, _activations(layer, fmt))
     return graph_us(lambda: [fn(rms_norm(x, norm_w, 1e-6), *c) for c in copies],
                     reps=2) / len(copies)
 
@@ -217,8 +218,8 @@ def tune_quant(model: nn.Module, dtype: torch.dtype, rows: int = 4, policy: str 
             records[key] = dict(cached[key])
             _decide(records[key], policy)
             continue
-        n, k = (int(v) for v in key.split(",")[1:])
-        configs = candidates(fmt, n, k, rows, m.weight.device)
+        n, k = (int(v) for v in key.split(",")[1:3])
+        configs = candidates(fmt, n, k, rows, m.weight.device, _activations(m, fmt))
         records[key] = choose(fmt, configs, lambda fn, f=fmt, lay=m: time(lay, f, fn, rows),
                               lambda fn, f=fmt, lay=m: check(lay, f, fn, rows), policy)
     if records.keys() - cached.keys():
@@ -228,16 +229,18 @@ def tune_quant(model: nn.Module, dtype: torch.dtype, rows: int = 4, policy: str 
     for name, (fmt, m) in layers.items():
         rec = records[_shape_key(fmt, m)]
         cls = Fp8Linear if fmt == "fp8" else Nvfp4Linear
+        mode = dict(activations=m.method.activations) if fmt == "fp8" else {}
         if rec["chosen"] == REFERENCE:
-            methods[name] = cls(max_rows=m.method.max_rows)
+            methods[name] = cls(max_rows=m.method.max_rows, **mode)
             continue
         cfg = rec["candidates"][rec["chosen"]]["config"]
         most = 4 if cfg.get("kind") == "fma" else 64  # the config's max_rows()
         wide = {}
-        if fmt == "fp8" and most < m.method.max_rows:  # a GEMV: the default "dot" above it
-            from dlrt.kernels.fp8_gemm import fp8_gemm
+        if fmt == "fp8" and most < m.method.max_rows:  # a GEMV (weight-only): the default
+            from dlrt.kernels.fp8_gemm import fp8_gemm  # weight-only "dot" above its rows
 
             wide = dict(wide=fp8_gemm, wide_rows=m.method.max_rows)
-        methods[name] = cls(kernel(fmt, cfg), max_rows=min(most, m.method.max_rows), **wide)
+        methods[name] = cls(kernel(fmt, cfg), max_rows=min(most, m.method.max_rows), **wide,
+                            **mode)
     log.info("quantised projection kernels: %s", {k: r["chosen"] for k, r in records.items()})
     return methods, records

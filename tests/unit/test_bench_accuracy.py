@@ -38,15 +38,18 @@ def test_bench_accuracy(tmp_path, capsys, source, extra):
     assert record["device"].startswith("cpu (") and record["torch_device"] == "cpu"
     assert record["num_layers"] == (1 if extra else 2)
     rows = {r["quantization"]: r for r in record["rows"]}
-    assert list(rows) == ["none", "fp8", "nvfp4"]
+    assert list(rows) == ["none", "fp8", "fp8-weight_only", "nvfp4"]
     for q, (low, high) in RANGE.items():
         r = rows[q]
         assert ROW_FIELDS <= r.keys() and r["quantised_modules"] > 0
-        assert r["rel_err_vs_dequantised"] < 1e-5, (q, r)
+        if q == "fp8":  # dynamic activations: their quantisation error on top
+            assert 1e-4 < r["rel_err_vs_dequantised"] < high, (q, r)
+        else:
+            assert r["rel_err_vs_dequantised"] < 1e-5, (q, r)
         assert low < r["rel_err_vs_unquantised"] < high, (q, r)
         assert 0.5 <= r["argmax_agreement"] <= 1.0, (q, r)
 
 
 def test_bad_quantization(tmp_path):
-    with pytest.raises(SystemExit, match="fp8 and/or nvfp4"):
+    with pytest.raises(SystemExit, match="expected some of fp8, fp8-weight_only, nvfp4"):
         main(["bench", "accuracy", "--model", str(tmp_path), "--quantization", "int4"])

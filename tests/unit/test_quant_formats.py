@@ -104,7 +104,13 @@ def test_linear_methods_equal_f_linear_on_dequantised_weight(fmt, m, merged):
     else:
         deq = nvfp4.dequantize_nvfp4(layer.weight, layer.weight_scale, layer.weight_scale_2,
                                torch.float32)
+    if fmt == "fp8":  # weight-only: the exact product with the dequantised weight
+        layer.method.activations = "weight_only"
     assert torch.equal(layer(x), F.linear(x, deq))
+    if fmt == "fp8":  # dynamic (the default): x quantised per token and 128-column group
+        layer.method.activations = "dynamic"
+        assert torch.equal(layer(x), F.linear(fp8.quantize_activations(x), deq))
+        assert not torch.equal(layer(x), F.linear(x, deq))
     # the memory is the format's: no dequantised copy is kept on the layer
     assert layer.weight.dtype == (torch.float8_e4m3fn if fmt == "fp8" else torch.uint8)
     held = sum(p.numel() * p.element_size() for p in layer.parameters())
@@ -195,3 +201,24 @@ def test_quantised_experts_read_dequantised(fmt):
     assert torch.equal(ex.expert_weight("w2", ids, torch.float32),
                        torch.stack(ref2)[ids])
     assert torch.equal(ex.expert_weight("w13", None, torch.float32), torch.stack(ref13))
+
+
+def test_dynamic_activation_quantisation():
+    """Per row and 128-column group: s = amax / 448 (1 for an all-zero group), values
+    e4m3(x / s) * s; a partial last group over its own columns; relative error within e4m3's
+    half step (2^-4) of each group's largest value."""
+    x = torch.randn(3, 300) * torch.tensor([1.0, 50.0, 1e-3])[:, None]
+    x[1, 128:256] = 0.0
+    q = fp8.quantize_activations(x)
+    assert q.shape == x.shape and q.dtype == x.dtype
+    assert torch.equal(q[1, 128:256], x[1, 128:256])
+    for g in range(3):
+        xg, qg = x[:, g * 128:(g + 1) * 128], q[:, g * 128:(g + 1) * 128]
+        amax = xg.abs().amax(dim=1, keepdim=True)
+        s = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+        want = (xg / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s
+        assert torch.equal(qg, want)
+        assert ((qg - xg).abs() <= amax * 2.0 ** -4 + 1e-30).all()
+    assert not torch.equal(q, x)
+    with pytest.raises(ValueError, match="activations"):
+        fp8.Fp8Linear(activations="static")

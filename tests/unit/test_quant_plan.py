@@ -44,28 +44,26 @@ def fakes(us: dict[str, float], errors: dict[str, float], raising=(), reference_
 
 
 def test_the_choice():
-    # at a round's few rows W8A8 is not a candidate (slower than weight-only); above
-    # W8A8_FROM_ROWS it is, and the GEMV (4 rows at most) is not
-    few = tq.candidates("fp8", 512, 1024, rows=4)
-    assert any(lb.startswith("fma") for lb in few) and not any("w8a8" in lb for lb in few)
-    configs = {**few, **tq.candidates("fp8", 512, 1024, rows=tq.W8A8_FROM_ROWS + 1)}
+    # the activation mode picks the candidates: weight-only "dot" and GEMV configs, or W8A8
+    configs = tq.candidates("fp8", 512, 1024, rows=4)
+    w8a8 = tq.candidates("fp8", 512, 1024, rows=4, activations="dynamic")
+    assert any(lb.startswith("fma") for lb in configs)
+    assert not any("w8a8" in lb for lb in configs)
+    assert w8a8 and all(lb.startswith("dot-w8a8") for lb in w8a8)
     labels = list(configs)
-    assert any(lb.startswith("fma") for lb in labels) and any("w8a8" in lb for lb in labels)
-    wrong, boom, good, w8a8 = labels[0], labels[1], labels[2], \
-        next(lb for lb in labels if "w8a8" in lb)
-    time, check = fakes({wrong: 1.0, boom: 1.5, good: 4.0, w8a8: 3.0},
-                        {wrong: 0.5, w8a8: 0.2}, raising=(boom,))
+    wrong, boom, good = labels[0], labels[1], labels[2]
+    time, check = fakes({wrong: 1.0, boom: 1.5, good: 4.0}, {wrong: 0.5}, raising=(boom,))
     rec = tq.choose("fp8", configs, time, check)
     assert set(rec["candidates"]) == set(configs)  # every candidate recorded
     assert rec["chosen"] == good and rec["chosen_us"] == 4.0
     assert rec["candidates"][wrong]["skipped"].startswith("relative error")
     assert rec["candidates"][boom]["skipped"].startswith("RuntimeError")
-    assert rec["candidates"][w8a8]["us"] is None  # 0.2 > the W8A8 bound
     assert wrong not in time.timed and boom not in time.timed  # never timed
-    # W8A8 within its looser bound passes; the same error fails a weight-only config
-    time, check = fakes({w8a8: 3.0, good: 3.5}, {w8a8: 5e-2, good: 5e-2})
-    rec = tq.choose("fp8", configs, time, check)
-    assert rec["chosen"] == w8a8 and rec["candidates"][good]["skipped"]
+    # just outside the bound fails, just inside passes
+    time, check = fakes({good: 3.5}, {good: 1.01 * tq.TOLERANCE["fp8"]})
+    assert tq.choose("fp8", configs, time, check)["candidates"][good]["skipped"]
+    time, check = fakes({good: 3.5}, {good: 0.99 * tq.TOLERANCE["fp8"]})
+    assert tq.choose("fp8", configs, time, check)["chosen"] == good
     # nothing 3% faster than the reference: the reference stays (policy triton: the fastest)
     time, check = fakes({good: 9.8}, {})
     assert tq.choose("fp8", configs, time, check)["chosen"] == tq.REFERENCE
@@ -77,12 +75,16 @@ def test_the_choice():
 
 @pytest.fixture(scope="module")
 def quantised(tiny_sdar):
-    return {q: LLM(tiny_sdar, max_model_len=64, quantization=q) for q in ("fp8", "nvfp4")}
+    out = {q: LLM(tiny_sdar, max_model_len=64, quantization=q) for q in ("fp8", "nvfp4")}
+    out["fp8-weight_only"] = LLM(tiny_sdar, max_model_len=64, quantization="fp8",
+                                 fp8_activations="weight_only")
+    return out
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("fmt", ["fp8", "fp8-weight_only", "nvfp4"])
 def test_planned_layers_and_the_cache(quantised, fmt, tmp_path):
     model = quantised[fmt].model
+    fmt, mode = fmt.split("-")[0], ("weight_only" if fmt != "fp8" else "dynamic")
     layers = tq.quant_layers(model)
     quant = {n for n, m in model.named_modules()
              if isinstance(getattr(m, "method", None), (Fp8Linear, Nvfp4Linear))}
@@ -105,8 +107,9 @@ def test_planned_layers_and_the_cache(quantised, fmt, tmp_path):
         return 1e-3
 
     key = next(iter(shapes))
-    n, k = (int(v) for v in key.split(",")[1:])
-    cands = list(tq.candidates(fmt, n, k, rows=4))
+    n, k = (int(v) for v in key.split(",")[1:3])
+    assert key.endswith(",w8a8") == (fmt == "fp8" and mode == "dynamic")
+    cands = list(tq.candidates(fmt, n, k, rows=4, activations=mode))
     target = next((lb for lb in cands if lb.startswith("fma")), cands[-1])
     cache = tmp_path / "q.json"
     methods, records = tq.tune_quant(model, torch.float32, rows=4, time=time, check=check,
@@ -119,6 +122,8 @@ def test_planned_layers_and_the_cache(quantised, fmt, tmp_path):
         assert (methods[name].kernel is None) == (chosen == tq.REFERENCE)
         if chosen == target:
             assert label_of(methods[name].kernel) == target
+        if fmt == "fp8":  # the plan keeps the layer's activation mode
+            assert methods[name].activations == mode
     # a 4-row GEMV keeps a tensor-core kernel for 5..64 rows (the folded phase's 2B rows)
     gemv = {n: m for n, m in methods.items() if m.kernel and label_of(m.kernel).startswith("fma")}
     assert bool(gemv) == target.startswith("fma")
@@ -132,14 +137,20 @@ def test_planned_layers_and_the_cache(quantised, fmt, tmp_path):
     assert tq.tune_quant(model, torch.float32, policy="cublas", time=time) == ({}, {})
 
 
-def test_the_real_check_under_the_interpreter(quantised):
-    layers = tq.quant_layers(quantised["fp8"].model)
+@pytest.mark.parametrize("mode", ["dynamic", "weight_only"])
+def test_the_real_check_under_the_interpreter(quantised, mode):
+    """A kernel of the layer's activation mode passes its check; the other mode's kernel, or
+    a wrong one, does not."""
+    layers = tq.quant_layers(quantised["fp8" if mode == "dynamic" else "fp8-weight_only"].model)
     fmt, layer = next(iter(layers.values()))
     n, k = layer.weight.shape
-    configs = tq.candidates(fmt, n, k, rows=2)
-    dot = next(c for c in configs.values() if c["kind"] == "dot" and not c["w8a8"])
-    good = tq.kernel(fmt, dot)
+    dots = {a: next(c for c in tq.candidates(fmt, n, k, rows=2, activations=a).values()
+                    if c["kind"] == "dot") for a in ("dynamic", "weight_only")}
+    assert dots["dynamic"]["w8a8"] and not dots["weight_only"]["w8a8"]
+    good = tq.kernel(fmt, dots[mode])
     assert tq.relative_error(layer, fmt, good, 2, torch.float32) < 1e-4
+    other = tq.kernel(fmt, dots["weight_only" if mode == "dynamic" else "dynamic"])
+    assert tq.relative_error(layer, fmt, other, 2, torch.float32) > 1e-3
 
     def wrong(x, w, s):
         return 2 * good(x, w, s)
@@ -152,7 +163,7 @@ def test_a_gemv_plan_keeps_a_kernel_for_more_rows(quantised, tmp_path):
     tensor-core kernel, and only prefill rows beyond that with the dequantising reference."""
     from dlrt.kernels.fp8_gemm import fp8_gemm
 
-    model = quantised["fp8"].model
+    model = quantised["fp8-weight_only"].model  # the GEMV is weight-only
     name, (fmt, layer) = next(iter(tq.quant_layers(model).items()))
     gemv = {"block_n": 16, "block_k": 128, "split_k": 1, "stages": 1, "warps": 2,
             "w8a8": False, "kind": "fma"}

@@ -34,8 +34,28 @@ FP8 = torch.float8_e4m3fn
 Fp8Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+ACTIVATIONS = ("dynamic", "weight_only")
+
+
 def _blocks(n: int) -> int:
     return -(-n // BLOCK)
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """The dynamic FP8 activation quantisation of block-scaled checkpoints (their
+    `activation_scheme: "dynamic"`), as a value: x [..., K] -> x' [..., K] in x's dtype, where
+    per row (token) and 128-column group s = amax(|x|) / 448 (1 for an all-zero group) and
+    x' = e4m3(clamp(x / s, -448, 448)) * s (round to nearest even; the product in fp32, then
+    one cast). `dlrt.kernels.fp8_gemm.quantize_x` writes the same codes and scales."""
+    k = x.shape[-1]
+    kb = _blocks(k)
+    xf = torch.zeros(*x.shape[:-1], kb * BLOCK, dtype=torch.float32, device=x.device)
+    xf[..., :k] = x.float()
+    groups = xf.view(*x.shape[:-1], kb, BLOCK)
+    amax = groups.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    q = (groups / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
+    return (q.float() * scale).view(*x.shape[:-1], kb * BLOCK)[..., :k].to(x.dtype)
 
 
 def quantize_fp8_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,23 +123,30 @@ class Fp8Format(QuantFormat):
 class Fp8Linear(LinearMethod):
     """y = x @ w^T with w held as FP8 blocks (`layer.weight`, `layer.weight_scale_inv`).
 
-    `kernel` (an `Fp8Kernel`, e.g. `dlrt.kernels.fp8_gemm.fp8_gemm`) serves CUDA inputs of at
-    most `max_rows` rows when set (by the load-time plan, `dlrt.tuning.quant`) and the scales
-    are in block rows (`FP8_FORMAT`); `wide` (another `Fp8Kernel`) serves the rows above
-    `max_rows` up to `wide_rows` (a plan that picked a 4-row GEMV for a round's rows keeps a
-    tensor-core kernel for the folded phase's 2B rows). Otherwise
-    (the CPU, prefill rows, a GPU without a kernel) the reference path: the weight is
-    dequantised block by block into x's dtype for this call (never kept) and multiplied with
-    `F.linear`, so its result equals the unquantised layer on the dequantised weight.
+    `activations`: "dynamic" (W8A8: x quantised per token and 128-column group at run time,
+    `quantize_activations`, as vLLM and SGLang run block-scaled checkpoints) or "weight_only"
+    (x stays in the model dtype: the exact product with the dequantised weight).
+    `kernel` (an `Fp8Kernel`, e.g. `dlrt.kernels.fp8_gemm.fp8_gemm` with a config of the same
+    activation mode) serves CUDA inputs of at most `max_rows` rows when set (by the load-time
+    plan, `dlrt.tuning.quant`) and the scales are in block rows (`FP8_FORMAT`); `wide`
+    (another `Fp8Kernel`) serves the rows above `max_rows` up to `wide_rows` (a plan that
+    picked a 4-row GEMV for a round's rows keeps a tensor-core kernel for the folded phase's
+    2B rows). Otherwise (the CPU, prefill rows, a GPU without a kernel) the reference path:
+    x quantised as a value when "dynamic", the weight dequantised block by block into x's
+    dtype for this call (never kept), then `F.linear`.
     """
 
     name = "fp8"
     quantized = True
 
     def __init__(self, kernel: Fp8Kernel | None = None, max_rows: int = 64,
-                 wide: Fp8Kernel | None = None, wide_rows: int = 64):
+                 wide: Fp8Kernel | None = None, wide_rows: int = 64,
+                 activations: str = "dynamic"):
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"fp8 activations {activations!r}: one of {ACTIVATIONS}")
         self.kernel, self.max_rows = kernel, max_rows
         self.wide, self.wide_rows = wide, wide_rows
+        self.activations = activations
 
     def kernel_for(self, rows: int) -> Fp8Kernel | None:
         """The kernel serving `rows` rows on the GPU (None: the reference path)."""
@@ -135,7 +162,30 @@ class Fp8Linear(LinearMethod):
             if kernel is not None:
                 y = kernel(x.reshape(rows, x.shape[-1]).contiguous(), w, scale)
                 return y.reshape(*x.shape[:-1], y.shape[-1])
-        return F.linear(x, dequantize_fp8_block(w, scale, x.dtype))
+        return reference_linear(x, w, scale, self.activations)
+
+    def __repr__(self) -> str:
+        return f"Fp8Linear(activations={self.activations!r}, kernel={self.kernel!r})"
+
+
+def reference_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
+                     activations: str) -> torch.Tensor:
+    """The FP8 layer's reference: x [..., K] (quantised as a value when `activations` is
+    "dynamic") @ the dequantised weight [N, K]^T in x's dtype -> [..., N]."""
+    if activations == "dynamic":
+        x = quantize_activations(x)
+    return F.linear(x, dequantize_fp8_block(weight, scale_inv, x.dtype))
+
+
+def set_activations(model: nn.Module, activations: str) -> int:
+    """Set the activation mode of every FP8 linear layer of `model`; the number of layers."""
+    methods = [m.method for m in model.modules() if isinstance(getattr(m, "method", None),
+                                                                Fp8Linear)]
+    for method in methods:
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"fp8 activations {activations!r}: one of {ACTIVATIONS}")
+        method.activations = activations
+    return len(methods)
 
 
 FP8_FORMAT = Fp8Format(block_rows=True)
