@@ -57,11 +57,12 @@ def test_fp8_checkpoint_on_cuda(made, preset, caplog):
         online.generate(prompt, max_new_tokens=16).token_ids
 
 
-@pytest.mark.parametrize("quantization", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("quantization", ["fp8", "fp8-weight_only", "nvfp4"])
 @pytest.mark.parametrize("preset", ["tiny-sdar", "tiny-sdar-moe", "tiny-llada2"])
 @pytest.mark.parametrize("strategy", ["low_confidence_static", "threshold"])
 def test_quantised_modes_identical(made, preset, quantization, strategy):
-    llm = _llm(made(preset, quantization))
+    quantization, _, mode = quantization.partition("-")
+    llm = _llm(made(preset, quantization), **({"fp8_activations": mode} if mode else {}))
     llm.model.lm_head.weight.data *= 50
     prompt = [(5 * i + 3) % 150000 for i in range(37)]
     out = {}
@@ -73,12 +74,15 @@ def test_quantised_modes_identical(made, preset, quantization, strategy):
     assert out["device_loop"] == out["host_loop"] == out["eager"], out
 
 
+@pytest.mark.parametrize("activations", ["dynamic", "weight_only"])
 @pytest.mark.parametrize("m", [1, 3, 16, 80])
-def test_fp8_kernel_seam(m):
-    """`Fp8Linear.kernel` set to the block-scaled FP8 GEMM serves up to `max_rows` rows and
-    matches the dequantising reference (fp32 sums in both: summation order only); more rows
-    take the reference path."""
-    from dlrt.kernels.fp8_gemm import fp8_gemm
+def test_fp8_kernel_seam(m, activations):
+    """`Fp8Linear.kernel` set to the block-scaled FP8 GEMM of the activation mode (W8A8 for
+    dynamic) serves up to `max_rows` rows and matches the reference path of the same mode
+    (fp32 sums in both: summation order only); more rows take the reference path."""
+    import functools
+
+    from dlrt.kernels.fp8_gemm import fp8_config, fp8_gemm
     from dlrt.layers.linear import Linear
     from dlrt.layers.quant.convert import quantize_module
     from dlrt.layers.quant.fp8 import FP8_FORMAT, Fp8Linear, quantize_fp8_block
@@ -91,9 +95,13 @@ def test_fp8_kernel_seam(m):
     layer.weight = torch.nn.Parameter(w, requires_grad=False)
     layer.weight_scale_inv = torch.nn.Parameter(s, requires_grad=False)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    layer.method = Fp8Linear(activations=activations)
     ref = layer(x)  # no kernel: the reference path
     calls = []
-    layer.method = Fp8Linear(kernel=lambda *a: calls.append(1) or fp8_gemm(*a))
+    gemm = fp8_gemm if activations == "weight_only" else functools.partial(
+        fp8_gemm, config=fp8_config(min(m, 64), n, k, w8a8=True))
+    layer.method = Fp8Linear(kernel=lambda *a: calls.append(1) or gemm(*a),
+                             activations=activations)
     out = layer(x)
     assert len(calls) == (1 if m <= 64 else 0)
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
