@@ -21,9 +21,7 @@ the tensor-core kernels run as wgmma, W8A8 on e4m3 operands with IEEE division.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +32,13 @@ pytest.importorskip("triton")
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from kernel_checks import (  # noqa: E402
+    assert_replay_matches_eager,
+    body,
+    compile_sm90,
+    global_loads,
+    ptx_folder,
+)
 
 from dlrt.kernels.fp8_gemm import (  # noqa: E402
     Fp8GemmConfig,
@@ -267,29 +272,12 @@ def test_graph_replay_bit_identical_gpu(kind):
     assert cfg.split_k > 1  # the reduction kernel is captured too
     if kind == "gemv":
         cfg = Fp8GemmConfig(8, 512, 1, stages=2, warps=4, kind="fma")
-    static_x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
     # fed by the RMSNorm kernel inside the graph: a PDL producer, as in a layer
     from dlrt.kernels.rms_norm import rms_norm
 
     norm_w = torch.rand(k, device=DEV, dtype=torch.bfloat16) + 0.5
-
-    def run(x):
-        return fp8_gemm(rms_norm(x, norm_w, 1e-6), w, s, cfg)
-
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        run(static_x)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        static_y = run(static_x)
-    for seed in range(3):
-        x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16,
-                        generator=torch.Generator(DEV).manual_seed(seed))
-        static_x.copy_(x)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(static_y, run(x))
+    assert_replay_matches_eager(lambda x: fp8_gemm(rms_norm(x, norm_w, 1e-6), w, s, cfg),
+                                (m, k))
 
 
 @pytest.mark.gpu
@@ -308,61 +296,29 @@ def test_native_cast_matches_the_rounding_gpu(monkeypatch):
 # --- sm_90 code (compiled on the CPU) ----------------------------------------------------------
 
 def _compile(out: Path) -> None:
-    """Write <variant>.ptx of the kernel at an SDAR-8B shape with PDL on (no interpreter)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from dlrt.kernels.fp8_gemm import _fp8_gemm_kernel as fn
+    """Write <variant>.ptx of the kernels at an SDAR-8B shape with PDL on (no interpreter)."""
+    from dlrt.kernels.fp8_gemm import _fp8_gemm_kernel, _fp8_gemv_kernel, _quant_x_kernel
 
     for name, w8a8 in (("weight_only", False), ("w8a8", True)):
         sig = dict(x_ptr="*fp8e4nv" if w8a8 else "*bf16", xs_ptr="*fp32", w_ptr="*fp8e4nv",
                    s_ptr="*fp32", y_ptr="*bf16", part_ptr="*fp32", M="i32", N="i32")
         consts = dict(K=4096, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, W8A8=w8a8,
                       PRECISION="tf32", PDL=True)
-        signature = {a: sig.get(a, "constexpr") for a in fn.arg_names}
-        aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-                   if sig.get(a, "").startswith("*")}
-        src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=aligned)
-        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                             options=dict(num_stages=4, num_warps=4)).asm["ptx"]
+        ptx = compile_sm90(_fp8_gemm_kernel, sig, consts, num_stages=4, num_warps=4)
         (out / f"{name}.ptx").write_text(ptx)
-    from dlrt.kernels.fp8_gemm import _quant_x_kernel as fn
-
     sig = dict(x_ptr="*bf16", q_ptr="*fp8e4nv", xs_ptr="*fp32")
-    src = ASTSource(fn=fn, signature={a: sig.get(a, "constexpr") for a in fn.arg_names},
-                    constexprs=dict(K=4096, EXACT_CAST=False, PDL=True))
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options=dict(num_stages=1, num_warps=1)).asm["ptx"]
+    ptx = compile_sm90(_quant_x_kernel, sig, dict(K=4096, EXACT_CAST=False, PDL=True),
+                       num_stages=1, num_warps=1)
     (out / "quant_x.ptx").write_text(ptx)
-    from dlrt.kernels.fp8_gemm import _fp8_gemv_kernel as fn
-
     sig = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", y_ptr="*bf16", N="i32")
-    signature = {a: sig.get(a, "constexpr") for a in fn.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-               if sig.get(a, "").startswith("*")}
     for name, (consts, warps) in GEMV_PTX.items():
-        src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=aligned)
-        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                             options=dict(num_stages=1, num_warps=warps)).asm["ptx"]
+        ptx = compile_sm90(_fp8_gemv_kernel, sig, consts, num_stages=1, num_warps=warps)
         (out / f"{name}.ptx").write_text(ptx)
 
 
 @pytest.fixture(scope="module")
 def ptx_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("fp8ptx")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(out / "cache")
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, __file__, str(out)], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
-
-
-def _body(ptx: str) -> list[str]:
-    lines = (re.sub(r"^@!?%p\d+\s+", "", ln.strip()) for ln in ptx.splitlines())
-    return [ln for ln in lines if ln and not ln.startswith("//")]
+    return ptx_folder(tmp_path_factory, __file__, "fp8ptx")
 
 
 _GEMV = dict(K=4096, ROWS=4, VEC=16, X_ROW=False, PDL=True)
@@ -378,7 +334,7 @@ def test_sm90_gemv_code(ptx_dir, name):
     PDL wait, x only after it; it releases its dependent after its last FMA; its loop has no
     barrier (x and the scales are read in the weight tile's layout)."""
     text = (ptx_dir / f"{name}.ptx").read_text()
-    lines = _body(text)
+    lines = body(text)
     consts, warps = GEMV_PTX[name]
     wait = min(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
     release = min(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch"))
@@ -399,11 +355,10 @@ def test_sm90_gemv_code(ptx_dir, name):
 
 @pytest.mark.parametrize("name", ["weight_only", "w8a8"])
 def test_sm90_code(ptx_dir, name):
-    lines = _body((ptx_dir / f"{name}.ptx").read_text())
+    lines = body((ptx_dir / f"{name}.ptx").read_text())
     wait = min(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
     release = min(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch"))
-    loads = [i for i, ln in enumerate(lines)
-             if re.match(r"ld\.global|cp\.async\.(ca|cg)|cp\.async\.bulk\.tensor", ln)]
+    loads = global_loads(lines)
     math = [i for i, ln in enumerate(lines) if re.match(r"(mma|wgmma)\.", ln)]
     assert loads and min(loads) > wait, "a global load before the PDL wait"
     assert math and max(math) < release, "the dependent is released inside the main loop"
@@ -414,7 +369,7 @@ def test_sm90_code(ptx_dir, name):
 
 def test_sm90_quant_x_code(ptx_dir):
     """The W8A8 activation quantisation casts with cvt.rn.satfinite and divides in IEEE."""
-    lines = _body((ptx_dir / "quant_x.ptx").read_text())
+    lines = body((ptx_dir / "quant_x.ptx").read_text())
     assert any(re.match(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ln) for ln in lines)
     assert not any(re.match(r"div\.(full|approx)", ln) for ln in lines)  # IEEE division
 

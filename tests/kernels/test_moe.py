@@ -17,6 +17,8 @@ import torch
 
 pytest.importorskip("triton")
 
+from kernel_checks import assert_replay_matches_eager  # noqa: E402
+
 from dlrt.kernels.moe import MoEConfig, fused_experts, moe_config, moe_form  # noqa: E402
 from dlrt.kernels.moe_align import align_pairs, max_tiles  # noqa: E402
 from dlrt.kernels.moe_route import route_topk  # noqa: E402
@@ -239,21 +241,7 @@ def test_graph_replay_bit_identical_gpu(n):
     def moe(x):
         return method.apply(layer, x, *method.route(layer, x))
 
-    static_x = torch.randn(n, 2048, device=DEV, dtype=torch.bfloat16)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        moe(static_x)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        static_out = moe(static_x)
-    for seed in range(3):
-        x = torch.randn(n, 2048, device=DEV, dtype=torch.bfloat16,
-                        generator=torch.Generator(DEV).manual_seed(seed))
-        static_x.copy_(x)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(static_out, moe(x))
+    assert_replay_matches_eager(moe, (n, 2048))
 
 
 @pytest.mark.gpu

@@ -17,9 +17,7 @@ calls. sm_90 compile test (CPU): the PDL protocol, tensor-core dots, no lookup l
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +25,14 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+
+from kernel_checks import (  # noqa: E402
+    assert_replay_matches_eager,
+    body,
+    compile_sm90,
+    global_loads,
+    ptx_folder,
+)
 
 from dlrt.kernels.nvfp4_gemm import (  # noqa: E402
     Nvfp4GemmConfig,
@@ -162,72 +168,36 @@ def test_graph_replay_bit_identical_gpu():
     _, w, s, g = make(m, n, k, torch.bfloat16, seed=3)
     cfg = nvfp4_config(m, n, k, w.device)
     assert cfg.split_k > 1
-    static_x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
     # fed by the RMSNorm kernel inside the graph: a PDL producer, as in a layer
     from dlrt.kernels.rms_norm import rms_norm
 
     norm_w = torch.rand(k, device=DEV, dtype=torch.bfloat16) + 0.5
-
-    def run(x):
-        return nvfp4_gemm(rms_norm(x, norm_w, 1e-6), w, s, g, cfg)
-
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        run(static_x)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        static_y = run(static_x)
-    for seed in range(3):
-        x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16,
-                        generator=torch.Generator(DEV).manual_seed(seed))
-        static_x.copy_(x)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(static_y, run(x))
+    assert_replay_matches_eager(lambda x: nvfp4_gemm(rms_norm(x, norm_w, 1e-6), w, s, g, cfg),
+                                (m, k))
 
 
 # --- sm_90 code (compiled on the CPU) ----------------------------------------------------------
 
 def _compile(out: Path) -> None:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from dlrt.kernels.nvfp4_gemm import _nvfp4_gemm_kernel as fn
+    from dlrt.kernels.nvfp4_gemm import _nvfp4_gemm_kernel
 
     sig = dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*fp8e4nv", g_ptr="*fp32", y_ptr="*bf16",
                part_ptr="*fp32", M="i32", N="i32")
     consts = dict(K=4096, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, ROW_SCALE=True,
                   PRECISION="tf32", PDL=True)
-    signature = {a: sig.get(a, "constexpr") for a in fn.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-               if sig.get(a, "").startswith("*")}
-    src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=aligned)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options=dict(num_stages=4, num_warps=4)).asm["ptx"]
+    ptx = compile_sm90(_nvfp4_gemm_kernel, sig, consts, num_stages=4, num_warps=4)
     (out / "nvfp4.ptx").write_text(ptx)
 
 
 @pytest.fixture(scope="module")
 def ptx(tmp_path_factory) -> list[str]:
-    out = tmp_path_factory.mktemp("nvfp4ptx")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(out / "cache")
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, __file__, str(out)], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = (re.sub(r"^@!?%p\d+\s+", "", ln.strip())
-             for ln in (out / "nvfp4.ptx").read_text().splitlines())
-    return [ln for ln in lines if ln and not ln.startswith("//")]
+    return body((ptx_folder(tmp_path_factory, __file__, "nvfp4ptx") / "nvfp4.ptx").read_text())
 
 
 def test_sm90_code(ptx):
     wait = min(i for i, ln in enumerate(ptx) if ln.startswith("griddepcontrol.wait"))
     release = min(i for i, ln in enumerate(ptx) if ln.startswith("griddepcontrol.launch"))
-    loads = [i for i, ln in enumerate(ptx)
-             if re.match(r"ld\.global|cp\.async\.(ca|cg)|cp\.async\.bulk\.tensor", ln)]
+    loads = global_loads(ptx)
     math = [i for i, ln in enumerate(ptx) if re.match(r"(mma|wgmma)\.", ln)]
     assert loads and min(loads) > wait, "a global load before the PDL wait"
     assert math and max(math) < release, "the dependent is released inside the main loop"

@@ -6,14 +6,13 @@ the GPU tests run the same kernels with PDL on against their references."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from kernel_checks import body, compile_sm90, global_loads, ptx_folder
 
 from dlrt.kernels import pdl
 
@@ -129,58 +128,29 @@ WEIGHT_FIRST = GEMVS  # load their first weight tiles before the wait
 
 def _compile_all(out: Path) -> None:
     """Write <name>-<pdl>.ptx for every kernel (run without TRITON_INTERPRET)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     kernels = _kernels()
     assert sorted(kernels) == NAMES
     for name, (fn, sig, consts) in kernels.items():
         for use_pdl in (True, False) if name in PDL_OFF else (True,):
-            c = {**consts, "PDL": use_pdl}
-            signature = {a: sig.get(a, "constexpr") for a in fn.arg_names}
-            assert set(signature) - set(sig) == set(c), name  # every argument typed or fixed
-            # pointers and int arguments 16-aligned, as Triton specialises real launches
-            aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-                       if sig.get(a, "").startswith("*")}
-            src = ASTSource(fn=fn, signature=signature, constexprs=c, attrs=aligned)
-            ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+            ptx = compile_sm90(fn, sig, {**consts, "PDL": use_pdl})
             (out / f"{name}-{int(use_pdl)}.ptx").write_text(ptx)
 
 
 @pytest.fixture(scope="module")
 def ptx_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("ptx")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(out / "cache")
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, __file__, str(out)], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+    return ptx_folder(tmp_path_factory, __file__, "ptx")
 
 
 def _ptx(ptx_dir: Path, name: str, use_pdl: bool) -> str:
     return (ptx_dir / f"{name}-{int(use_pdl)}.ptx").read_text()
 
 
-def _body(ptx: str) -> list[str]:
-    """Instruction lines without predicates ('@%p1 ld.global...' -> 'ld.global...')."""
-    lines = (re.sub(r"^@!?%p\d+\s+", "", ln.strip()) for ln in ptx.splitlines())
-    return [ln for ln in lines if ln and not ln.startswith("//")]
-
-
-def _loads(lines: list[str]) -> list[int]:
-    return [i for i, ln in enumerate(lines)
-            if re.match(r"ld\.global|cp\.async\.(ca|cg)|cp\.async\.bulk\.tensor", ln)]
-
-
 @pytest.mark.parametrize("name", sorted(set(NAMES) - set(WEIGHT_FIRST)))
 def test_no_global_load_before_wait(ptx_dir, name):
-    lines = _body(_ptx(ptx_dir, name, True))
+    lines = body(_ptx(ptx_dir, name, True))
     waits = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
     assert waits, "PDL kernel never waits for its predecessor"
-    loads = _loads(lines)
+    loads = global_loads(lines)
     assert loads and min(loads) > min(waits), f"{name} reads global memory before its wait"
     writes = [i for i, ln in enumerate(lines) if re.match(r"(st|atom|red)\.global", ln)]
     assert not writes or min(writes) > min(waits), f"{name} writes before its wait"
@@ -189,7 +159,7 @@ def test_no_global_load_before_wait(ptx_dir, name):
 
 @pytest.mark.parametrize("name", ["gemm"] + GEMVS)
 def test_gemms_release_after_their_main_loop(ptx_dir, name):
-    lines = _body(_ptx(ptx_dir, name, True))
+    lines = body(_ptx(ptx_dir, name, True))
     wait = next(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
     release = next(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch"))
     math = [i for i, ln in enumerate(lines) if re.match(r"(mma|wgmma|fma)\.", ln)]
@@ -198,7 +168,7 @@ def test_gemms_release_after_their_main_loop(ptx_dir, name):
         # a bf16 tile over 128 threads (4 warps) in 16-byte loads
         c = _kernels()[name][2]
         per_tile = c["BLOCK_N"] * c["BLOCK_K"] * 2 // 16 // 128
-        early = [lines[i] for i in _loads(lines) if i < wait]
+        early = [lines[i] for i in global_loads(lines) if i < wait]
         assert len(early) == 2 * per_tile, early
         assert all(ln.startswith("ld.global.v4") for ln in early), early
 
