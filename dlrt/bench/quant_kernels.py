@@ -11,7 +11,10 @@ than the L2 cache (each call streams its weight from HBM, as in a round):
                    the block-scaled numerics: a floor of what cuBLAS does with FP8 bytes)
   fp8 weight-only  `dlrt.kernels.fp8_gemm`, 128 x 128 block scales, x bf16 (tensor-core
                    kernel; at M <= 4 the GEMV's configs compete too)
-  fp8 w8a8         the same weight, x quantised per token and 128-column group in the kernel
+  fp8 w8a8         the same weight, x quantised per token and 128-column group
+                   (`fp8_gemm.quantize_x`, then the fp8 x fp8 kernel)
+  fp8 deepgemm     DeepGEMM's `fp8_gemm_nt` (sgl-deep-gemm) on the same x codes and weight,
+                   when the package is installed
   nvfp4            `dlrt.kernels.nvfp4_gemm`, per-16 e4m3 scales and a global scale
 
 Each Triton variant times its default config and up to `configs` candidates and keeps the
@@ -61,51 +64,32 @@ def _time(fn: Callable[..., Any], copies: list[tuple[torch.Tensor, ...]], norm) 
     return graph_us(lambda: [fn(norm(), *c) for c in copies], reps=2) / len(copies)
 
 
-def quantise_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] -> (e4m3 [N, K], fp32 scale_inv [ceil(N/128), ceil(K/128)]): per 128 x 128
-    block, scale = amax / 448."""
-    n, k = w.shape
-    bn, bk = -(-n // 128), -(-k // 128)
-    pad = torch.zeros(bn * 128, bk * 128, dtype=torch.float32, device=w.device)
-    pad[:n, :k] = w.float()
-    blocks = pad.view(bn, 128, bk, 128)
-    amax = blocks.abs().amax(dim=(1, 3))
-    s = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
-    q = (blocks / s[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
-    return q.view(bn * 128, bk * 128)[:n, :k].contiguous(), s.contiguous()
+def held_weights(w: torch.Tensor) -> dict[str, tuple[torch.Tensor, ...]]:
+    """w [N, K] -> the tensors each format's kernel reads, as the layers hold them: "bf16"
+    (w,), "fp8" (e4m3 [N, K], scale_inv [ceil(N/128), ceil(K/128)]: 128 x 128 blocks) and,
+    when K is a multiple of 16, "nvfp4" (uint8 [N, K/2], e4m3 [N, K/16], the global scale
+    fp32 [1]) (`dlrt.layers.quant.fp8.quantize_fp8_block`, `nvfp4.quantize_nvfp4`)."""
+    from dlrt.layers.quant.fp8 import quantize_fp8_block
+    from dlrt.layers.quant.nvfp4 import quantize_nvfp4
+
+    out = {"bf16": (w,), "fp8": quantize_fp8_block(w)}
+    if w.shape[1] % 16 == 0:
+        p, sc, g = quantize_nvfp4(w)
+        out["nvfp4"] = (p, sc, g.reshape(1))
+    return out
 
 
-def dequant_fp8(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    n, k = q.shape
-    full = s.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
-    return q.float() * full
+def dequantised(fmt: str, held: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The fp32 weight [N, K] that `held` (from `held_weights`) stands for."""
+    from dlrt.layers.quant.fp8 import dequantize_fp8_block
+    from dlrt.layers.quant.nvfp4 import dequantize_nvfp4
 
-
-E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-
-
-def quantise_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """w [N, K] (K a multiple of 16) -> (uint8 [N, K/2] with element 2j in the low nibble,
-    e4m3 scales [N, K/16], fp32 global scale [1]): global = amax / (448 * 6), block scale =
-    e4m3(block amax / 6 / global), each value rounded to the nearest e2m1 magnitude."""
-    n, k = w.shape
-    wf = w.float()
-    g = (wf.abs().amax() / (448.0 * 6.0)).clamp(min=1e-12).reshape(1)
-    blocks = wf.view(n, k // 16, 16)
-    s = (blocks.abs().amax(dim=2) / 6.0 / g).clamp(max=448.0).to(torch.float8_e4m3fn)
-    denom = (s.float() * g)[:, :, None]
-    v = torch.where(denom > 0, blocks / denom, torch.zeros_like(blocks)).reshape(n, k)
-    grid = torch.tensor(E2M1, device=w.device)
-    code = (v.abs()[..., None] - grid).abs().argmin(dim=-1) | ((v < 0).long() << 3)
-    packed = (code[:, 0::2] | (code[:, 1::2] << 4)).to(torch.uint8)
-    return packed.contiguous(), s.contiguous(), g.float().contiguous()
-
-
-def dequant_nvfp4(p: torch.Tensor, s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    lut = torch.tensor(E2M1, device=p.device)
-    lut = torch.cat([lut, -lut])
-    codes = torch.stack([p.long() & 15, p.long() >> 4], dim=-1).reshape(p.shape[0], -1)
-    return lut[codes] * s.float().repeat_interleave(16, dim=1) * g
+    if fmt == "fp8":
+        return dequantize_fp8_block(*held, torch.float32)
+    if fmt == "nvfp4":
+        p, sc, g = held
+        return dequantize_nvfp4(p, sc, g.expand(p.shape[0]), torch.float32)
+    return held[0].float()
 
 
 def _best(fn, configs, copies, norm) -> tuple[float, Any]:
@@ -120,7 +104,7 @@ def _best(fn, configs, copies, norm) -> tuple[float, Any]:
 def bench_shape(n: int, k: int, rows: tuple[int, ...] = (1, 4, 16), configs: int = 8,
                 seed: int = 0) -> list[dict[str, Any]]:
     """Rows of the report (see the module docstring) for the weight shape [n, k]."""
-    from dlrt.kernels.fp8_gemm import fp8_candidates, fp8_config, fp8_gemm
+    from dlrt.kernels.fp8_gemm import fp8_candidates, fp8_config, fp8_gemm, quantize_x
     from dlrt.kernels.nvfp4_gemm import nvfp4_candidates, nvfp4_config, nvfp4_gemm
     from dlrt.kernels.rms_norm import rms_norm
     from dlrt.kernels.skinny_gemm import skinny_gemm
@@ -130,15 +114,11 @@ def bench_shape(n: int, k: int, rows: tuple[int, ...] = (1, 4, 16), configs: int
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     torch.manual_seed(seed)
     w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
-    q8, s8 = quantise_fp8(w)
-    p4, s4, g4 = quantise_nvfp4(w) if k % 16 == 0 else (None, None, None)
+    held = held_weights(w)
+    q8, s8 = held["fp8"]
     one = torch.ones((), device=dev)
-    cold = {"bf16": _cold((w,)), "fp8": _cold((q8, s8))}
-    if p4 is not None:
-        cold["nvfp4"] = _cold((p4, s4, g4))
-    ref_w = {"bf16": w.float(), "fp8": dequant_fp8(q8, s8)}
-    if p4 is not None:
-        ref_w["nvfp4"] = dequant_nvfp4(p4, s4, g4)
+    cold = {fmt: _cold(t) for fmt, t in held.items()}
+    ref_w = {fmt: dequantised(fmt, t) for fmt, t in held.items()}
     nbytes = {"bf16": 2 * n * k, "fp8": n * k + 4 * s8.numel(),
               "nvfp4": n * k // 2 + n * (k // 16) + 4}
 
@@ -181,10 +161,23 @@ def bench_shape(n: int, k: int, rows: tuple[int, ...] = (1, 4, 16), configs: int
             us, cfg = _best(fp8_gemm, cfgs, cold["fp8"], norm)
             name = "fp8 w8a8" if w8a8 else "fp8 weight-only"
             impls.append((name, "fp8", us, cfg, fp8_gemm(h, q8, s8, cfg)))
-        if p4 is not None:
+        try:  # DeepGEMM's block-scaled W8A8 GEMM, x quantised as dlrt's W8A8 does
+            import deep_gemm
+
+            def deepgemm(h, q, s):
+                xq, xs = quantize_x(h)
+                y = torch.empty(h.shape[0], n, device=dev, dtype=torch.bfloat16)
+                deep_gemm.fp8_gemm_nt((xq, xs), (q, s), y)
+                return y
+
+            us = _time(deepgemm, cold["fp8"], norm)
+            impls.append(("fp8 deepgemm", "fp8", us, "fp8_gemm_nt", deepgemm(h, q8, s8)))
+        except Exception as e:  # noqa: BLE001 - absent, or refusing this shape: say so
+            print(f"[{n},{k}] M={m}: DeepGEMM not timed ({type(e).__name__}: {e})")
+        if "nvfp4" in held:
             cfgs = pick(nvfp4_candidates(n, k, dev), nvfp4_config(m, n, k, dev))
             us, cfg = _best(nvfp4_gemm, cfgs, cold["nvfp4"], norm)
-            impls.append(("nvfp4", "nvfp4", us, cfg, nvfp4_gemm(h, p4, s4, g4, cfg)))
+            impls.append(("nvfp4", "nvfp4", us, cfg, nvfp4_gemm(h, *held["nvfp4"], cfg)))
         base = impls[0][2] - norm_us
         for name, fmt, us, cfg, y in impls:
             alone = max(us - norm_us, 1e-3)
