@@ -148,6 +148,12 @@ def _bench_humaneval(args: argparse.Namespace) -> int:
     return humaneval.main(args, engine_kwargs(args), kw)
 
 
+def _bench_quality(args: argparse.Namespace) -> int:
+    from dlrt.bench import quality
+
+    return quality.main(args, engine_kwargs(args))
+
+
 def _bench_serve(args: argparse.Namespace) -> int:
     from dlrt.bench import serve
 
@@ -320,6 +326,34 @@ def build_parser() -> argparse.ArgumentParser:
     bk.add_argument("--rows", type=_positive(int), default=4, help="rows N (the block length)")
     bk.add_argument("--out", default=BENCH_OUT, help=OUT_HELP)
     bk.set_defaults(func=_bench_kernels)
+
+    bq = bench.add_parser("quality", help="per remasking strategy and block length: held-out "
+                                          "continuation accuracy, HumanEval parse rate, TPF, "
+                                          "rounds per block, TPS; table, JSON, PNG")
+    add_engine_flags(bq)
+    bq.add_argument("--settings", default=None,
+                    help="comma-separated setting labels or strategy names (default: all; "
+                         "see dlrt.bench.quality.SETTINGS)")
+    bq.add_argument("--blocks", default="4,8", help="block lengths (default 4,8)")
+    bq.add_argument("--num-heldout", type=_positive(int), default=32,
+                    help="held-out continuation samples (default 32)")
+    bq.add_argument("--heldout-root", default=None,
+                    help="folder of .py files whose held-out split is used (default: this "
+                         "Python's standard library, the default model's corpus)")
+    bq.add_argument("--prefix-tokens", type=_positive(int), default=256,
+                    help="tokens of held-out prefix (default 256)")
+    bq.add_argument("--new-tokens", type=_positive(int), default=64,
+                    help="continuation tokens compared (default 64)")
+    bq.add_argument("--data", default=None,
+                    help="humaneval.jsonl (default: the 164 problems shipped with dlrt)")
+    bq.add_argument("--num-prompts", type=_int_in(0), default=164,
+                    help="HumanEval prompts (default 164; 0: none)")
+    bq.add_argument("--humaneval-tokens", type=_positive(int), default=128,
+                    help="new tokens per HumanEval completion at most (default 128)")
+    bq.add_argument("--seed", type=int, default=0, help="held-out sample selection seed")
+    bq.add_argument("--quiet", action="store_true", help="no progress bar")
+    bq.add_argument("--out", default=BENCH_OUT, help=OUT_HELP)
+    bq.set_defaults(func=_bench_quality)
 
     ba = bench.add_parser("accuracy", help="FP8 / NVFP4 logits of one prefill forward against "
                                            "the dequantised weights and the unquantised model")

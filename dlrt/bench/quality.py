@@ -1,0 +1,240 @@
+"""Decoding quality against speed, per remasking strategy and block length (`dlrt bench quality`).
+
+For every block length and strategy setting (`SETTINGS`: the strategies with their threshold
+values; greedy, temperature 0) on one loaded model:
+
+- held-out continuation: from held-out Python files (by default the held-out split of the
+  standard-library corpus the default model is trained on, `dlrt.train.corpus`), each sample is
+  a prefix that ends at a line start (the last `prefix_tokens` tokens of it) and the next
+  `new_tokens` tokens of the file; the model continues the prefix greedily for `new_tokens`
+  tokens (EOS ignored). `token_accuracy`: the share of generated tokens equal to the file's
+  token at the same position; `first_line_exact`: the share of samples whose generated text
+  and the file agree up to the file's first newline (the whole next line, exactly).
+- HumanEval: each prompt is completed (up to `humaneval_tokens` tokens, stopping at EOS), the
+  completion cut at the first stop sequence of the Codex evaluation (`STOPS`: a new top-level
+  def / class / if / print / comment), and `parses` is the share of prompt + completion that
+  `ast.parse` accepts.
+- speed: `tpf` (new tokens per denoising round, both sets together), `rounds_per_block`, and
+  `tps` (new tokens per second of generate calls, in the LLM's execution mode).
+
+It prints a table, writes a JSON record and, when matplotlib is installed, a PNG beside it: TPF
+against held-out token accuracy, one marker per setting and a line per block length.
+
+    dlrt bench quality --num-heldout 32 --num-prompts 164 --blocks 4,8
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from dlrt.bench.report import table, write_json
+
+# (label, decoding options): the strategies and the settings the table compares
+SETTINGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("sequential", {"remasking_strategy": "sequential"}),
+    ("low_confidence_static", {"remasking_strategy": "low_confidence_static"}),
+    *((f"low_confidence_dynamic@{t}",
+       {"remasking_strategy": "low_confidence_dynamic", "threshold": t})
+      for t in (0.7, 0.8, 0.9, 0.95)),
+    *((f"threshold@{t}", {"remasking_strategy": "threshold", "threshold": t})
+      for t in (0.7, 0.9)),
+    ("entropy_bounded", {"remasking_strategy": "entropy_bounded"}),
+    ("dynamic_pmax", {"remasking_strategy": "dynamic_pmax"}),
+    ("random", {"remasking_strategy": "random"}),
+    ("credit", {"remasking_strategy": "credit"}),
+    ("hierarchical", {"remasking_strategy": "hierarchical"}),
+)
+STOPS = ("\ndef ", "\nclass ", "\nif ", "\nprint(", "\n#")
+COLUMNS = ["block", "setting", "token_accuracy", "first_line_exact", "parses", "tpf",
+           "rounds_per_block", "tps"]
+
+
+def settings(names: str | None) -> list[tuple[str, dict[str, Any]]]:
+    """The settings named (comma-separated labels or strategy names; None: all).
+
+    Raises:
+        ValueError: a name that is neither a label nor a strategy of `SETTINGS`.
+    """
+    if not names:
+        return list(SETTINGS)
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    out = []
+    for name in wanted:
+        hits = [s for s in SETTINGS if name in (s[0], s[1]["remasking_strategy"])]
+        if not hits:
+            raise ValueError(f"unknown setting {name!r}; one of "
+                             f"{', '.join(label for label, _ in SETTINGS)}")
+        out += [s for s in hits if s not in out]
+    return out
+
+
+def heldout_samples(tokenizer, texts: list[str], count: int, prefix_tokens: int,
+                    new_tokens: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """Up to `count` (prefix ids, true continuation ids) pairs: files taken in a seeded order,
+    one sample each (cycling while more are needed and some file can give one); the cut is a
+    line start at a seeded position in the middle half of the file's lines, whose continuation
+    has at least `new_tokens` tokens."""
+    rng = random.Random(seed)
+    order = list(range(len(texts)))
+    rng.shuffle(order)
+    out: list[tuple[list[int], list[int]]] = []
+    while len(out) < count:
+        before = len(out)
+        for i in order:
+            lines = texts[i].splitlines(keepends=True)
+            if len(lines) < 8:
+                continue
+            cut = rng.randrange(len(lines) // 4, 3 * len(lines) // 4)
+            prefix = tokenizer.encode("".join(lines[:cut]), add_special_tokens=False)
+            cont = tokenizer.encode("".join(lines[cut:]), add_special_tokens=False)
+            if len(prefix) < 8 or len(cont) < new_tokens:
+                continue
+            out.append((prefix[-prefix_tokens:], cont[:new_tokens]))
+            if len(out) == count:
+                break
+        if len(out) == before:  # no file can give a sample
+            break
+    return out
+
+
+def first_line_match(generated: str, truth: str) -> bool:
+    """Whether `generated` equals `truth` up to and including truth's first newline (all of
+    truth when it has none)."""
+    end = truth.find("\n")
+    line = truth if end < 0 else truth[:end + 1]
+    return generated[:len(line)] == line
+
+
+def parses(prompt: str, completion: str) -> bool:
+    """Whether prompt + completion, cut at the first of `STOPS`, is valid Python."""
+    cut = min((i for i in (completion.find(s) for s in STOPS) if i >= 0),
+              default=len(completion))
+    try:
+        ast.parse(prompt + completion[:cut])
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def _generate(llm, prompt, options: dict[str, Any], stats: dict[str, float]):
+    if llm.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    r = llm.generate(prompt, **options)
+    stats["seconds"] += time.perf_counter() - t0
+    stats["tokens"] += len(r.token_ids)
+    stats["rounds"] += sum(r.denoise_steps)
+    stats["blocks"] += len(r.denoise_steps)
+    return r
+
+
+def score(llm, block: int, options: dict[str, Any], samples, prompts: list[str],
+          new_tokens: int, humaneval_tokens: int) -> dict[str, Any]:
+    """One row of the table: quality on both sets and the speed of the generate calls."""
+    stats = dict(seconds=0.0, tokens=0, rounds=0, blocks=0)
+    base = dict(options, block_length=block, temperature=0.0)
+    correct = lines = 0
+    for prefix, truth in samples:
+        r = _generate(llm, prefix, dict(base, max_new_tokens=new_tokens, ignore_eos=True), stats)
+        correct += sum(a == b for a, b in zip(r.token_ids, truth, strict=False))
+        lines += first_line_match(llm.tokenizer.decode(r.token_ids),
+                                  llm.tokenizer.decode(truth))
+    ok = 0
+    for prompt in prompts:
+        r = _generate(llm, prompt, dict(base, max_new_tokens=humaneval_tokens), stats)
+        ok += parses(prompt, r.text)
+    return dict(
+        token_accuracy=correct / max(len(samples) * new_tokens, 1),
+        first_line_exact=lines / max(len(samples), 1),
+        parses=ok / max(len(prompts), 1),
+        tpf=stats["tokens"] / max(stats["rounds"], 1),
+        rounds_per_block=stats["rounds"] / max(stats["blocks"], 1),
+        tps=stats["tokens"] / max(stats["seconds"], 1e-9),
+        heldout_samples=len(samples), humaneval_prompts=len(prompts),
+        new_tokens=stats["tokens"], rounds=stats["rounds"])
+
+
+def run(llm, blocks: list[int], chosen: list[tuple[str, dict[str, Any]]], samples,
+        prompts: list[str], new_tokens: int = 64, humaneval_tokens: int = 128,
+        progress=None) -> list[dict[str, Any]]:
+    """The rows of every (block, setting), in that order."""
+    rows = []
+    for block in blocks:
+        for label, options in chosen:
+            rows.append(dict(block=block, setting=label, options=options,
+                             **score(llm, block, options, samples, prompts, new_tokens,
+                                     humaneval_tokens)))
+            if progress is not None:
+                progress.update(1)
+    return rows
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> bool:
+    """TPF against held-out token accuracy as a PNG at `path`; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for block in sorted({r["block"] for r in rows}):
+        mine = [r for r in rows if r["block"] == block]
+        ax.scatter([r["tpf"] for r in mine], [r["token_accuracy"] for r in mine],
+                   label=f"block {block}")
+        for r in mine:
+            ax.annotate(r["setting"], (r["tpf"], r["token_accuracy"]), fontsize=7)
+    ax.set_xlabel("tokens per forward (TPF)")
+    ax.set_ylabel("held-out continuation token accuracy")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(args, llm_kwargs: dict[str, Any]) -> int:
+    from tqdm import tqdm
+
+    from dlrt import LLM
+    from dlrt.bench.humaneval import load_prompts
+    from dlrt.train.corpus import load_corpus
+
+    try:
+        chosen = settings(args.settings)
+    except ValueError as e:
+        raise SystemExit(f"--settings: {e}") from None
+    blocks = [int(b) for b in args.blocks.split(",")]
+    llm = LLM(**llm_kwargs)
+    if llm.tokenizer is None:
+        raise SystemExit("bench quality needs a model with a tokenizer (held-out text and "
+                         "HumanEval prompts are text)")
+    corpus = load_corpus(args.heldout_root)
+    samples = heldout_samples(llm.tokenizer, [t for _, t in corpus.held_out],
+                              args.num_heldout, args.prefix_tokens, args.new_tokens, args.seed)
+    prompts = [p["prompt"] for p in load_prompts(args.data, args.num_prompts)]
+    with tqdm(total=len(blocks) * len(chosen), desc="settings", disable=args.quiet) as bar:
+        rows = run(llm, blocks, chosen, samples, prompts, args.new_tokens,
+                   args.humaneval_tokens, bar)
+    print(table(rows, COLUMNS))
+    name = f"quality-{str(llm_kwargs.get('model') or 'default').rstrip('/').split('/')[-1]}"
+    path = write_json(name, dict(model=str(llm_kwargs.get("model")),
+                                 execution_mode=llm.execution_mode,
+                                 heldout=dict(corpus.record(), samples=len(samples),
+                                              prefix_tokens=args.prefix_tokens,
+                                              new_tokens=args.new_tokens, seed=args.seed),
+                                 humaneval=dict(prompts=len(prompts),
+                                                max_new_tokens=args.humaneval_tokens),
+                                 rows=rows), llm.device, args.out)
+    print(f"wrote {path}")
+    png = path.with_suffix(".png")
+    print(f"wrote {png}" if plot(rows, png) else "no plot: matplotlib is not installed")
+    return 0
