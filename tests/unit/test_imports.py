@@ -26,7 +26,7 @@ RANKS = [  # bottom to top
     ("dlrt.runtime", "dlrt.distributed"),
     ("dlrt.config.engine", "dlrt.engine"),
     ("dlrt.llm", "dlrt"),
-    ("dlrt.server", "dlrt.bench", "dlrt.entrypoints", "dlrt.__main__"),
+    ("dlrt.server", "dlrt.bench", "dlrt.entrypoints", "dlrt.__main__", "dlrt.train"),
 ]
 
 
