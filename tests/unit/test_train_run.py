@@ -1,0 +1,144 @@
+"""The trainer end to end on a tiny corpus and a tiny model: the loss falls, the folder it
+writes loads with dlrt and generates, and dlrt reproduces the training model's logits in both
+the plain block-causal layout and the block-diffusion layout it was trained in."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dlrt.train.export import RECORD_NAME, saved_copy
+from dlrt.train.loop import TrainConfig, lr_at, train
+from dlrt.train.model import SDARTrainModel, Shape
+from dlrt.train.objective import block_diffusion_mask, diffusion_inputs, fixed_ratio_noise
+
+TINY = dict(steps=40, batch_size=8, seq_len=32, lr=5e-3, warmup_steps=4, eval_every=20,
+            eval_windows=8, vocab_size=320, hidden_size=32, num_layers=2, num_heads=2,
+            num_kv_heads=1, head_dim=16, intermediate_size=64, held_out_share=0.3,
+            progress=False, compile=False, device="cpu")
+
+
+def _corpus(root: Path) -> Path:
+    names = ["alpha", "beta", "gamma", "delta", "omega"]
+    for i in range(24):
+        lines = [f"def {names[i % 5]}_{j}(value):\n    return value + {j}\n\n" for j in range(12)]
+        (root / f"module_{i}.py").write_text("".join(lines))
+    return root
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = _corpus(tmp_path_factory.mktemp("lib"))
+    out = tmp_path_factory.mktemp("model") / "tiny-default"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # NOTE: tiny matrices: threads only contend on a shared CPU
+    try:
+        return train(TrainConfig(out=str(out), corpus_root=str(root), **TINY))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_loss_falls(run):
+    first, last = run.evals[0], run.evals[-1]
+    assert first["step"] == 0 and last["step"] == TINY["steps"]
+    assert last["loss"] < first["loss"] - 0.5
+    assert sum(run.losses[-10:]) < sum(run.losses[:10])
+    assert len(run.losses) == TINY["steps"]
+
+
+def test_folder(run):
+    folder = run.folder
+    for name in ("config.json", "generation_config.json", "model.safetensors",
+                 "tokenizer.json", "tokenizer_config.json", RECORD_NAME):
+        assert (folder / name).is_file(), name
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "sdar" and config["block_size"] == 4
+    assert config["mask_token_id"] == 1 and config["eos_token_id"] == 0
+    assert config["vocab_size"] % 64 == 0 and config["tie_word_embeddings"]
+    record = json.loads((folder / RECORD_NAME).read_text())
+    assert record["corpus"]["files"]["train"] + record["corpus"]["files"]["held_out"] == 24
+    assert record["corpus"]["tokens"]["train"] > 0
+    assert record["training"]["steps"] == TINY["steps"]
+    assert record["training"]["stopped_by"] == "steps"
+    saved = load_file(str(folder / "model.safetensors"))
+    assert record["model"]["parameters"] == sum(t.numel() for t in saved.values())
+    assert "lm_head.weight" not in saved  # tied to model.embed_tokens.weight
+    assert 0 <= record["held_out"]["accuracy"] <= 1
+    assert 0 <= record["held_out"]["unigram_accuracy"] <= 1
+    assert record["held_out"]["long_block"]["block_length"] == 8
+    assert record["dlrt_logits_rel_error"] < 1e-5
+
+
+def test_dlrt_generates(run):
+    from dlrt.llm import LLM
+
+    llm = LLM(str(run.folder), device="cpu")
+    out = llm.generate("def alpha_3(value):\n", max_new_tokens=8)
+    assert out.token_ids and all(0 <= t < llm.config.vocab_size for t in out.token_ids)
+    chat = llm.generate([{"role": "user", "content": "add one"}], max_new_tokens=4,
+                        block_length=8)
+    assert chat.prompt_token_ids[0] == llm.tokenizer.encode("#", add_special_tokens=False)[0]
+
+
+def test_dlrt_reproduces_the_training_layout(run):
+    """A noisy block's logits in the training forward ([x_t; x0] under the block-diffusion
+    mask) equal dlrt's block-causal forward of the clean prefix followed by that block."""
+    from dlrt.llm import LLM
+
+    config = json.loads((run.folder / "config.json").read_text())
+    shape = Shape(**{k: config[k] for k in Shape.__dataclass_fields__})
+    model = SDARTrainModel(shape)
+    model.load_state_dict(load_file(str(run.folder / "model.safetensors")), strict=False)
+    model = saved_copy(model, "float32")
+    llm = LLM(str(run.folder), device="cpu", dtype="float32")
+    n, b = 16, 4
+    x0 = torch.randint(3, 300, (1, n), generator=torch.Generator().manual_seed(0))
+    x_t, _ = fixed_ratio_noise(x0, b, config["mask_token_id"], 0.5,
+                               torch.Generator().manual_seed(1))
+    ids, pos = diffusion_inputs(x_t, x0)
+    with torch.no_grad():
+        train_logits = model.logits(model(ids, pos, block_diffusion_mask(n, b))[0, :n])
+    for i in range(n // b):
+        seq = torch.cat((x0[0, : i * b], x_t[0, i * b:(i + 1) * b]))
+        ours = llm.runner.forward_at(seq, 0, chunk_block=b)[-b:]
+        want = train_logits[i * b:(i + 1) * b]
+        assert ((ours - want).norm() / want.norm()).item() < 1e-5, i
+
+
+def test_schedule():
+    cfg = TrainConfig(lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_at(cfg, 0, 0.0) == pytest.approx(0.1)
+    assert lr_at(cfg, 10, 0.0) == pytest.approx(1.0)
+    assert lr_at(cfg, 50, 0.5) == pytest.approx(0.55)
+    assert lr_at(cfg, 99, 1.0) == pytest.approx(0.1)
+    assert lr_at(cfg, 99, 2.0) == pytest.approx(0.1)  # past the time limit: the floor
+
+
+def test_cli_flags_are_the_config_fields():
+    path = Path(__file__).resolve().parents[2] / "tools" / "train_default.py"
+    spec = importlib.util.spec_from_file_location("train_default", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    args = tool.parser().parse_args(["--steps", "5", "--no-compile", "--out", "x"])
+    cfg = TrainConfig(**vars(args))
+    assert cfg.steps == 5 and not cfg.compile and cfg.out == "x"
+    assert cfg.batch_size == TrainConfig().batch_size
+
+
+def test_refuses_an_existing_folder(tmp_path):
+    with pytest.raises(FileExistsError):
+        train(TrainConfig(out=str(tmp_path)))
+    with pytest.raises(ValueError, match="multiple"):
+        TrainConfig(seq_len=30).check()
+
+
+def test_default_model_size():
+    """The default shape stays within 8M parameters, the embedding (tied head) included."""
+    model = SDARTrainModel(TrainConfig().shape(8192))
+    assert model.num_parameters() == 7_606_912 <= 8_000_000
+    assert TrainConfig().seq_len % 8 == 0
