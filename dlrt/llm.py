@@ -124,8 +124,8 @@ class LLM:
                 when `chat=True`.
             max_new_tokens and **options: see `dlrt.decoding.options.DecodingOptions`
                 (block_length, denoising_steps, remasking_strategy, threshold, eb_threshold,
-                editing_threshold, max_post_steps, temperature, top_k, top_p, seed, stop,
-                ignore_eos).
+                low_threshold, credit_weight, credit_boost, credit_decay, editing_threshold,
+                max_post_steps, temperature, top_k, top_p, seed, stop, ignore_eos).
         Raises:
             OptionError: unknown option or bad value. PromptError: bad or too long prompt.
         """

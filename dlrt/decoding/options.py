@@ -10,7 +10,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlrt.decoding.sampling import SamplingSpec
-from dlrt.decoding.strategies import STRATEGIES, StrategySpec
+from dlrt.decoding.strategies import (
+    CREDIT_BOOST,
+    CREDIT_DECAY,
+    CREDIT_WEIGHT,
+    LOW_THRESHOLD,
+    MAX_CREDIT_WEIGHT,
+    STRATEGIES,
+    StrategySpec,
+)
 from dlrt.errors import OptionError
 
 # NOTE: every post pass is a forward; a block that keeps editing runs them all, and the server
@@ -26,8 +34,17 @@ class DecodingOptions:
     block_length: B, positions denoised together (>= 1).
     denoising_steps: T, round budget per block (>= 1); default B (one token per round).
     remasking_strategy: one of `dlrt.decoding.strategies.STRATEGIES`.
-    threshold: confidence bar in [0, 1] (low_confidence_dynamic, threshold, dynamic_pmax).
+    threshold: confidence bar in [0, 1] (low_confidence_dynamic, threshold, dynamic_pmax,
+        credit, hierarchical).
     eb_threshold: entropy budget in nats (> 0) of `entropy_bounded`.
+    low_threshold: in [0, 1]; `hierarchical` commits a span's most confident position only
+        when its p is above it (dInfer's low_threshold; default 0.4).
+    credit_weight: in [0, 100]; `credit` adds credit_weight * log(1 + credit) to the logits
+        (dInfer's credit_alpha; default 0.7).
+    credit_boost: >= 0; each round adds p ** credit_boost to the credit of a masked
+        position's argmax token (dInfer's boost_gamma; default 0.2).
+    credit_decay: in [0, 1]; the share of the credit kept from one round to the next
+        (dInfer's decay_beta; default 0.8).
     editing_threshold: in [0, 1]; rewrite a decided position of the active block when its
         candidate differs with p above it (LLaDA2.1 token editing; `block` decoder and
         families that edit only). Default None: no edits.
@@ -45,6 +62,10 @@ class DecodingOptions:
     remasking_strategy: str | None = None
     threshold: float | None = None
     eb_threshold: float | None = None
+    low_threshold: float | None = None
+    credit_weight: float | None = None
+    credit_boost: float | None = None
+    credit_decay: float | None = None
     editing_threshold: float | None = None
     max_post_steps: int | None = None
     temperature: float | None = None
@@ -75,7 +96,8 @@ class DecodingOptions:
     def _check_types(self) -> None:
         ints = ("max_new_tokens", "block_length", "denoising_steps", "top_k", "seed",
                 "max_post_steps")
-        floats = ("threshold", "eb_threshold", "editing_threshold", "temperature", "top_p")
+        floats = ("threshold", "eb_threshold", "low_threshold", "credit_weight", "credit_boost",
+                  "credit_decay", "editing_threshold", "temperature", "top_p")
         for name in ints:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
@@ -103,6 +125,10 @@ class DecoderDefaults:
     remasking_strategy: str
     threshold: float = 0.9
     eb_threshold: float = 0.35
+    low_threshold: float = LOW_THRESHOLD
+    credit_weight: float = CREDIT_WEIGHT
+    credit_boost: float = CREDIT_BOOST
+    credit_decay: float = CREDIT_DECAY
     editing_threshold: float | None = None
     max_post_steps: int = 16
 
@@ -131,8 +157,9 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     otherwise greedy. `random_seed` is used when the request gives no seed.
 
     Raises:
-        OptionError: a value out of range (the message names the option): threshold or
-            editing_threshold outside [0, 1], a negative max_post_steps, ...
+        OptionError: a value out of range (the message names the option): threshold,
+            low_threshold, credit_decay or editing_threshold outside [0, 1], credit_weight
+            outside [0, 100], a negative credit_boost or max_post_steps, ...
     """
     gen = generation_config
     sample = bool(gen.get("do_sample", False))
@@ -149,6 +176,16 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     _check(0.0 <= threshold <= 1.0, "threshold", threshold, "must be in [0, 1]")
     eb = float(_pick(opts.eb_threshold, defaults.eb_threshold))
     _check(math.isfinite(eb) and eb > 0.0, "eb_threshold", eb, "must be a finite number > 0")
+    low = float(_pick(opts.low_threshold, defaults.low_threshold))
+    _check(0.0 <= low <= 1.0, "low_threshold", low, "must be in [0, 1]")
+    weight = float(_pick(opts.credit_weight, defaults.credit_weight))
+    _check(0.0 <= weight <= MAX_CREDIT_WEIGHT, "credit_weight", weight,
+           f"must be in [0, {MAX_CREDIT_WEIGHT:g}]")
+    boost = float(_pick(opts.credit_boost, defaults.credit_boost))
+    _check(math.isfinite(boost) and boost >= 0.0, "credit_boost", boost,
+           "must be a finite number >= 0")
+    decay = float(_pick(opts.credit_decay, defaults.credit_decay))
+    _check(0.0 <= decay <= 1.0, "credit_decay", decay, "must be in [0, 1]")
     editing = _pick(opts.editing_threshold, defaults.editing_threshold)
     editing = None if editing is None else float(editing)
     _check(editing is None or 0.0 <= editing <= 1.0, "editing_threshold", editing,
@@ -172,7 +209,7 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
         max_new_tokens=max_new,
         block_length=block,
         denoising_steps=steps,
-        strategy=StrategySpec(name, threshold, eb),
+        strategy=StrategySpec(name, threshold, eb, low, weight, boost, decay),
         sampling=SamplingSpec(temperature, top_k, top_p, seed),
         stop_token_ids=frozenset(stop_ids),
         stop_strings=tuple(s for s in opts.stop if isinstance(s, str)),

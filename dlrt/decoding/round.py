@@ -16,7 +16,14 @@ import torch
 
 from dlrt.decoding import rng
 from dlrt.decoding.sampling import SamplingMode, SamplingSpec, candidates, entropy, probabilities
-from dlrt.decoding.strategies import NEEDS_ENTROPY, NEEDS_RANDOM, StrategySpec, select
+from dlrt.decoding.strategies import (
+    NEEDS_CREDIT,
+    NEEDS_ENTROPY,
+    NEEDS_RANDOM,
+    StrategySpec,
+    fuse_credit,
+    select,
+)
 
 # (logits [n, V], sampling, mode, round_idx, positions [n]) -> (ids [n] int64, conf [n] fp32)
 CandidatesOp = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -68,7 +75,7 @@ def reference_candidates(logits: torch.Tensor, sampling: SamplingSpec, mode: Sam
 def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
                   masked: torch.Tensor, positions: torch.Tensor, round_idx, quota,
                   candidates_op: CandidatesOp = reference_candidates,
-                  editable: torch.Tensor | None = None
+                  editable: torch.Tensor | None = None, credit: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Commit some masked positions of a block and, when the spec edits, rewrite decided ones.
 
@@ -77,6 +84,9 @@ def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
     None; LLaDA2.1 `generate()`): a position decided before this round (not `masked`) and
     `editable` takes the round's candidate when it differs from `tokens`, is not
     `spec.mask_token_id`, and its confidence is strictly above the editing threshold.
+    With the `credit` strategy the candidates (commits and edits alike) are drawn from the
+    logits fused with the block's credit (`strategies.fuse_credit`, dInfer's credit decoding),
+    after the credit takes this round's plain-softmax argmax and its probability.
 
     Args:
         logits: [n, V] logits at the block positions (any float dtype).
@@ -88,11 +98,18 @@ def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
         candidates_op: the ops table's candidate draw (equal to `reference_candidates`).
         editable: [n] bool, positions an edit may rewrite (not prompt tokens); required when
             the spec edits, ignored otherwise.
+        credit: [n, V] fp32, the block's credit (zeroed when the block starts), updated in
+            place; required by the `credit` strategy, ignored otherwise.
     Returns:
         (tokens [n] int64, masked [n] bool, written [n] bool) after the round; `written` is
         the mask commits and the edits of this round (disjoint).
     """
     kind = spec.kind
+    if kind.strategy in NEEDS_CREDIT:
+        assert credit is not None, "the credit strategy needs the block's credit buffer"
+        top_ids, top_p = candidates_op(logits, spec.sampling, SamplingMode(True), round_idx,
+                                       positions)  # the plain softmax's argmax and its p
+        logits = fuse_credit(spec.strategy, credit, logits, masked, top_ids, top_p)  # [n, V]
     ent = None
     if kind.strategy in NEEDS_ENTROPY:
         probs = probabilities(logits, spec.sampling, kind.sampling)  # [n, V] fp32

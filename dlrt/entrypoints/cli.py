@@ -25,11 +25,21 @@ _HELP = {
     "block_length": "block length B (default: the model's / decoder's)",
     "denoising_steps": "round budget T per block (default B)",
     "remasking_strategy": "sequential, low_confidence_static, low_confidence_dynamic, "
-                          "threshold, entropy_bounded, dynamic_pmax, random",
+                          "threshold, entropy_bounded, dynamic_pmax, random, credit, "
+                          "hierarchical",
     "threshold": "confidence threshold in [0, 1] of low_confidence_dynamic, threshold (commit "
                  "every masked position with p above it, else the most confident one) and "
-                 "dynamic_pmax (default: the model's, else 0.9)",
+                 "dynamic_pmax; credit commits p >= it, hierarchical every p above it "
+                 "(default: the model's, else 0.9)",
     "eb_threshold": "entropy budget of entropy_bounded (default 0.35)",
+    "low_threshold": "hierarchical: a span's most confident position is committed when its p "
+                     "is above X in [0, 1] (dInfer's low_threshold; default 0.4)",
+    "credit_weight": "credit: weight of log(1 + credit) added to the logits, in [0, 100] "
+                     "(dInfer's credit_alpha; default 0.7)",
+    "credit_boost": "credit: a round adds p ** X to the credit of a masked position's "
+                    "argmax token, X >= 0 (dInfer's boost_gamma; default 0.2)",
+    "credit_decay": "credit: share of the credit kept from one round to the next, in [0, 1] "
+                    "(dInfer's decay_beta; default 0.8)",
     "editing_threshold": "token editing (LLaDA2.1, block decoder): rewrite a decided token of "
                          "the active block when the model prefers another with probability "
                          "above X in [0, 1] (default: off)",

@@ -20,16 +20,18 @@ class BlockState:
     steps 0-d int64 (budget T), seed 0-d int64, quotas [n + 1] int64 (quota of round r at
     min(r, n)), lens [2] int32 (start, kv_len) of the block's forward.
     The request's values, 0-d: temperature fp64, top_k int64, top_p fp32, threshold fp32,
-    eb_threshold fp64, editing_threshold fp32 (+inf when off), max_post_steps int64
-    (`set_values`; compared with fp32 values they round as a Python float would, past the fp32
-    range to infinity); a captured round reads them (`round_spec`), so one graph serves every
-    value.
+    eb_threshold fp64, low_threshold fp32, credit_weight / credit_boost / credit_decay fp32,
+    editing_threshold fp32 (+inf when off), max_post_steps int64 (`set_values`; compared with
+    fp32 values they round as a Python float would, past the fp32 range to infinity); a
+    captured round reads them (`round_spec`), so one graph serves every value.
+    Credit (`credit` strategy, when built with `vocab`): credit [n, vocab] fp32, the block's
+    accumulated evidence per (position, token), zeroed by `start_block`.
     Editing (LLaDA2.1): editable [n] bool (positions an edit may rewrite: those that started
     the block masked), post 0-d int64 (passes begun with no mask left), changed 0-d bool (the
     last round wrote a position).
     """
 
-    def __init__(self, n: int, device: torch.device):
+    def __init__(self, n: int, device: torch.device, vocab: int = 0):
         self.n = n
         self.device = device
         self.tokens = torch.zeros(n, dtype=torch.int64, device=device)
@@ -46,6 +48,12 @@ class BlockState:
         self.top_p = torch.ones((), dtype=torch.float32, device=device)
         self.threshold = torch.zeros((), dtype=torch.float32, device=device)
         self.eb_threshold = torch.zeros((), dtype=torch.float64, device=device)
+        self.low_threshold = torch.zeros((), dtype=torch.float32, device=device)
+        self.credit_weight = torch.zeros((), dtype=torch.float32, device=device)
+        self.credit_boost = torch.zeros((), dtype=torch.float32, device=device)
+        self.credit_decay = torch.zeros((), dtype=torch.float32, device=device)
+        self.credit = (torch.zeros(n, vocab, dtype=torch.float32, device=device) if vocab
+                       else None)
         self.editing_threshold = torch.full((), float("inf"), dtype=torch.float32, device=device)
         self.max_post_steps = torch.zeros((), dtype=torch.int64, device=device)
         self.editable = torch.zeros(n, dtype=torch.bool, device=device)
@@ -57,13 +65,18 @@ class BlockState:
     def tensors(self) -> list[torch.Tensor]:
         return [self.tokens, self.masked, self.commit_round, self.round, self.flag, self.steps,
                 self.seed, self.quotas, self.lens, self.temperature, self.top_k, self.top_p,
-                self.threshold, self.eb_threshold, self.editing_threshold,
-                self.max_post_steps, self.editable, self.post, self.changed]
+                self.threshold, self.eb_threshold, self.low_threshold, self.credit_weight,
+                self.credit_boost, self.credit_decay, self.editing_threshold,
+                self.max_post_steps, self.editable, self.post, self.changed,
+                *([] if self.credit is None else [self.credit])]
 
     def round_spec(self, kind: RoundKind, mask_token_id: int = -1) -> RoundSpec:
         """The round of `kind` reading this state's request values and budget (an editing
         kind never writes `mask_token_id` by an edit)."""
-        return RoundSpec(StrategySpec(kind.strategy, self.threshold, self.eb_threshold),
+        strategy = StrategySpec(kind.strategy, self.threshold, self.eb_threshold,
+                                self.low_threshold, self.credit_weight, self.credit_boost,
+                                self.credit_decay)
+        return RoundSpec(strategy,
                          SamplingSpec(self.temperature, self.top_k, self.top_p, self.seed),
                          self.steps, kind.sampling,
                          self.editing_threshold if kind.editing else None, mask_token_id)
@@ -77,6 +90,10 @@ class BlockState:
         for t, v in ((self.temperature, s.temperature), (self.top_k, min(s.top_k, 2**62)),
                      (self.top_p, s.top_p), (self.threshold, st.threshold),
                      (self.eb_threshold, st.eb_threshold),
+                     (self.low_threshold, st.low_threshold),
+                     (self.credit_weight, st.credit_weight),
+                     (self.credit_boost, st.credit_boost),
+                     (self.credit_decay, st.credit_decay),
                      (self.editing_threshold, float("inf") if editing is None else editing),
                      (self.max_post_steps, params.max_post_steps)):
             t.fill_(v)
@@ -103,11 +120,13 @@ class BlockState:
 
     def start_block(self) -> None:
         """The counters of a new block (device only): no round run, nothing committed, no
-        post pass."""
+        post pass, no credit."""
         self.round.zero_()
         self.commit_round.fill_(-1)
         self.post.zero_()
         self.changed.fill_(True)
+        if self.credit is not None:
+            self.credit.zero_()
 
     def quota(self) -> torch.Tensor:
         """This round's quota, 0-d int64 (a gather: indexing by a 0-d tensor would sync)."""

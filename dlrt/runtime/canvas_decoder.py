@@ -49,8 +49,7 @@ class CanvasProgram(ProgramBase):
     def begin(self) -> None:
         s = self.state
         s.masked.copy_(self.canvas_masked.index_select(0, self.rows()))
-        s.round.zero_()
-        s.commit_round.fill_(-1)
+        s.start_block()
         s.update_flag()
 
     def round(self) -> None:

@@ -21,6 +21,7 @@ from dlrt.attention.base import AttentionSpan
 from dlrt.decoding.options import DecoderDefaults, DecodingParams
 from dlrt.decoding.round import RoundKind, RoundSpec, denoise_round
 from dlrt.decoding.sampling import SamplingMode
+from dlrt.decoding.strategies import NEEDS_CREDIT
 from dlrt.runtime.block_state import BlockState
 
 MAX_PROGRAMS = 8  # programs (and their captured graphs) a decoder keeps, least recent dropped
@@ -76,14 +77,17 @@ def round_kind(params: DecodingParams) -> RoundKind:
 
 
 class ProgramBase:
-    """What programs share: the runner, a `BlockState` of B positions, the round spec reading
-    the state's request values, the key (`name`, B, extra key parts, round kind), and a block
-    of mask tokens when given. Default `buffers`: the block state."""
+    """What programs share: the runner, a `BlockState` of B positions (with a [B, V] credit
+    buffer for the `credit` strategy), the round spec reading the state's request values, the
+    key (`name`, B, extra key parts, round kind), and a block of mask tokens when given.
+    Default `buffers`: the block state. Programs call `state.start_block()` when a block
+    starts."""
 
     def __init__(self, name: str, runner, kind: RoundKind, b: int, *key: object,
                  mask_token_id: int | None = None):
         self.runner, self.b, self.kind = runner, b, kind
-        self.state = BlockState(b, runner.device)
+        vocab = runner.model.config.vocab_size if kind.strategy in NEEDS_CREDIT else 0
+        self.state = BlockState(b, runner.device, vocab)
         self.spec: RoundSpec = self.state.round_spec(
             kind, -1 if mask_token_id is None else mask_token_id)
         self.key = (name, b, *key, kind)
@@ -113,7 +117,8 @@ class ProgramBase:
             state.post.add_((~masked.any()).long())
         new_tokens, new_masked, commit = denoise_round(
             self.spec, logits, tokens, masked, positions, state.round, state.quota(),
-            candidates_op=self.runner.ops.candidates, editable=state.editable)
+            candidates_op=self.runner.ops.candidates, editable=state.editable,
+            credit=state.credit)
         if canvas is None:
             state.tokens.copy_(new_tokens)
             state.masked.copy_(new_masked)

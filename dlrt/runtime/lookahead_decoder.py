@@ -43,8 +43,7 @@ class LookaheadProgram(ProgramBase):
         s = self.state
         s.tokens.copy_(self.mask_block)
         s.masked.fill_(True)
-        s.commit_round.fill_(-1)
-        s.round.zero_()
+        s.start_block()
 
     def begin(self) -> None:
         """[finished block + new mask block] at the finished block's start: its K/V enter the

@@ -148,7 +148,9 @@ def test_readme_synopsis_lists_every_generate_flag():
                                         ("--block-length", "0"), ("--max-new-tokens", "0"),
                                         ("--remasking-strategy", "foo"), ("--seed", "-1"),
                                         ("--threshold", "1.5"), ("--editing-threshold", "2"),
-                                        ("--max-post-steps", "-1")])
+                                        ("--max-post-steps", "-1"),
+                                        ("--low-threshold", "1.5"), ("--credit-decay", "2"),
+                                        ("--credit-weight", "-1"), ("--credit-boost", "nan")])
 @pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["serve"],
                                      ["bench", "humaneval"]])
 def test_bad_decoding_values_are_refused_before_a_model_loads(capsys, no_model, command, flag,

@@ -64,7 +64,7 @@ def test_triton_forward_matches_reference(ckpt, chunk_block, gemm, request):
 
 
 @pytest.mark.parametrize("strategy", ["low_confidence_static", "low_confidence_dynamic",
-                                      "threshold", "dynamic_pmax"])
+                                      "threshold", "dynamic_pmax", "credit", "hierarchical"])
 def test_greedy_round_kernel_matches_probabilities(strategy):
     """A greedy round through the Triton table's candidates (`dlrt.kernels.greedy`) commits
     what the fp32 softmax path does."""
@@ -77,8 +77,12 @@ def test_greedy_round_kernel_matches_probabilities(strategy):
         tokens = torch.full((8,), 7, dtype=torch.int64)
         masked = torch.rand(8, generator=gen) < 0.8
         args = (spec, logits, tokens, masked, torch.arange(8), 1, 2)
-        ref = denoise_round(*args)
-        out = denoise_round(*args, candidates_op=triton_ops.candidates)
+        credit = torch.rand(8, 3000, generator=gen) * trial  # as after earlier rounds
+        ref_credit, out_credit = credit.clone(), credit.clone()
+        ref = denoise_round(*args, credit=ref_credit)
+        out = denoise_round(*args, candidates_op=triton_ops.candidates, credit=out_credit)
         for a, b in zip(out, ref, strict=True):
             assert torch.equal(a, b)
+        # the kernel's max probability may differ from the softmax's by an ulp
+        assert torch.allclose(out_credit, ref_credit, rtol=1e-6, atol=0)
         assert ref[2].any()  # something was committed

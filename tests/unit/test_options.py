@@ -40,6 +40,10 @@ def test_unknown_options_are_named():
     ("threshold", 10**400),
     ("top_p", "1"),
     ("eb_threshold", "x"),
+    ("low_threshold", "0.4"),
+    ("credit_weight", True),
+    ("credit_boost", [0.2]),
+    ("credit_decay", "0.8"),
     ("editing_threshold", "0.5"),
     ("editing_threshold", True),
     ("max_post_steps", 1.5),
@@ -78,6 +82,11 @@ def test_none_means_default_and_numbers_accept_ints():
     ("threshold", 1.1),
     ("eb_threshold", 0),
     ("eb_threshold", -1.0),
+    ("low_threshold", -0.1), ("low_threshold", 1.5), ("low_threshold", float("nan")),
+    ("credit_weight", -0.5), ("credit_weight", 101), ("credit_weight", float("inf")),
+    ("credit_weight", float("nan")),
+    ("credit_boost", -1e-3), ("credit_boost", float("inf")), ("credit_boost", float("nan")),
+    ("credit_decay", -0.1), ("credit_decay", 1.01), ("credit_decay", float("nan")),
     ("editing_threshold", -0.1),
     ("editing_threshold", 1.5),
     ("editing_threshold", float("nan")),
@@ -105,6 +114,8 @@ def test_out_of_range_names_the_field(name, value):
     ("max_new_tokens", 1), ("block_length", 1), ("denoising_steps", 1), ("seed", 0),
     ("seed", 2**63 - 1), ("denoising_steps", 2**63 - 1), ("editing_threshold", 0.0),
     ("editing_threshold", 1.0), ("max_post_steps", 0), ("max_post_steps", 1024),
+    ("low_threshold", 0.0), ("low_threshold", 1.0), ("credit_weight", 0), ("credit_weight", 100),
+    ("credit_boost", 0), ("credit_boost", 1e6), ("credit_decay", 0), ("credit_decay", 1),
 ])
 def test_range_boundaries_accepted(name, value):
     params(**{name: value})
@@ -121,6 +132,22 @@ def test_defaults_without_generation_config_are_greedy():
     assert p.sampling.seed == 77
     assert p.stop_token_ids == frozenset(EOS) and p.stop_strings == ()
     assert (p.editing_threshold, p.max_post_steps) == (None, 16)  # no edits
+    # dInfer's: HierarchyDecoder's low_threshold, CreditThresholdParallelDecoder's credit
+    assert p.strategy.low_threshold == 0.4
+    assert (p.strategy.credit_weight, p.strategy.credit_boost, p.strategy.credit_decay) == \
+        (0.7, 0.2, 0.8)
+
+
+def test_dinfer_strategy_values_are_resolved():
+    p = params(remasking_strategy="credit", threshold=0.8, credit_weight=1, credit_boost=0.5,
+               credit_decay=0.0)
+    s = p.strategy
+    assert (s.name, s.threshold, s.credit_weight, s.credit_boost, s.credit_decay) == \
+        ("credit", 0.8, 1.0, 0.5, 0.0)
+    assert isinstance(s.credit_weight, float)
+    p = params(remasking_strategy="hierarchical", threshold=0.92, low_threshold=0.62)
+    assert (p.strategy.name, p.strategy.threshold, p.strategy.low_threshold) == \
+        ("hierarchical", 0.92, 0.62)
 
 
 def test_editing_defaults_come_from_the_decoder_defaults():

@@ -295,7 +295,8 @@ def _round_inputs():
 def test_denoise_round_never_changes_unmasked_tokens(name):
     tokens, masked, logits, positions = _round_inputs()
     rs = RoundSpec(spec(name, 0.5, 0.5), SamplingSpec(0.0, 0, 1.0, 7), steps=4)
-    new, still, commit = denoise_round(rs, logits, tokens, masked, positions, 0, 1)
+    new, still, commit = denoise_round(rs, logits, tokens, masked, positions, 0, 1,
+                                       credit=torch.zeros(logits.shape))
     assert torch.equal(new[~masked], tokens[~masked])
     assert not (commit & ~masked).any() and commit.any()
     assert torch.equal(still, masked & ~commit)
@@ -319,10 +320,12 @@ def test_denoise_round_last_round_commits_every_mask(name):
     tokens, masked, logits, positions = _round_inputs()
     # quota 1 and a high threshold / tiny entropy budget would commit one position before
     rs = RoundSpec(spec(name, 1.0, 1e-6), SamplingSpec(0.0, 0, 1.0, 0), steps=4)
-    _, still, commit = denoise_round(rs, logits, tokens, masked, positions, 2, 1)
+    _, still, commit = denoise_round(rs, logits, tokens, masked, positions, 2, 1,
+                                     credit=torch.zeros(logits.shape))
     assert int(commit.sum()) < int(masked.sum())
     for r in (3, torch.tensor(3), 5):
-        new, still, commit = denoise_round(rs, logits, tokens, masked, positions, r, 1)
+        new, still, commit = denoise_round(rs, logits, tokens, masked, positions, r, 1,
+                                           credit=torch.zeros(logits.shape))
         assert torch.equal(commit, masked) and not still.any()
         assert torch.equal(new[~masked], tokens[~masked])
         assert torch.equal(new[masked], logits.argmax(-1)[masked])
