@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 
 MODES = ("device_loop", "host_loop", "eager")
 STRATEGIES = ("sequential", "low_confidence_static", "low_confidence_dynamic", "threshold",
-              "entropy_bounded", "dynamic_pmax", "random")
+              "entropy_bounded", "dynamic_pmax", "random", "credit", "hierarchical")
 
 
 def _llm(path, **kw):
@@ -80,18 +80,19 @@ def test_block_lengths_and_budgets(sdar, block_length, steps):
                             remasking_strategy="threshold", threshold=0.5))
 
 
-def test_seeded_sampling_identical(sdar):
+@pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "credit"])
+def test_seeded_sampling_identical(sdar, strategy):
     prompt = list(range(500, 517))
     out = _run_modes(sdar, prompt, max_new_tokens=24, temperature=0.8, top_k=50, top_p=0.9,
-                     seed=1234, remasking_strategy="low_confidence_dynamic", threshold=0.3)
+                     seed=1234, remasking_strategy=strategy, threshold=0.3)
     _assert_same(out)
     other = _run_modes(sdar, prompt, max_new_tokens=24, temperature=0.8, top_k=50, top_p=0.9,
-                       seed=99, remasking_strategy="low_confidence_dynamic", threshold=0.3)
+                       seed=99, remasking_strategy=strategy, threshold=0.3)
     assert other["device_loop"][0] != out["device_loop"][0]
 
 
 @pytest.mark.parametrize("strategy", ["low_confidence_static", "low_confidence_dynamic",
-                                      "random"])
+                                      "random", "credit", "hierarchical"])
 @pytest.mark.parametrize("block_length", [None, 8])
 def test_llada_canvas_modes_identical(tiny_llada, strategy, block_length):
     llm = _llm(tiny_llada)
@@ -100,7 +101,8 @@ def test_llada_canvas_modes_identical(tiny_llada, strategy, block_length):
                             threshold=0.3, seed=2))
 
 
-@pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "threshold", "sequential"])
+@pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "threshold", "sequential",
+                                      "credit", "hierarchical"])
 @pytest.mark.parametrize("prompt_len", [3, 2000])
 def test_dllm_var_modes_identical(tiny_llada, strategy, prompt_len):
     llm = _llm(tiny_llada, decoder="dllm_var")
@@ -124,7 +126,9 @@ def test_graphs_are_reused_across_contexts(sdar):
 def test_round_has_no_host_sync(sdar):
     """begin/round/end never synchronise with the host (what makes them capturable)."""
     sdar.set_execution_mode("eager")
-    sdar.generate(list(range(9)), max_new_tokens=8, temperature=0)
+    for strategy in ("low_confidence_dynamic", "credit", "hierarchical"):
+        sdar.generate(list(range(9)), max_new_tokens=8, temperature=0,
+                      remasking_strategy=strategy)
     for prog in sdar.decoder._programs.values():
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")

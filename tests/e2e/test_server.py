@@ -179,11 +179,14 @@ def test_openai_completions(server, oai, llm):
 
 
 def test_openai_extras(server, oai, llm):
-    extras = {"block_length": 8, "remasking_strategy": "sequential"}
-    ref = llm.generate(MESSAGES, max_new_tokens=16, **GREEDY, **extras)
-    out = oai.chat.completions.create(model="any", messages=MESSAGES, max_tokens=16,
-                                      temperature=0, extra_body=extras)
-    assert out.choices[0].message.content == ref.text
+    for extras in ({"block_length": 8, "remasking_strategy": "sequential"},
+                   {"remasking_strategy": "credit", "threshold": 0.5, "credit_weight": 1.5,
+                    "credit_boost": 0.5, "credit_decay": 0.5},
+                   {"remasking_strategy": "hierarchical", "low_threshold": 0.1}):
+        ref = llm.generate(MESSAGES, max_new_tokens=16, **GREEDY, **extras)
+        out = oai.chat.completions.create(model="any", messages=MESSAGES, max_tokens=16,
+                                          temperature=0, extra_body=extras)
+        assert out.choices[0].message.content == ref.text
     with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(model="any", messages=MESSAGES, max_tokens=16,
                                     extra_body={"block_length": 0})
@@ -519,6 +522,10 @@ PARAMS = [  # (path, body, the `param` of the 400: the field as the client sent 
     ("/generate", {**HI, "stop": [""]}, "stop"),
     ("/generate", {**HI, "unknown_field": 1}, "unknown_field"),
     ("/generate", {**HI, "threshold": 1.5}, "threshold"),
+    ("/generate", {**HI, "low_threshold": -0.5}, "low_threshold"),
+    ("/generate", {**HI, "credit_weight": 1000}, "credit_weight"),
+    ("/v1/chat/completions", {**CHAT, "credit_decay": 1.5}, "credit_decay"),
+    ("/v1/completions", {**COMP, "credit_boost": "0.2"}, "credit_boost"),
     ("/generate", {**HI, "editing_threshold": -0.5}, "editing_threshold"),
     ("/generate", {**HI, "editing_threshold": 0.5}, "editing_threshold"),  # SDAR does not edit
     ("/generate", {**HI, "max_post_steps": -1}, "max_post_steps"),

@@ -21,6 +21,7 @@ Tokens, rounds per block and commit rounds must be identical.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -45,10 +46,16 @@ class Strategy:
     name: str
     threshold: float = 0.9
     eb_threshold: float = 0.35
+    low_threshold: float = 0.4  # hierarchical; then dInfer's credit defaults
+    credit_weight: float = 0.7
+    credit_boost: float = 0.2
+    credit_decay: float = 0.8
 
     def options(self) -> dict:
         return dict(remasking_strategy=self.name, threshold=self.threshold,
-                    eb_threshold=self.eb_threshold)
+                    eb_threshold=self.eb_threshold, low_threshold=self.low_threshold,
+                    credit_weight=self.credit_weight, credit_boost=self.credit_boost,
+                    credit_decay=self.credit_decay)
 
 
 # Thresholds chosen inside the range of the sharpened confidences / entropies, so the
@@ -60,6 +67,8 @@ STRATEGIES = {
     "threshold": Strategy("threshold", threshold=0.5),
     "dynamic_pmax": Strategy("dynamic_pmax", threshold=0.2),
     "entropy_bounded": Strategy("entropy_bounded", eb_threshold=3.0),
+    "credit": Strategy("credit", threshold=0.6),
+    "hierarchical": Strategy("hierarchical", threshold=0.7, low_threshold=0.3),
 }
 QUOTA = {"sequential", "low_confidence_static"}  # commit exactly the clamped quota
 
@@ -92,6 +101,21 @@ def pick(s: Strategy, p: list[float], ent: list[float], masked: list[int], k: in
                 break
             count += 1
         return by_p[:max(count, 1)]
+    if s.name == "credit":  # dInfer: fused p >= threshold, else the most confident
+        return [i for i in masked if p[i] >= s.threshold] or by_p[:1]
+    if s.name == "hierarchical":  # dInfer `HierarchyDecoder`
+        chosen = {i for i in masked if p[i] > s.threshold} | set(by_p[:1])
+        spans: list[list[int]] = []
+        for i in sorted(masked):
+            if spans and spans[-1][-1] == i - 1:
+                spans[-1].append(i)
+            else:
+                spans.append([i])
+        for span in spans:
+            best = min(span, key=lambda i: (-p[i], i))
+            if p[best] > s.low_threshold:
+                chosen.add(best)
+        return sorted(chosen)
     if s.name == "entropy_bounded":
         by_h = sorted(masked, key=lambda i: (ent[i], i))
         count, total = 0, 0.0
@@ -114,10 +138,18 @@ def denoise(block: list[int], fixed: int, steps: int, s: Strategy, logits_of, ma
     commit = [-1] * len(block)
     q = quotas(len(block), steps)
     rounds = 0
+    credit = torch.zeros(0)
     for r in range(steps):
         if not masked:
             break
         logits = first_logits if r == 0 and first_logits is not None else logits_of(block)
+        if s.name == "credit":  # dInfer's credit: decay, add p ** boost at the argmax, fuse
+            logits = logits.double()
+            credit = credit * s.credit_decay if r else torch.zeros_like(logits)
+            top_p, top = torch.softmax(logits, dim=-1).max(dim=-1)
+            for i in masked:
+                credit[i, top[i]] += top_p[i] ** s.credit_boost
+            logits = logits + s.credit_weight * torch.log(1 + credit)
         probs = torch.softmax(logits.double(), dim=-1)
         p, cand = (v.tolist() for v in probs.max(dim=-1))
         ent = (-torch.special.xlogy(probs, probs).sum(dim=-1)).tolist() \
@@ -369,6 +401,8 @@ SDAR_CASES = [
     ("sdar_moe", "low_confidence_dynamic", 7, 8, 8), ("sdar_moe", "low_confidence_static", 9, 4, 2),
     ("sdar_moe", "threshold", 1, 8, 8), ("sdar_moe", "entropy_bounded", 4, 4, 4),
     ("sdar_moe", "sequential", 4, 1, 1), ("sdar_moe", "dynamic_pmax", 1, 4, 5),
+    ("sdar", "credit", 4, 8, 8), ("sdar", "credit", 7, 4, 3),
+    ("sdar", "hierarchical", 9, 8, 8), ("sdar", "hierarchical", 1, 4, 6),
 ]
 
 
@@ -391,6 +425,21 @@ def test_sdar_strategies_commit_varying_counts(sdar_llms):
         assert min(per_round) == 1 and max(per_round) > 1, (name, per_round)
 
 
+@pytest.mark.parametrize("name,p,b,steps,max_new", [("credit", 4, 8, 8, 9),
+                                                    ("hierarchical", 1, 4, 6, 8)])
+def test_dinfer_strategies_make_their_own_decisions(sdar_llms, name, p, b, steps, max_new):
+    """dInfer's rules commit varying counts per round on these models, and commit otherwise
+    than their plain counterparts (credit without credit, the threshold rule alone)."""
+    llm, s = sdar_llms["sdar"], STRATEGIES[name]
+    naive = naive_sdar(llm, PROMPT_IDS[:p], b, steps, s, max_new, SDAR_STOP)
+    per_round = [blk.commits.count(r) for blk in naive for r in range(blk.rounds)]
+    assert min(per_round) == 1 and max(per_round) > 1, per_round
+    plain = Strategy("threshold", s.threshold) if name == "hierarchical" else \
+        dataclasses.replace(s, credit_weight=0.0)
+    other = naive_sdar(llm, PROMPT_IDS[:p], b, steps, plain, max_new, SDAR_STOP)
+    assert [blk.commits for blk in other] != [blk.commits for blk in naive]
+
+
 def test_sdar_stop_token(sdar_llms):
     """A stop id ends generation after the block that holds it; output is cut before it."""
     llm, s = sdar_llms["sdar"], STRATEGIES["low_confidence_static"]
@@ -411,7 +460,7 @@ CANVAS_CASES = [
     ("low_confidence_static", 5, None, None, 8), ("low_confidence_static", 3, None, 4, 10),
     ("low_confidence_static", 6, 4, None, 10), ("sequential", 9, 4, 2, 8),
     ("low_confidence_dynamic", 2, 5, 3, 12), ("entropy_bounded", 4, None, 5, 8),
-    ("threshold", 7, 4, 4, 8),
+    ("threshold", 7, 4, 4, 8), ("credit", 5, 4, None, 8), ("hierarchical", 3, None, None, 8),
 ]
 
 
@@ -428,7 +477,7 @@ def test_llada_canvas_matches_naive(llada_llms, strategy, p, b, steps, max_new):
 DLLM_VAR_CASES = [
     ("low_confidence_dynamic", 1, 4, 4, 12), ("low_confidence_dynamic", 6, 8, 8, 16),
     ("low_confidence_static", 5, 4, 2, 12), ("threshold", 3, 4, 4, 12),
-    ("entropy_bounded", 7, 4, 4, 8),
+    ("entropy_bounded", 7, 4, 4, 8), ("credit", 2, 4, 4, 12), ("hierarchical", 5, 8, 8, 16),
 ]
 
 

@@ -12,7 +12,8 @@ from dlrt.runtime.decoder import MAX_PROGRAMS, round_kind
 
 DEFAULTS = DecoderDefaults(block_length=4, remasking_strategy="low_confidence_dynamic")
 KINDS = [("low_confidence_dynamic", 0.0), ("low_confidence_dynamic", 0.7),
-         ("threshold", 0.0), ("dynamic_pmax", 1.1), ("entropy_bounded", 0.9)]
+         ("threshold", 0.0), ("dynamic_pmax", 1.1), ("entropy_bounded", 0.9),
+         ("credit", 0.0), ("hierarchical", 0.8)]
 
 
 def params(**options):
@@ -24,6 +25,8 @@ def test_fifty_values_are_one_key_per_kind():
         keys = {round_kind(params(remasking_strategy=strategy,
                                   temperature=temperature * (1 + i / 50) if temperature else 0,
                                   threshold=0.3 + i / 100, eb_threshold=0.1 + i / 10,
+                                  low_threshold=i / 50, credit_weight=i / 10,
+                                  credit_boost=i / 25, credit_decay=i / 50,
                                   top_k=20 + i if temperature else 0,
                                   top_p=0.5 + i / 200 if temperature else 1.0, seed=i))
                 for i in range(50)}
@@ -54,6 +57,25 @@ def test_fifty_requests_share_one_program_and_use_their_own_values(llm, tiny_sda
         t, th = 0.5 + i / 25, 0.05 + i / 60
         assert fresh.generate(prompt, max_new_tokens=4, temperature=t, threshold=th,
                               top_k=40 + i, seed=7).token_ids == outs[i]
+
+
+def test_credit_requests_share_one_program_and_use_their_own_values(tiny_sdar):
+    """The credit values are read from the block state: one program serves them all, and a
+    fresh LLM given one request's values commits what the shared program did."""
+    llm = LLM(tiny_sdar, max_model_len=256)
+    prompt = list(range(300, 312))
+    opts = dict(max_new_tokens=8, block_length=4, temperature=0, remasking_strategy="credit",
+                threshold=0.5)
+    values = [dict(credit_weight=0.0), dict(credit_weight=100.0, credit_boost=0.0),
+              dict(credit_weight=3.0, credit_boost=0.5, credit_decay=1.0)]
+    outs = [llm.generate(prompt, **opts, **v) for v in values]
+    assert len(llm.decoder.programs) == 1
+    rounds = [o.commit_rounds for o in outs]
+    # no credit: ~1/V confidences, one per round
+    assert sorted(rounds[0][:4]) == sorted(rounds[0][4:]) == [0, 1, 2, 3]
+    assert rounds[1] == [0] * 8  # p ** 0 = 1 each round: weight 100 lifts every p to ~1
+    fresh = LLM(tiny_sdar, max_model_len=256).generate(prompt, **opts, **values[2])
+    assert (fresh.token_ids, fresh.commit_rounds) == (outs[2].token_ids, rounds[2])
 
 
 def test_program_cache_is_bounded(llm):
