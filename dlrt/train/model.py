@@ -81,6 +81,7 @@ class Attention(nn.Module):
         q = rope(self.q_norm(self.q_proj(x).view(b, n, self.heads, self.head_dim)), cos, sin)
         k = rope(self.k_norm(self.k_proj(x).view(b, n, self.kv_heads, self.head_dim)), cos, sin)
         v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim)
+        q, k = q.to(v.dtype), k.to(v.dtype)  # NOTE: fp32 norm weights under autocast
         group = self.heads // self.kv_heads
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, N, D]
         if group > 1:
