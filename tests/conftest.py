@@ -1,5 +1,7 @@
 """Shared fixtures: tiny checkpoints written once per session with our own tool, an isolated
-cache for the embedded default model, and the `gpu` marker (skipped without CUDA)."""
+cache for the embedded default model (a temp folder, removed when the session ends), and the
+`gpu` marker (skipped without CUDA). Temp folders of passing tests are not kept
+(`tmp_path_retention_policy` in pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -8,16 +10,30 @@ import os
 import pytest
 import torch
 
+_MADE_CACHE = pytest.StashKey[str]()
+
 
 def pytest_configure(config):
     if not torch.cuda.is_available():
         # NOTE: before any Triton kernel is defined: kernels run in Triton's CPU interpreter.
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    # NOTE: set before any test imports dlrt, so the embedded default is made in a temp folder.
+    # NOTE: set before any test imports dlrt, so the embedded default is made in a temp folder
+    # (removed when the session ends).
     if "DLRT_CACHE_DIR" not in os.environ:
         import tempfile
 
-        os.environ["DLRT_CACHE_DIR"] = tempfile.mkdtemp(prefix="dlrt-test-cache-")
+        config.stash[_MADE_CACHE] = tempfile.mkdtemp(prefix="dlrt-test-cache-")
+        os.environ["DLRT_CACHE_DIR"] = config.stash[_MADE_CACHE]
+
+
+def pytest_unconfigure(config):
+    made = config.stash.get(_MADE_CACHE, None)
+    if made is not None:
+        import shutil
+
+        shutil.rmtree(made, ignore_errors=True)
+        if os.environ.get("DLRT_CACHE_DIR") == made:
+            del os.environ["DLRT_CACHE_DIR"]
 
 
 def pytest_collection_modifyitems(config, items):
