@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlrt.checkpoint.hub import download, is_repo_id
 from dlrt.errors import CheckpointError, OptionError
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -36,11 +37,13 @@ class CheckpointFolder:
 
     @staticmethod
     def open(path: str | Path, require_weights: bool = True) -> CheckpointFolder:
-        """Read a checkpoint folder.
+        """Read a checkpoint folder, or a Hugging Face repo id ("org/name", not an existing
+        path) fetched or found in the hub cache (`dlrt.checkpoint.hub`).
 
         Raises:
             OptionError: `path` is not a path (a str or os.PathLike) or is empty.
-            CheckpointError: not a folder, no `config.json`, weights only in a pickle format
+            CheckpointError: not a folder, a repo id the hub cannot give (`hub.download`), no
+                `config.json`, weights only in a pickle format
                 (.bin/.pt: never loaded), an index naming a missing file or one outside the
                 folder, or no weights at all when `require_weights`.
         """
@@ -50,8 +53,11 @@ class CheckpointFolder:
         if not str(path).strip():
             raise OptionError("model is an empty path; give a checkpoint folder")
         root = Path(path).expanduser()
+        if not root.exists() and is_repo_id(str(path)):
+            root = download(str(path), weights=require_weights)
         if not root.is_dir():
-            raise CheckpointError(f"checkpoint folder {root} does not exist or is not a folder")
+            raise CheckpointError(f"checkpoint folder {root} does not exist or is not a folder "
+                                  "(a Hugging Face repo id, org/name, is fetched from the hub)")
         if not (root / "config.json").is_file():
             raise CheckpointError(f"{root} has no config.json")
         hf_config = _read_json(root / "config.json")

@@ -52,7 +52,8 @@ class EngineConfig:
     """The engine options of one `LLM` (before `resolve`: as given, "auto" allowed)."""
 
     model: str | Path | None = _option(
-        None, "checkpoint folder (default: the embedded tiny SDAR model)")
+        None, "checkpoint folder, or a Hugging Face repo id (org/name) fetched with "
+        "huggingface_hub (default: the embedded tiny SDAR model)")
     dtype: str = _option(
         "auto", "weights and activations: auto (bfloat16 on CUDA, float32 on the CPU)",
         ("auto", *DTYPES))
