@@ -30,3 +30,9 @@ def attention_backend() -> str | None:
 def commit() -> str | None:
     """DLRT_COMMIT: the commit to record in benchmark results when the tree has no .git."""
     return os.environ.get("DLRT_COMMIT") or None
+
+
+def api_key() -> str | None:
+    """DLRT_API_KEY: the key `dlrt serve` asks for (`Authorization: Bearer KEY` on every
+    endpoint but /health) when `--api-key` is not given; unset = no key."""
+    return os.environ.get("DLRT_API_KEY") or None

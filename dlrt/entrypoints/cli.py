@@ -14,7 +14,7 @@ import re
 import sys
 import typing
 
-from dlrt import __version__
+from dlrt import __version__, env
 from dlrt.decoding.options import DecodingOptions
 from dlrt.errors import DlrtError, OptionError
 
@@ -193,7 +193,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     logging.getLogger("dlrt").setLevel(logging.INFO)
     return serve(engine_kwargs(args), decoding_kwargs(args), args.host, args.port,
-                 args.max_queue, args.request_timeout, args.max_body_bytes)
+                 args.max_queue, args.request_timeout, args.max_body_bytes,
+                 served_model_name=args.served_model_name,
+                 api_key=args.api_key or env.api_key())
 
 
 def _token_ids(text: str) -> list[int]:
@@ -296,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds before a request ends with finish_reason 'timeout'")
     sv.add_argument("--max-body-bytes", type=_positive(int), default=1 << 20,
                     help="larger request bodies get 413")
+    sv.add_argument("--served-model-name", default=None, metavar="NAME",
+                    help="the model name of the OpenAI endpoints: /v1/models lists it, requests "
+                         "naming another model get 404 (default: the model folder's name)")
+    sv.add_argument("--api-key", default=None, metavar="KEY",
+                    help="ask for 'Authorization: Bearer KEY' on every endpoint but /health "
+                         "(401 otherwise); default $DLRT_API_KEY, unset: no key")
     add_decoding_flags(sv)
     sv.set_defaults(func=_serve)
 

@@ -1,5 +1,6 @@
 """The FastAPI application: NDJSON `/generate`, OpenAI-compatible `/v1/chat/completions`,
-`/v1/completions`, `/v1/models`, and `/health`.
+`/v1/completions`, `/v1/models`, vLLM's `/tokenize` and `/detokenize`, Prometheus `/metrics`,
+and `/health`. With an API key every endpoint but `/health` needs `Authorization: Bearer KEY`.
 
 Bad input never reaches the model and never gets a 5xx: the body is read with a size limit,
 decoded as UTF-8 JSON, validated strictly, and checked by `LLM.check` (options, prompt, context)
@@ -17,12 +18,14 @@ import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from dlrt.decoding.options import option_name
 from dlrt.errors import DlrtError, OptionError, PromptError
 from dlrt.server import protocol
+from dlrt.server.auth import RequireKey
+from dlrt.server.metrics import CountResponses, Metrics
 from dlrt.server.worker import Job, QueueFull, Worker
 
 _ids = itertools.count(1)
@@ -106,16 +109,24 @@ async def _body(request: Request, model, limit: int):
 
 
 def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | None = None,
-               max_body_bytes: int = 1 << 20) -> FastAPI:
-    """The server app around a loaded `LLM`. `defaults` are decoding options applied to every
-    request unless it sets them (the `dlrt serve` flags)."""
+               max_body_bytes: int = 1 << 20, api_key: str | None = None) -> FastAPI:
+    """The server app around a loaded `LLM`, serving it as `model_name`. `defaults` are decoding
+    options applied to every request unless it sets them (the `dlrt serve` flags); `api_key`:
+    the key every endpoint but /health asks for (None: none)."""
     app = FastAPI(title="dlrt", version="0.1.0")
     defaults = dict(defaults or {})
     created = int(time.time())
+    metrics = Metrics(worker)
 
     @app.exception_handler(HTTPError)
     async def _http_error(_request, e: HTTPError):
         return _error(e.status, e.message, e.param, e.headers)
+
+    def check_model(body) -> None:
+        """A 404 for a request naming a model this server does not serve (None: the one)."""
+        if body.model is not None and body.model != model_name:
+            raise HTTPError(404, f"model {body.model!r} does not exist: this server serves "
+                                 f"{model_name!r}", "model")
 
     def prepare(call, body, endpoint: str) -> Job:
         """Validate a request (`LLM.check`); a 400 naming the field as the client sent it."""
@@ -175,8 +186,10 @@ def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | 
         return first, events
 
     async def chained(first, events):
+        metrics.observe(*first)
         yield first
         async for ev in events:
+            metrics.observe(*ev)
             yield ev
 
     @app.get("/health")
@@ -187,6 +200,38 @@ def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | 
     async def models():
         return {"object": "list", "data": [
             {"id": model_name, "object": "model", "created": created, "owned_by": "dlrt"}]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    def need_tokenizer(field: str) -> None:
+        if llm.tokenizer is None:
+            raise HTTPError(400, "this checkpoint has no tokenizer: send and read token ids",
+                            field)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await _body(request, protocol.TokenizeRequest, max_body_bytes)
+        check_model(body)
+        try:
+            prompt, field = body.prompt_and_field()
+            need_tokenizer(field)
+            ids = llm.encode(prompt)
+        except PromptError as e:
+            raise HTTPError(400, str(e), protocol.prompt_field(body)) from e
+        return {"tokens": ids, "count": len(ids), "max_model_len": llm.max_model_len}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await _body(request, protocol.DetokenizeRequest, max_body_bytes)
+        check_model(body)
+        need_tokenizer("tokens")
+        try:
+            ids = llm.encode(body.tokens) if body.tokens else []
+        except PromptError as e:
+            raise HTTPError(400, str(e), "tokens") from e
+        return {"prompt": llm.tokenizer.decode(ids)}
 
     @app.post("/generate")
     async def generate(request: Request):
@@ -210,9 +255,13 @@ def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | 
 
     async def openai(request: Request, model, call, endpoint: str):
         body = await _body(request, model, max_body_bytes)
+        check_model(body)
+        if body.stream_options is not None and not body.stream:
+            raise HTTPError(400, "stream_options: only with stream: true", "stream_options")
         job = prepare(call, body, endpoint)
         first, events = await start(job)
         chat = endpoint == "chat"
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         obj = "chat.completion" if chat else "text_completion"
         if not body.stream:
@@ -235,7 +284,7 @@ def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | 
             return {"id": rid, "object": obj, "created": int(time.time()),
                     "model": model_name, "choices": [choice], "usage": _usage(final)}
 
-        def chunk(delta: str | None, finish=None, role=False, usage=None) -> str:
+        def chunk(delta: str | None, finish=None, role=False, usage=None, choices=True) -> str:
             if chat:
                 d = {"role": "assistant", "content": ""} if role else (
                     {} if delta is None else {"content": delta})
@@ -244,9 +293,10 @@ def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | 
                 choice = {"index": 0, "text": delta or "", "finish_reason": finish,
                           "logprobs": None}
             row = {"id": rid, "object": obj + (".chunk" if chat else ""),
-                   "created": int(time.time()), "model": model_name, "choices": [choice]}
-            if usage is not None:
-                row["usage"] = usage
+                   "created": int(time.time()), "model": model_name,
+                   "choices": [choice] if choices else []}
+            if usage is not None or include_usage:
+                row["usage"] = usage  # NOTE: with include_usage, null but on the last chunk
             return f"data: {json.dumps(row, ensure_ascii=False)}\n\n"
 
         async def sse():
@@ -256,6 +306,9 @@ def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | 
                 if kind == "block":
                     if payload.text:
                         yield chunk(payload.text)
+                elif kind == "final" and include_usage:  # as the OpenAI API sends it
+                    yield chunk(None, finish=payload["finish_reason"])
+                    yield chunk(None, usage=_usage(payload), choices=False)
                 elif kind == "final":
                     yield chunk(None, finish=payload["finish_reason"], usage=_usage(payload))
                 else:
@@ -273,6 +326,13 @@ def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | 
         return await openai(request, protocol.CompletionRequest, protocol.completion_call,
                             "completion")
 
+    paths = frozenset(route.path for route in app.routes)
+    if api_key:
+        app.add_middleware(RequireKey, key=api_key,
+                           unauthorized=lambda: _error(401, "a valid API key is required: "
+                                                            "Authorization: Bearer <key>",
+                                                       headers={"WWW-Authenticate": "Bearer"}))
+    app.add_middleware(CountResponses, metrics=metrics, paths=paths)  # outermost: counts 401s
     return app
 
 

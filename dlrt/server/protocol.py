@@ -70,6 +70,13 @@ GenerateRequest = create_model(
 _OPENAI_EXTRAS = _decoding_fields(skip=("max_new_tokens", "temperature", "top_p", "seed", "stop"))
 
 
+class StreamOptions(BaseModel):
+    """OpenAI's `stream_options`: `include_usage` adds a last chunk with the usage."""
+
+    model_config = _Strict
+    include_usage: StrictBool = False
+
+
 class _OpenAIBase(BaseModel):
     model_config = _Strict
     model: StrictStr | None = None
@@ -79,7 +86,7 @@ class _OpenAIBase(BaseModel):
     seed: StrictInt | None = None
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     n: Literal[1] = 1
     user: StrictStr | None = None
     presence_penalty: Literal[0, 0.0] | None = None
@@ -96,6 +103,29 @@ CompletionRequest = create_model(
     **_OPENAI_EXTRAS)
 
 
+class TokenizeRequest(BaseModel):
+    """`POST /tokenize` (vLLM's shape): text, or chat messages through the chat template."""
+
+    model_config = _Strict
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: list[Message] | None = None
+
+    def prompt_and_field(self) -> tuple[str | list[dict[str, str]], str]:
+        """The prompt to encode and the field it came from."""
+        if (self.prompt is None) == (self.messages is None):
+            raise PromptError("give exactly one of 'prompt', 'messages'")
+        if self.prompt is not None:
+            return self.prompt, "prompt"
+        return [m.text() for m in self.messages], "messages"
+
+
+class DetokenizeRequest(BaseModel):
+    """`POST /detokenize` (vLLM's shape): token ids to text."""
+
+    model_config = _Strict
+    model: StrictStr | None = None
+    tokens: list[StrictInt]
 
 
 def _options(body: BaseModel, names: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -26,9 +26,16 @@ def check_defaults(llm, defaults: dict) -> None:
         raise as_flag_error(e) from e
 
 
+def served_name(model) -> str:
+    """The name a model is served under by default: its folder's name."""
+    return str(model).rstrip("/").split("/")[-1] if model else "dlrt-default"
+
+
 def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int,
-          request_timeout: float, max_body_bytes: int) -> int:
-    """Load `LLM(**llm_kwargs)` on every rank and serve it from rank 0 (blocks until shutdown).
+          request_timeout: float, max_body_bytes: int, served_model_name: str | None = None,
+          api_key: str | None = None) -> int:
+    """Load `LLM(**llm_kwargs)` on every rank and serve it from rank 0 (blocks until shutdown)
+    as `served_model_name` (default: the model folder's name), asking for `api_key` when set.
     Returns the process exit code (3: the server could not start)."""
     from dlrt import LLM
 
@@ -46,16 +53,16 @@ def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int
 
     from dlrt.server.app import create_app
 
-    name = str(model).rstrip("/").split("/")[-1] if model else "dlrt-default"
+    name = served_model_name or served_name(model)
     worker = Worker(llm, ranks, max_queue=max_queue, timeout_s=request_timeout)
-    app = create_app(llm, worker, name, defaults, max_body_bytes)
+    app = create_app(llm, worker, name, defaults, max_body_bytes, api_key=api_key)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets)  # a failed bind logs the error and exits
             if self.started:
-                log.info("serving %s on http://%s:%d (%d rank(s))", name, host, port,
-                         ranks.world)
+                log.info("serving %s on http://%s:%d (%d rank(s)%s)", name, host, port,
+                         ranks.world, ", API key required" if api_key else "")
 
     server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     try:
