@@ -158,3 +158,20 @@ def test_bad_decoding_values_are_refused_before_a_model_loads(capsys, no_model, 
     assert cli_main([*command, flag, value]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {flag}: ") and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("flags,variable,key", [
+    ([], None, None), ([], "from-env", "from-env"), (["--api-key", "k1"], None, "k1"),
+    (["--api-key", "k1"], "from-env", "k1")])
+def test_serve_api_key_flag_or_variable(monkeypatch, no_model, flags, variable, key):
+    """--api-key wins over DLRT_API_KEY; --served-model-name reaches the server."""
+    from dlrt.server import serve
+
+    seen = {}
+    monkeypatch.setattr(serve, "serve", lambda *a, **kw: seen.update(kw) or 0)
+    if variable is None:
+        monkeypatch.delenv("DLRT_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("DLRT_API_KEY", variable)
+    assert cli_main(["serve", "--served-model-name", "my-model", *flags]) == 0
+    assert seen == {"served_model_name": "my-model", "api_key": key}
