@@ -3,12 +3,15 @@ the dlrt cache folder on first use (seeded: every machine makes the same one).""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from dlrt import env
 from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.checkpoint.make import make_checkpoint
 from dlrt.errors import CheckpointError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PRESET = "tiny-sdar"
 DEFAULT_SEED = 0
@@ -26,6 +29,8 @@ def default_model_path() -> Path:
     path = env.cache_dir() / "models" / f"{DEFAULT_PRESET}-{_DEFAULT_VERSION}"
     if not _loadable(path):
         try:
+            log.warning("making the embedded default model (%s, random weights, once) in %s; "
+                        "DLRT_CACHE_DIR moves it", DEFAULT_PRESET, path)
             make_checkpoint(DEFAULT_PRESET, path, seed=DEFAULT_SEED, overwrite=path.exists())
         except CheckpointError as e:
             if not _loadable(path):  # else another process made it first

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dlrt import progress
 from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.checkpoint.kv_scales import is_kv_scale
 from dlrt.errors import CheckpointError
@@ -179,11 +180,12 @@ def load_safetensors(model: nn.Module, folder: CheckpointFolder, online: bool = 
     by_file: dict[Path, list[WeightSpec]] = defaultdict(list)
     for s in specs:
         by_file[folder.tensor_files[s.read_key]].append(s)
-    for path, file_specs in by_file.items():
-        try:
-            _load_file(params, path, file_specs)
-        except (SafetensorError, OSError) as e:
-            raise CheckpointError(f"cannot read {path} (truncated or corrupt?): {e}") from e
+    with progress.bar(len(specs), f"loading {folder.path.name}") as shown:
+        for path, file_specs in by_file.items():
+            try:
+                _load_file(params, path, file_specs, shown.update)
+            except (SafetensorError, OSError) as e:
+                raise CheckpointError(f"cannot read {path} (truncated or corrupt?): {e}") from e
     unused = set(folder.tensor_files) - {s.read_key for s in specs}
     activation = {k for k in unused if k.endswith(".input_scale")}
     if activation:
@@ -240,7 +242,8 @@ def _check_dtype(spec: WeightSpec, value: torch.Tensor, where: str) -> None:
                           "modules_to_not_convert (FP8) / exclude_modules (NVFP4)")
 
 
-def _load_file(params: dict[str, nn.Parameter], path: Path, specs: list[WeightSpec]) -> None:
+def _load_file(params: dict[str, nn.Parameter], path: Path, specs: list[WeightSpec],
+               done=lambda n: None) -> None:
     from safetensors import safe_open
 
     quantized = _Quantized(specs)
@@ -258,6 +261,7 @@ def _load_file(params: dict[str, nn.Parameter], path: Path, specs: list[WeightSp
                 raise CheckpointError(f"tensor {s.read_key} in {path.name} is {value.dtype}: "
                                       f"the model expects floating-point values")
             place(dst, s, value)
+            done(1)
 
 
 def tensor_seed(seed: int, key: str) -> int:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from dlrt import progress
 from dlrt.checkpoint.folder import INDEX_NAME, CheckpointFolder
 from dlrt.checkpoint.loader import spec_value, stored_dtype, weight_specs
 from dlrt.checkpoint.presets import PRESETS, preset, real_config, real_configs
@@ -139,16 +140,20 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
         raise CheckpointError(f"cannot write the checkpoint {out}: {e}") from e
     try:
         weight_map, total = {}, 0
+        shown = progress.bar(sum(len(shard) for shard in shards), f"writing {out.name}")
         for i, shard in enumerate(shards):
             name = ("model.safetensors" if len(shards) == 1
                     else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
-            tensors = {s.key: spec_value(s, seed, config.initializer_range,
-                                         stored_dtype(s.key, torch_dtype), device).cpu()
-                       for s in shard}
+            tensors = {}
+            for s in shard:
+                tensors[s.key] = spec_value(s, seed, config.initializer_range,
+                                            stored_dtype(s.key, torch_dtype), device).cpu()
+                shown.update(1)
             total += sum(t.numel() * t.element_size() for t in tensors.values())
             save_file(tensors, str(tmp / name), metadata={"format": "pt"})
             weight_map.update({s.key: name for s in shard})
             del tensors
+        shown.close()
         if len(shards) > 1:
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2))

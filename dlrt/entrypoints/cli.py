@@ -14,7 +14,7 @@ import re
 import sys
 import typing
 
-from dlrt import __version__, env
+from dlrt import __version__, env, progress
 from dlrt.decoding.options import DecodingOptions
 from dlrt.errors import DlrtError, OptionError
 
@@ -22,7 +22,9 @@ BENCH_OUT = "benchmarks/runs"  # ignored by git: curated tables go to benchmarks
 OUT_HELP = f"folder for the JSON record (default: {BENCH_OUT})"
 _HELP = {
     "max_new_tokens": "tokens to generate at most (default 128)",
-    "block_length": "block length B (default: the model's / decoder's)",
+    "block_length": "block length B (default: the model's / decoder's); for the LLaDA canvas, "
+                    "B below the canvas denoises it in sub-blocks of B that stream as each "
+                    "ends (one canvas block shows nothing until the whole canvas is done)",
     "denoising_steps": "round budget T per block (default B)",
     "remasking_strategy": "sequential, low_confidence_static, low_confidence_dynamic, "
                           "threshold, entropy_bounded, dynamic_pmax, random, credit, "
@@ -386,12 +388,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="keep only the first L layers (with --load-format dummy)")
     ba.add_argument("--out", default=BENCH_OUT, help=OUT_HELP)
     ba.set_defaults(func=_bench_accuracy)
+    for command in (*sub.choices.values(), *bench.choices.values()):
+        if "--quiet" not in command._option_string_actions:
+            command.add_argument("--quiet", action="store_true",
+                                 help="no progress bars (they show only on a terminal)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    progress.set_quiet(getattr(args, "quiet", False))
     try:
         return args.func(args)
     except DlrtError as e:

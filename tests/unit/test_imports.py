@@ -15,7 +15,7 @@ import dlrt
 
 ROOT = Path(dlrt.__file__).resolve().parent
 RANKS = [  # bottom to top
-    ("dlrt.errors", "dlrt.env", "dlrt.resources", "dlrt.outputs"),
+    ("dlrt.errors", "dlrt.env", "dlrt.resources", "dlrt.outputs", "dlrt.progress"),
     ("dlrt.kernels",),
     ("dlrt.config.hf", "dlrt.config.model", "dlrt.decoding", "dlrt.tokenizer", "dlrt.stops"),
     ("dlrt.ops",),
