@@ -2,10 +2,11 @@
 (httpx) and through the official `openai` client, checked token for token against `LLM` in this
 process.
 
-Three servers, each started once for the tests that need its flags:
+Four servers, each started once for the tests that need its flags:
 - `server`: --max-model-len 64 --max-body-bytes 4096 (answers, OpenAI API, concurrency, fuzz,
   soak; the small limits let the fuzz reach the context and body checks cheaply);
 - `long_server`: --max-queue 2 (long requests: queue overflow, client disconnect);
+  both serve the model as MODEL (--served-model-name);
 - `timeout_server`: --request-timeout 1;
 - `no_queue_server`: --max-queue 0 (one request runs, none waits; default body limit).
 """
@@ -30,6 +31,7 @@ GREEDY = {"temperature": 0}
 LONG = {"max_new_tokens": 4000, "ignore_eos": True, "temperature": 0}  # tens of seconds
 MAX_MODEL_LEN = 64
 MAX_BODY = 4096
+MODEL = "tiny"  # --served-model-name of `server` and `long_server`
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +42,12 @@ def llm(tiny_sdar) -> LLM:
 @pytest.fixture(scope="module")
 def server(start_server):
     return start_server("main", "--max-model-len", str(MAX_MODEL_LEN),
-                        "--max-body-bytes", str(MAX_BODY))
+                        "--max-body-bytes", str(MAX_BODY), "--served-model-name", MODEL)
 
 
 @pytest.fixture(scope="module")
 def long_server(start_server):
-    return start_server("long", "--max-queue", "2")
+    return start_server("long", "--max-queue", "2", "--served-model-name", MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -139,14 +141,17 @@ def test_generate_matches_llm(server, client, llm, kind, sampling):
 
 # --- 2. the OpenAI client ------------------------------------------------------------------
 
-def test_openai_models(server, oai, tiny_sdar):
-    assert [m.id for m in oai.models.list()] == [Path(tiny_sdar).name]
+def test_openai_models(server, oai, no_queue_server, client, tiny_sdar):
+    assert [m.id for m in oai.models.list()] == [MODEL]
+    # without --served-model-name: the model folder's name
+    models = client.get(no_queue_server.url + "/v1/models").json()["data"]
+    assert [m["id"] for m in models] == [Path(tiny_sdar).name]
 
 
 def test_openai_chat(server, oai, llm):
     ref = llm.generate(MESSAGES, max_new_tokens=12, **GREEDY)
     assert ref.finish_reason == "length"
-    kw = dict(model="any", messages=MESSAGES, max_tokens=12, temperature=0)
+    kw = dict(model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0)
     full = oai.chat.completions.create(**kw)
     choice = full.choices[0]
     assert choice.message.role == "assistant"
@@ -168,11 +173,11 @@ def test_openai_completions(server, oai, llm):
     ids = llm.encode("Hello, world")
     for prompt in (text, ids):
         ref = llm.generate(prompt, max_new_tokens=10, **GREEDY)
-        out = oai.completions.create(model="any", prompt=prompt, max_tokens=10, temperature=0)
+        out = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0)
         assert out.choices[0].text == ref.text
         assert out.choices[0].finish_reason == ref.finish_reason
         assert out.usage.prompt_tokens == len(ref.prompt_token_ids)
-    chunks = oai.completions.create(model="any", prompt=text, max_tokens=10, temperature=0,
+    chunks = oai.completions.create(model=MODEL, prompt=text, max_tokens=10, temperature=0,
                                     stream=True)
     assert "".join(c.choices[0].text for c in chunks) == llm.generate(
         text, max_new_tokens=10, **GREEDY).text
@@ -184,11 +189,11 @@ def test_openai_extras(server, oai, llm):
                     "credit_boost": 0.5, "credit_decay": 0.5},
                    {"remasking_strategy": "hierarchical", "low_threshold": 0.1}):
         ref = llm.generate(MESSAGES, max_new_tokens=16, **GREEDY, **extras)
-        out = oai.chat.completions.create(model="any", messages=MESSAGES, max_tokens=16,
+        out = oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=16,
                                           temperature=0, extra_body=extras)
         assert out.choices[0].message.content == ref.text
     with pytest.raises(openai.BadRequestError) as e:
-        oai.chat.completions.create(model="any", messages=MESSAGES, max_tokens=16,
+        oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=16,
                                     extra_body={"block_length": 0})
     assert e.value.status_code == 400
     assert "block_length" in e.value.body["message"]
@@ -286,7 +291,7 @@ def walk_away_ndjson(url: str) -> None:
 
 def walk_away_sse(url: str) -> None:
     oai = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=30)
-    stream = oai.chat.completions.create(model="any", messages=MESSAGES, stream=True,
+    stream = oai.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True,
                                          max_tokens=LONG["max_new_tokens"], temperature=0,
                                          extra_body={"ignore_eos": True})
     next(iter(stream))
@@ -297,7 +302,7 @@ def walk_away_unary(url: str) -> None:
     """A non-streaming client that gives up (its timeout) while the answer is generated."""
     oai = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=1)
     with pytest.raises(openai.APITimeoutError):
-        oai.completions.create(model="any", prompt="walk away", temperature=0,
+        oai.completions.create(model=MODEL, prompt="walk away", temperature=0,
                                max_tokens=LONG["max_new_tokens"], extra_body={"ignore_eos": True})
 
 
@@ -389,7 +394,8 @@ def fuzz_cases(seed: int = 20240601) -> list[tuple[str, str, dict, int | None]]:
             if path == "/generate" and name in ("messages", "input_ids"):
                 body.pop("prompt")
             for value in rng.sample(BAD_VALUES, 5):
-                post(path, None, json={**body, name: value})
+                wrong_model = name == "model" and isinstance(value, str)
+                post(path, 404 if wrong_model else None, json={**body, name: value})
             raw = json.dumps(body)[:-1] + f', "{name}": {rng.choice(RAW_LITERALS)}}}'
             post(path, None, content=raw.encode(), headers={"content-type": "application/json"})
         post(path, json={**base, "unknown_field": 1})
@@ -588,11 +594,11 @@ def test_soak_steady_memory(server, client, oai):
             assert rows[-1]["type"] == "final" and rows[-1]["completion_tokens"] <= 8
         elif kind == 1:
             out = oai.chat.completions.create(
-                model="any", messages=[{"role": "user", "content": f"soak {i}"}],
+                model=MODEL, messages=[{"role": "user", "content": f"soak {i}"}],
                 max_tokens=8, temperature=0)
             assert out.choices[0].finish_reason in ("length", "stop")
         else:
-            chunks = list(oai.completions.create(model="any", prompt=f"soak {i}",
+            chunks = list(oai.completions.create(model=MODEL, prompt=f"soak {i}",
                                                  max_tokens=8, temperature=0, stream=True))
             assert chunks[-1].choices[0].finish_reason in ("length", "stop")
 
