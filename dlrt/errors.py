@@ -20,3 +20,8 @@ class OptionError(DlrtError, ValueError):
 
 class PromptError(DlrtError, ValueError):
     """A prompt is empty, has a bad type, or does not fit in the context."""
+
+
+class NumericalError(DlrtError):
+    """The model produced non-finite logits (NaN or infinity) where a round decides tokens:
+    broken weights, or activations past the dtype's range. Nothing of the block is output."""

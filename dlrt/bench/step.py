@@ -312,7 +312,8 @@ def _program(llm, params, max_context: int):
         return dec.program(params)
     if llm.decoder_name == "dllm_var":
         return LookaheadProgram(llm.runner, kind, b, llm.config.mask_token_id)
-    return CanvasProgram(llm.runner, kind, b, -(-max_context // 64) * 64)
+    return CanvasProgram(llm.runner, kind, b, -(-max_context // 64) * 64,
+                         llm.config.mask_token_id)
 
 
 def _max_positions(model, default: int) -> int:

@@ -25,7 +25,8 @@ from dlrt.decoding.strategies import (
     select,
 )
 
-# (logits [n, V], sampling, mode, round_idx, positions [n]) -> (ids [n] int64, conf [n] fp32)
+# (logits [n, V], sampling, mode, round_idx, positions [n], mask_token_id)
+#   -> (ids [n] int64, conf [n] fp32)
 CandidatesOp = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -55,7 +56,7 @@ class RoundSpec:
     # edits: rewrite a decided, editable position whose candidate differs from its token, is
     # not `mask_token_id` and has p > editing_threshold. None: no edits (another round kind).
     editing_threshold: float | torch.Tensor | None = None
-    mask_token_id: int = -1
+    mask_token_id: int = -1  # never a candidate (a model constant; -1: none)
 
     @property
     def kind(self) -> RoundKind:
@@ -64,26 +65,30 @@ class RoundSpec:
 
 
 def reference_candidates(logits: torch.Tensor, sampling: SamplingSpec, mode: SamplingMode,
-                         round_idx, positions: torch.Tensor
+                         round_idx, positions: torch.Tensor, mask_token_id: int = -1
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """(candidates [n] int64, confidences [n] fp32) of logits [n, V] through the fp32
-    probabilities (`dlrt.decoding.sampling`)."""
-    probs = probabilities(logits, sampling, mode)  # [n, V] fp32
+    probabilities (`dlrt.decoding.sampling`); `mask_token_id` (-1: none) is never a
+    candidate."""
+    probs = probabilities(logits, sampling, mode, mask_token_id)  # [n, V] fp32
     return candidates(probs, sampling, round_idx, positions, mode=mode)
 
 
 def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
                   masked: torch.Tensor, positions: torch.Tensor, round_idx, quota,
                   candidates_op: CandidatesOp = reference_candidates,
-                  editable: torch.Tensor | None = None, credit: torch.Tensor | None = None
+                  editable: torch.Tensor | None = None, credit: torch.Tensor | None = None,
+                  fault: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Commit some masked positions of a block and, when the spec edits, rewrite decided ones.
 
     Mask commits: the strategy's rule on `masked`; the last round of the budget
-    (round_idx >= steps - 1) commits every remaining mask. Edits (spec.editing_threshold not
-    None; LLaDA2.1 `generate()`): a position decided before this round (not `masked`) and
-    `editable` takes the round's candidate when it differs from `tokens`, is not
-    `spec.mask_token_id`, and its confidence is strictly above the editing threshold.
+    (round_idx >= steps - 1) commits every remaining mask. The candidates never include
+    `spec.mask_token_id` (its logit is -inf before the softmax), so a commit never writes
+    the mask token. Edits (spec.editing_threshold not None; LLaDA2.1 `generate()`): a
+    position decided before this round (not `masked`) and `editable` takes the round's
+    candidate when it differs from `tokens`, is not `spec.mask_token_id` (also checked here,
+    whatever the candidates op), and its confidence is strictly above the editing threshold.
     With the `credit` strategy the candidates (commits and edits alike) are drawn from the
     logits fused with the block's credit (`strategies.fuse_credit`, dInfer's credit decoding),
     after the credit takes this round's plain-softmax argmax and its probability.
@@ -100,29 +105,36 @@ def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
             the spec edits, ignored otherwise.
         credit: [n, V] fp32, the block's credit (zeroed when the block starts), updated in
             place; required by the `credit` strategy, ignored otherwise.
+        fault: 0-d bool, set in place (never cleared) when a masked or editable position's
+            confidence is not finite (NaN or infinite logits; no finite logit but the mask
+            token's); the host reads it with the block (`BlockState.fault`).
     Returns:
         (tokens [n] int64, masked [n] bool, written [n] bool) after the round; `written` is
         the mask commits and the edits of this round (disjoint).
     """
-    kind = spec.kind
+    kind, mask = spec.kind, spec.mask_token_id
     if kind.strategy in NEEDS_CREDIT:
         assert credit is not None, "the credit strategy needs the block's credit buffer"
         top_ids, top_p = candidates_op(logits, spec.sampling, SamplingMode(True), round_idx,
-                                       positions)  # the plain softmax's argmax and its p
+                                       positions, mask)  # the plain softmax's argmax and its p
         logits = fuse_credit(spec.strategy, credit, logits, masked, top_ids, top_p)  # [n, V]
     ent = None
     if kind.strategy in NEEDS_ENTROPY:
-        probs = probabilities(logits, spec.sampling, kind.sampling)  # [n, V] fp32
+        probs = probabilities(logits, spec.sampling, kind.sampling, mask)  # [n, V] fp32
         cand, conf = candidates(probs, spec.sampling, round_idx, positions, mode=kind.sampling)
         ent = entropy(probs)
     else:
-        cand, conf = candidates_op(logits, spec.sampling, kind.sampling, round_idx, positions)
+        cand, conf = candidates_op(logits, spec.sampling, kind.sampling, round_idx, positions,
+                                   mask)
     rand = None
     if kind.strategy in NEEDS_RANDOM:
         rand = rng.uniform(spec.sampling.seed, rng.REMASK_STREAM, round_idx, positions, 1)[:, 0]
     commit = select(spec.strategy, conf, masked, quota, ent, rand)
     last = torch.as_tensor(round_idx, device=masked.device) >= spec.steps - 1
     commit = commit | (masked & last)
+    if fault is not None:
+        deciding = masked | editable if kind.editing else masked
+        fault |= (deciding & ~torch.isfinite(conf)).any()
     if kind.editing:
         edit = (editable & ~masked & (cand != tokens) & (cand != spec.mask_token_id)
                 & (conf > spec.editing_threshold))

@@ -7,6 +7,11 @@ which samples the same distribution as `torch.multinomial`; confidence = its pro
 This is the reference; CUDA rounds take the same draw from `dlrt.kernels.sampling` (no sort,
 no [n, V] probabilities).
 
+The mask token is never a candidate: given `mask_token_id`, its logit is -inf before anything
+else (temperature, filters, softmax), so probabilities and confidences are those of the other
+tokens (SGLang's diffusion decoding does the same; the reference `generate()` functions can
+commit a mask id, which re-opens the position).
+
 The values of a `SamplingSpec` are host numbers or 0-d device tensors (a captured round reads
 them from device memory, so one graph serves every value); what the draw does with them, its
 `SamplingMode` (greedy, and which filters are on), is fixed per graph.
@@ -76,11 +81,15 @@ def _filter_top_p(logits: torch.Tensor, p: Number) -> torch.Tensor:
 
 
 def probabilities(logits: torch.Tensor, spec: SamplingSpec,
-                  mode: SamplingMode | None = None) -> torch.Tensor:
+                  mode: SamplingMode | None = None, mask_token_id: int = -1) -> torch.Tensor:
     """[n, V] fp32 probabilities after temperature, top-k and top-p (plain softmax if greedy).
-    `mode` is required when the spec holds device tensors (default: `SamplingMode.of(spec)`)."""
+    `mode` is required when the spec holds device tensors (default: `SamplingMode.of(spec)`);
+    the token `mask_token_id` (-1: none) gets probability 0."""
     mode = mode or SamplingMode.of(spec)
     x = logits.float()
+    if mask_token_id >= 0:
+        x = x.clone() if x is logits else x
+        x[:, mask_token_id] = float("-inf")
     if not mode.greedy:
         x = x / spec.temperature
         if mode.top_k:

@@ -19,6 +19,10 @@ to fix the digit, so the row is spread over the GPU and no program waits on anot
 launch draws the race (argmax of p_v / -log u_v over the kept tokens) per slice and a merge
 picks the first best token id, as `torch.argmax` does.
 
+A token id to exclude (the mask token; a runtime argument, not a constexpr) reads as -inf
+wherever the kernels load a logit. A NaN or +inf logit makes its row's confidence NaN (the
+race's kept mass is NaN), whatever the filters kept.
+
 Numerics: fp32 per element, the row sums in 2^-32 fixed point. Which tokens survive is exact
 except where a cumulative mass lies within fp32 rounding of p; the race's winner can differ
 from the reference only where two scores are within a few ulps (exp/log approximations).
@@ -126,16 +130,18 @@ def _request(t_ptr, k_ptr, p_ptr, V):
 
 
 @triton.jit
-def _block(logits_ptr, row, V, start, BLOCK: tl.constexpr):
-    """One block of a row: ids, in-vocabulary mask, fp32 logits (-inf past V), their keys."""
+def _block(logits_ptr, row, V, start, exclude, BLOCK: tl.constexpr):
+    """One block of a row: ids, in-vocabulary mask, fp32 logits (-inf past V and at
+    `exclude`), their keys."""
     v = start + tl.arange(0, BLOCK)
     inb = v < V
     x = tl.load(logits_ptr + row * V + v, mask=inb, other=float("-inf")).to(tl.float32)
+    x = tl.where(v == exclude, float("-inf"), x)
     return v, inb, x, _key(x)
 
 
 @triton.jit
-def _max_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, V, nsl, SLICE: tl.constexpr,
+def _max_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, V, nsl, exclude, SLICE: tl.constexpr,
                 SLICES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Slice maxima; the first slice of a row also zeroes the row's search sums."""
     pdl.begin(PDL)
@@ -144,8 +150,8 @@ def _max_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, V, nsl, SLICE: tl.conste
     m = tl.full([BLOCK], float("-inf"), tl.float32)
     for t in range(0, SLICE // BLOCK):
         v = sl * SLICE + t * BLOCK + tl.arange(0, BLOCK)
-        m = tl.maximum(m, tl.load(logits_ptr + row * V + v, mask=v < V,
-                                  other=float("-inf")).to(tl.float32))
+        x = tl.load(logits_ptr + row * V + v, mask=v < V, other=float("-inf")).to(tl.float32)
+        m = tl.maximum(m, tl.where(v == exclude, float("-inf"), x))
     tl.store(stats_ptr + row * SLICES + sl, tl.max(m, axis=0))
     if sl == 0:
         tl.store(acc_ptr + row * 256 + tl.arange(0, 256), tl.zeros([256], tl.int64))
@@ -154,7 +160,7 @@ def _max_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, V, nsl, SLICE: tl.conste
 
 @triton.jit
 def _pass_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, V, nsl, t_ptr, k_ptr, p_ptr, j,
-                 SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr,
+                 exclude, SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr,
                  MASS: tl.constexpr, USE_K: tl.constexpr, PDL: tl.constexpr):
     """Pass j of one search: for 16 probes, the count (MASS False: top-k) or the mass
     exp((l - max) / T) of the top-k survivors (MASS: top-p) of the slice's logits whose key
@@ -181,7 +187,7 @@ def _pass_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, V, nsl, t_ptr
     ties = tl.zeros([16, BLOCK], tl.float32)
     z = tl.zeros([BLOCK], tl.float32)
     for t in range(0, SLICE // BLOCK):
-        v, inb, x, key = _block(logits_ptr, row, V, sl * SLICE + t * BLOCK, BLOCK)
+        v, inb, x, key = _block(logits_ptr, row, V, sl * SLICE + t * BLOCK, exclude, BLOCK)
         if MASS:
             ok = inb
             if USE_K:
@@ -204,11 +210,11 @@ def _pass_kernel(logits_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr, V, nsl, t_ptr
 
 @triton.jit
 def _race_kernel(logits_ptr, seed_ptr, round_ptr, pos_ptr, stats_ptr, acc_ptr, zk_ptr, ties_ptr,
-                 race_ptr, race_idx_ptr, V, nsl, t_ptr, k_ptr, p_ptr,
+                 race_ptr, race_idx_ptr, V, nsl, t_ptr, k_ptr, p_ptr, exclude,
                  SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr,
                  USE_K: tl.constexpr, USE_P: tl.constexpr, PDL: tl.constexpr):
     """Per slice: the kept tokens' race winner (score w / -log u, first id on ties), its
-    weight and the kept mass."""
+    weight and the kept mass (NaN if the slice holds a NaN or +inf logit)."""
     pdl.begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     sl = tl.program_id(1)
@@ -230,8 +236,10 @@ def _race_kernel(logits_ptr, seed_ptr, round_ptr, pos_ptr, stats_ptr, acc_ptr, z
     best_w = tl.zeros([BLOCK], tl.float32)
     idx = tl.zeros([BLOCK], tl.int32)
     z = tl.zeros([BLOCK], tl.float32)
+    bad = tl.zeros([BLOCK], tl.int32)
     for t in range(0, SLICE // BLOCK):
-        v, inb, x, key = _block(logits_ptr, row, V, sl * SLICE + t * BLOCK, BLOCK)
+        v, inb, x, key = _block(logits_ptr, row, V, sl * SLICE + t * BLOCK, exclude, BLOCK)
+        bad = tl.maximum(bad, (inb & ((x != x) | (x == float("inf")))).to(tl.int32))
         kept = inb
         if USE_K:
             kept = kept & (key >= t_k)
@@ -255,7 +263,8 @@ def _race_kernel(logits_ptr, seed_ptr, round_ptr, pos_ptr, stats_ptr, acc_ptr, z
     tl.store(race_ptr + out * 3, top)
     tl.store(race_ptr + out * 3 + 1,
              tl.max(tl.where((idx == first) & (best == top), best_w, 0.0), axis=0))
-    tl.store(race_ptr + out * 3 + 2, tl.sum(z, axis=0))
+    tl.store(race_ptr + out * 3 + 2,
+             tl.where(tl.max(bad, axis=0) > 0, float("nan"), tl.sum(z, axis=0)))
     tl.store(race_idx_ptr + out, first)
 
 
@@ -294,8 +303,11 @@ def _device_scalar(x, dtype: torch.dtype, dev) -> torch.Tensor:
 
 def sample_candidates(logits: torch.Tensor, temperature, top_k, top_p, seed, round_idx,
                       positions: torch.Tensor, use_top_k: bool | None = None,
-                      use_top_p: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sampled (candidate ids [n] int64, confidences [n] fp32) of logits [n, V].
+                      use_top_p: bool | None = None, exclude: int = -1
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sampled (candidate ids [n] int64, confidences [n] fp32) of logits [n, V], the token
+    `exclude` (the mask token; -1: none) never drawn. A row with a NaN or +inf logit gets a NaN
+    confidence.
 
     Args:
         logits: [n, V] contiguous, any float dtype (computed in fp32).
@@ -339,14 +351,15 @@ def sample_candidates(logits: torch.Tensor, temperature, top_k, top_p, seed, rou
     opts = pdl.launch_options(logits)
     common = dict(SLICE=slice_len, SLICES=sp2, BLOCK=BLOCK, num_warps=NUM_WARPS, **opts)
     grid = (n, nsl)
-    _max_kernel[grid](logits, stats, acc, zk, v, nsl, **common)
+    _max_kernel[grid](logits, stats, acc, zk, v, nsl, exclude, **common)
     for mass, on in ((False, use_top_k), (True, use_top_p)):
         for j in range(PASSES if on else 0):
-            _pass_kernel[grid](logits, stats, acc, zk, ties, v, nsl, *values, j,
+            _pass_kernel[grid](logits, stats, acc, zk, ties, v, nsl, *values, j, exclude,
                                MASS=mass, USE_K=use_top_k, **common)
     _race_kernel[grid](logits, _device_scalar(seed, torch.int64, dev),
                        _device_scalar(round_idx, torch.int64, dev),
                        positions.to(torch.int64).contiguous(), stats, acc, zk, ties, race,
-                       race_idx, v, nsl, *values, USE_K=use_top_k, USE_P=use_top_p, **common)
+                       race_idx, v, nsl, *values, exclude, USE_K=use_top_k, USE_P=use_top_p,
+                       **common)
     _pick_kernel[(n,)](race, race_idx, ids, conf, nsl, SLICES=sp2, num_warps=1, **opts)
     return ids, conf

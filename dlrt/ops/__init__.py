@@ -30,7 +30,8 @@ class Ops:
         -> q [N, Hq, D] (k, v written); cos, sin [N, R/2]: the first R dims of each head are
         rotated (R < D: partial RoPE); a float8_e4m3fn cache stores k / k_scale and
         v / v_scale (fp32 scalar tensors on the device; `reference.quantize_kv`)
-    candidates(logits [n, V], sampling, mode, round_idx, positions) -> (ids, confidences)
+    candidates(logits [n, V], sampling, mode, round_idx, positions, mask_token_id=-1)
+        -> (ids, confidences); the mask token (a model constant) is never a candidate
     """
 
     name: str

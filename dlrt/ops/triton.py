@@ -29,14 +29,17 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
 
 def candidates(logits: torch.Tensor, sampling: SamplingSpec, mode: SamplingMode, round_idx,
-               positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+               positions: torch.Tensor, mask_token_id: int = -1
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """(candidates [n] int64, confidences [n] fp32) of logits [n, V] without fp32 [n, V]
-    probabilities; equal to `dlrt.decoding.round.reference_candidates`."""
+    probabilities, `mask_token_id` (-1: none) never a candidate; equal to
+    `dlrt.decoding.round.reference_candidates`."""
     logits = logits.contiguous()
     if mode.greedy:
-        return greedy_candidates(logits)
+        return greedy_candidates(logits, mask_token_id)
     return sample_candidates(logits, sampling.temperature, sampling.top_k, sampling.top_p,
-                             sampling.seed, round_idx, positions, mode.top_k, mode.top_p)
+                             sampling.seed, round_idx, positions, mode.top_k, mode.top_p,
+                             mask_token_id)
 
 
 OPS = Ops("triton", rms_norm=rms_norm, add_rms_norm=add_rms_norm, silu_and_mul=silu_mul,

@@ -10,6 +10,7 @@ from dlrt.decoding.round import RoundKind, RoundSpec
 from dlrt.decoding.sampling import SamplingSpec
 from dlrt.decoding.schedule import round_quotas
 from dlrt.decoding.strategies import StrategySpec
+from dlrt.errors import NumericalError
 
 
 class BlockState:
@@ -18,7 +19,8 @@ class BlockState:
     tokens [n] int64, masked [n] bool (undecided), commit_round [n] int64 (-1: not committed
     by a round), round 0-d int64 (rounds run), flag [1] int32 (1 = run another round),
     steps 0-d int64 (budget T), seed 0-d int64, quotas [n + 1] int64 (quota of round r at
-    min(r, n)), lens [2] int32 (start, kv_len) of the block's forward.
+    min(r, n)), lens [2] int32 (start, kv_len) of the block's forward, fault 0-d bool (a
+    round met a non-finite confidence: NaN or infinite logits; read back with the tokens).
     The request's values, 0-d: temperature fp64, top_k int64, top_p fp32, threshold fp32,
     eb_threshold fp64, low_threshold fp32, credit_weight / credit_boost / credit_decay fp32,
     editing_threshold fp32 (+inf when off), max_post_steps int64 (`set_values`; compared with
@@ -43,6 +45,7 @@ class BlockState:
         self.seed = torch.zeros((), dtype=torch.int64, device=device)
         self.quotas = torch.zeros(n + 1, dtype=torch.int64, device=device)
         self.lens = torch.zeros(2, dtype=torch.int32, device=device)
+        self.fault = torch.zeros((), dtype=torch.bool, device=device)
         self.temperature = torch.zeros((), dtype=torch.float64, device=device)
         self.top_k = torch.zeros((), dtype=torch.int64, device=device)
         self.top_p = torch.ones((), dtype=torch.float32, device=device)
@@ -67,7 +70,7 @@ class BlockState:
                 self.seed, self.quotas, self.lens, self.temperature, self.top_k, self.top_p,
                 self.threshold, self.eb_threshold, self.low_threshold, self.credit_weight,
                 self.credit_boost, self.credit_decay, self.editing_threshold,
-                self.max_post_steps, self.editable, self.post, self.changed,
+                self.max_post_steps, self.editable, self.post, self.changed, self.fault,
                 *([] if self.credit is None else [self.credit])]
 
     def round_spec(self, kind: RoundKind, mask_token_id: int = -1) -> RoundSpec:
@@ -120,8 +123,9 @@ class BlockState:
 
     def start_block(self) -> None:
         """The counters of a new block (device only): no round run, nothing committed, no
-        post pass, no credit."""
+        post pass, no credit, no fault."""
         self.round.zero_()
+        self.fault.zero_()
         self.commit_round.fill_(-1)
         self.post.zero_()
         self.changed.fill_(True)
@@ -138,7 +142,7 @@ class BlockState:
         Without editing: masks remain and rounds < T. With editing (LLaDA2.1 `generate()`):
         the last round changed something (a round begun with masks always does), and masks
         remain or another post pass is allowed (post + 1 <= max_post_steps), and rounds <
-        B + max_post_steps + 1 (a cap the rule above never reaches).
+        B + max_post_steps + 1 (a cap the rule above never reaches). A fault ends the block.
         """
         if not editing:
             run = self.masked.any() & (self.round < self.steps)
@@ -146,17 +150,18 @@ class BlockState:
             cap = self.max_post_steps + (self.n + 1)
             run = (self.changed & (self.masked.any() | (self.post < self.max_post_steps))
                    & (self.round < cap))
-        self.flag.copy_(run.reshape(1))
+        self.flag.copy_((run & ~self.fault).reshape(1))
 
     def readback_async(self) -> Readback:
-        """Enqueue the copy of (tokens, commit rounds, rounds) to the host in stream order
-        (into one of two pinned buffers on CUDA) and return a handle to wait on, so the next
-        block can be launched before this one is read."""
-        flat = torch.cat([self.tokens, self.commit_round, self.round.reshape(1)])
+        """Enqueue the copy of (tokens, commit rounds, rounds, fault) to the host in stream
+        order (into one of two pinned buffers on CUDA) and return a handle to wait on, so the
+        next block can be launched before this one is read."""
+        flat = torch.cat([self.tokens, self.commit_round, self.round.reshape(1),
+                          self.fault.reshape(1)])
         if self.device.type != "cuda":
             return Readback(flat, None, self.n)
         if not self._pinned:
-            self._pinned = [torch.empty(2 * self.n + 1, dtype=torch.int64, pin_memory=True)
+            self._pinned = [torch.empty(2 * self.n + 2, dtype=torch.int64, pin_memory=True)
                             for _ in range(2)]
         host = self._pinned[self._slot]
         self._slot ^= 1
@@ -167,7 +172,9 @@ class BlockState:
 
 
 class Readback:
-    """A block's read-back in flight: `wait()` -> (tokens, commit rounds, rounds run)."""
+    """A block's read-back in flight: `wait()` -> (tokens, commit rounds, rounds run).
+
+    Raises NumericalError (from `wait`) when a round of the block met non-finite logits."""
 
     def __init__(self, host: torch.Tensor, event, n: int):
         self.host, self.event, self.n = host, event, n
@@ -177,4 +184,8 @@ class Readback:
             self.event.synchronize()
         flat = self.host.tolist()
         n = self.n
-        return flat[:n], flat[n: 2 * n], flat[-1]
+        if flat[-1]:
+            raise NumericalError("the model produced non-finite logits (NaN or infinity) at a "
+                                 "position being decided: the checkpoint's weights or the "
+                                 "dtype's range are at fault; no tokens were accepted")
+        return flat[:n], flat[n: 2 * n], flat[-2]

@@ -33,8 +33,9 @@ PAD_TO = 64
 class CanvasProgram(ProgramBase):
     """Sub-block window [lo, lo + B) of a canvas of `size` slots; lens = (0, canvas length)."""
 
-    def __init__(self, runner: ModelRunner, kind: RoundKind, b: int, size: int):
-        super().__init__("canvas", runner, kind, b, size)
+    def __init__(self, runner: ModelRunner, kind: RoundKind, b: int, size: int,
+                 mask_token_id: int):
+        super().__init__("canvas", runner, kind, b, size, mask_token_id=mask_token_id)
         self.size = size
         dev = runner.device
         self.canvas = torch.zeros(size, dtype=torch.int64, device=dev)
@@ -85,7 +86,8 @@ class CanvasDecoder(DecoderBase):
         size = self._size(p, params)
         kind = round_kind(params)
         prog = self.cached_program((b, size, kind),
-                                   lambda: CanvasProgram(self.runner, kind, b, size))
+                                   lambda: CanvasProgram(self.runner, kind, b, size,
+                                                         self.mask_token_id))
         state = prog.state
         state.set_values(params)
         pad = size - total

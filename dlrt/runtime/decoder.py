@@ -118,7 +118,7 @@ class ProgramBase:
         new_tokens, new_masked, commit = denoise_round(
             self.spec, logits, tokens, masked, positions, state.round, state.quota(),
             candidates_op=self.runner.ops.candidates, editable=state.editable,
-            credit=state.credit)
+            credit=state.credit, fault=state.fault)
         if canvas is None:
             state.tokens.copy_(new_tokens)
             state.masked.copy_(new_masked)
