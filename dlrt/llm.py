@@ -155,9 +155,11 @@ class LLM:
             raise PromptError(f"prompt of {len(ids)} tokens does not fit the context of "
                               f"{self.max_model_len} tokens")
         if need > self.max_model_len:
+            pad = need - len(ids) - params.max_new_tokens
+            padding = f" ({pad} of them {self.decoder.padding})" if pad > 0 else ""
             raise PromptError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) needs "
-                f"{need} positions, more than the context of {self.max_model_len}")
+                f"{need} positions{padding}, more than the context of {self.max_model_len}")
         return ids, params
 
     def _stream(self, prompt: Prompt, chat: bool, options: dict[str, Any],

@@ -91,6 +91,7 @@ class BlockProgram(ProgramBase):
 
 
 class BlockDecoder(DecoderBase):
+    padding = "padding: the last block is filled to block_length"
 
     def program(self, params: DecodingParams) -> BlockProgram:
         kind, b = round_kind(params), params.block_length

@@ -70,6 +70,8 @@ class CanvasProgram(ProgramBase):
 
 
 class CanvasDecoder(DecoderBase):
+    padding = ("canvas padding: the generation fills whole blocks of block_length, the canvas "
+               f"a multiple of {PAD_TO} positions")
 
     def _size(self, prompt_len: int, params: DecodingParams) -> int:
         b = params.block_length

@@ -60,6 +60,7 @@ class Program(Protocol):
 
 class Decoder(Protocol):
     defaults: DecoderDefaults
+    padding: str  # what the positions past prompt + max_new_tokens are (context errors)
 
     def max_positions(self, prompt_len: int, params: DecodingParams) -> int:
         """Cache positions the request may touch (checked against the context)."""

@@ -85,6 +85,7 @@ class LookaheadProgram(ProgramBase):
 
 
 class LookaheadDecoder(DecoderBase):
+    padding = "padding: the generation fills whole blocks of block_length"
 
     def max_positions(self, prompt_len: int, params: DecodingParams) -> int:
         b = params.block_length

@@ -256,6 +256,10 @@ def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | 
     async def openai(request: Request, model, call, endpoint: str):
         body = await _body(request, model, max_body_bytes)
         check_model(body)
+        if llm.tokenizer is None:  # NOTE: the OpenAI answers are text, never token ids
+            raise HTTPError(400, f"this checkpoint has no tokenizer and {request.url.path} "
+                                 f"answers text: send token ids as input_ids to /generate "
+                                 f"(its blocks carry token_ids)", protocol.prompt_field(body))
         if body.stream_options is not None and not body.stream:
             raise HTTPError(400, "stream_options: only with stream: true", "stream_options")
         job = prepare(call, body, endpoint)

@@ -1,6 +1,7 @@
-"""Server answers to faults of the model, in process (FastAPI's test client over the real app
-and worker): non-finite logits are a 500 in the OpenAI error shape and the server keeps
-serving."""
+"""Server answers to faults of the model and of the checkpoint, in process (FastAPI's test
+client over the real app and worker): non-finite logits are a 500 in the OpenAI error shape and
+the server keeps serving; a checkpoint without a tokenizer gets a 400 on the OpenAI endpoints
+(their answers are text) that says to send token ids to /generate."""
 
 from __future__ import annotations
 
@@ -46,3 +47,22 @@ def test_non_finite_logits_are_a_500_and_the_server_keeps_serving(tiny_sdar):
         assert c.get("/health").json()["running"] == 0
         r = c.post("/v1/completions", json=body)
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_no_tokenizer_openai_endpoints_are_400_that_say_to_send_token_ids(tiny_llada):
+    llm = LLM(tiny_llada, dtype="float32")
+    with client_of(llm, "llada") as c:
+        for path, body, field in (
+                ("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 4}, "prompt"),
+                ("/v1/completions", {"prompt": "hi", "max_tokens": 4}, "prompt"),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                          "max_tokens": 4}, "messages")):
+            r = c.post(path, json=body)
+            assert r.status_code == 400, (path, r.text)
+            err = r.json()["error"]
+            assert err["param"] == field, err
+            assert "no tokenizer" in err["message"] and "input_ids" in err["message"], err
+        with c.stream("POST", "/generate", json={"input_ids": [1, 2, 3],
+                                                "max_new_tokens": 4}) as s:
+            rows = [json.loads(line) for line in s.iter_lines() if line]
+        assert rows[-1]["type"] == "final" and len(rows[0]["token_ids"]) == 4
