@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from dlrt.entrypoints.cli import main as cli_main
+
+pytestmark = pytest.mark.slow  # subprocesses: servers, torchrun, examples
 
 
 def test_bench_serve_end_to_end(tmp_path, capsys, monkeypatch):

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import Server, free_port
 
+pytestmark = pytest.mark.slow  # subprocesses: servers, torchrun, examples
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 MAX_NEW = 12  # three blocks of four

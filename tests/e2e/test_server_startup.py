@@ -17,6 +17,8 @@ from dlrt import LLM
 from dlrt.entrypoints.cli import main as cli_main
 from dlrt.server.serve import check_defaults
 
+pytestmark = pytest.mark.slow  # subprocesses: servers, torchrun, examples
+
 
 @pytest.fixture(scope="module")
 def llm(tiny_sdar) -> LLM:

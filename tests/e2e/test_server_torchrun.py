@@ -16,6 +16,8 @@ import pytest
 
 from dlrt import LLM
 
+pytestmark = pytest.mark.slow  # subprocesses: servers, torchrun, examples
+
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc-per-node", "2", "-m")
 

@@ -327,11 +327,11 @@ def test_num_layers_flag_reduces_layers(tmp_path, capsys):
 
 
 @needs_real
-@pytest.mark.slow
+@pytest.mark.huge
 def test_reduced_copy_of_real_sdar_4b(tmp_path, request):
-    """~1.5 GB in bf16 (the embeddings): only with `-m slow`."""
-    if "slow" not in (request.config.getoption("-m") or ""):
-        pytest.skip("writes 1.5 GB: run with -m slow")
+    """~1.5 GB in bf16 (the embeddings): only with `-m huge`."""
+    if (request.config.getoption("-m") or "").strip() != "huge":
+        pytest.skip("writes 1.5 GB: run with -m huge")
     out = make_checkpoint(SDAR_4B, tmp_path / "sdar4b-1", num_layers=1, seed=1)
     hf = read_config(out)
     assert hf["num_hidden_layers"] == 1 and hf["max_window_layers"] == 1
@@ -533,13 +533,13 @@ def test_llada2_names_of_real_llada2_mini_config(tmp_path):
 
 
 @needs_real
-@pytest.mark.slow
+@pytest.mark.huge
 def test_reduced_copy_of_real_llada2_mini(tmp_path, request, capsys):
     """`dlrt make-checkpoint LLaDA2.0-mini OUT --num-layers 2`: the dense layer and one MoE
-    layer of 256 experts, ~2.9 GB in bf16: only with `-m slow`. The shipped config names no
+    layer of 256 experts, ~2.9 GB in bf16: only with `-m huge`. The shipped config names no
     mask or eos token and the copy has no tokenizer: the family's defaults apply."""
-    if "slow" not in (request.config.getoption("-m") or ""):
-        pytest.skip("writes 2.9 GB: run with -m slow")
+    if (request.config.getoption("-m") or "").strip() != "huge":
+        pytest.skip("writes 2.9 GB: run with -m huge")
     out = tmp_path / "llada2-2"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     assert cli_main(["make-checkpoint", "LLaDA2.0-mini", str(out), "--num-layers", "2",
