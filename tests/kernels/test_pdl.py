@@ -38,7 +38,8 @@ def _kernels() -> dict:
     slices = dict(SLICE=2560, SLICES=64, BLOCK=512)
     moe_args = dict(in_ptr=P16, w_ptr=P16, s_ptr=P32, out_ptr=P16, table_ptr=I32, wt_ptr=P32,
                     T="i32", N_OUT="i32")
-    search = dict(logits_ptr=P16, stats_ptr=P32, acc_ptr=I64, zk_ptr=I64, V="i32", nsl="i32")
+    search = dict(logits_ptr=P16, stats_ptr=P32, acc_ptr=I64, zk_ptr=I64, V="i32", nsl="i32",
+                  exclude="i32")
     rope_args = dict(qkv_ptr=P16, qw_ptr=P16, kw_ptr=P16, cos_ptr=P32, sin_ptr=P32,
                      pos_ptr=I64, page_table_ptr=I32, k_cache_ptr=P16, v_cache_ptr=P16,
                      q_out_ptr=P16, k_scale_ptr=P32, v_scale_ptr=P32, eps="fp32")
@@ -80,7 +81,7 @@ def _kernels() -> dict:
                                  NH="i32"),
                             dict(D=128, SPLITS=64, SPLITS_P2=64, BLOCK_N=64)),
         "greedy_slice": (greedy._slice_kernel, dict(logits_ptr=P16, part_ptr=P32, part_idx_ptr=I32,
-                                                    V="i32"),
+                                                    V="i32", exclude="i32"),
                          dict(SLICE=5120, BLOCK=1024, SLICES=32)),
         "greedy_merge": (greedy._merge_kernel, dict(part_ptr=P32, part_idx_ptr=I32, ids_ptr=I64,
                                                     conf_ptr=P32), dict(SLICES=32)),
