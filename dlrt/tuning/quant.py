@@ -118,10 +118,6 @@ def kernel(fmt: str, cfg: dict) -> Callable:
     return functools.partial(nvfp4_gemm, config=Nvfp4GemmConfig(**cfg))
 
 
-def _tolerance(fmt: str, cfg: dict) -> float:
-    return TOLERANCE[fmt]
-
-
 def choose(fmt: str, configs: dict[str, dict], time: TimeFn, check: CheckFn,
            policy: str = "auto") -> dict:
     """The record of one (format, N, K): {reference_us, candidates: {label: {config, error,
@@ -135,8 +131,8 @@ def choose(fmt: str, configs: dict[str, dict], time: TimeFn, check: CheckFn,
         try:
             fn = kernel(fmt, cfg)
             entry["error"] = err = float(check(fn))
-            if not err <= _tolerance(fmt, cfg):  # NaN fails too
-                entry["skipped"] = f"relative error {err:.3g} > {_tolerance(fmt, cfg)}"
+            if not err <= TOLERANCE[fmt]:  # NaN fails too
+                entry["skipped"] = f"relative error {err:.3g} > {TOLERANCE[fmt]}"
             else:
                 entry["us"] = float(time(fn))
         except Exception as e:  # noqa: BLE001 - a candidate that fails is skipped

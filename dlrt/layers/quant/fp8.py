@@ -41,6 +41,11 @@ def _blocks(n: int) -> int:
     return -(-n // BLOCK)
 
 
+def _check_activations(activations: str) -> None:
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"fp8 activations {activations!r}: one of {ACTIVATIONS}")
+
+
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:
     """The dynamic FP8 activation quantisation of block-scaled checkpoints (their
     `activation_scheme: "dynamic"`), as a value: x [..., K] -> x' [..., K] in x's dtype, where
@@ -142,8 +147,7 @@ class Fp8Linear(LinearMethod):
     def __init__(self, kernel: Fp8Kernel | None = None, max_rows: int = 64,
                  wide: Fp8Kernel | None = None, wide_rows: int = 64,
                  activations: str = "dynamic"):
-        if activations not in ACTIVATIONS:
-            raise ValueError(f"fp8 activations {activations!r}: one of {ACTIVATIONS}")
+        _check_activations(activations)
         self.kernel, self.max_rows = kernel, max_rows
         self.wide, self.wide_rows = wide, wide_rows
         self.activations = activations
@@ -179,11 +183,10 @@ def reference_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Ten
 
 def set_activations(model: nn.Module, activations: str) -> int:
     """Set the activation mode of every FP8 linear layer of `model`; the number of layers."""
+    _check_activations(activations)
     methods = [m.method for m in model.modules() if isinstance(getattr(m, "method", None),
                                                                 Fp8Linear)]
     for method in methods:
-        if activations not in ACTIVATIONS:
-            raise ValueError(f"fp8 activations {activations!r}: one of {ACTIVATIONS}")
         method.activations = activations
     return len(methods)
 
