@@ -2,10 +2,12 @@
 
     python3 benchmarks/device/summarize.py OUT_DIR
 
-Reads every step-*.json below OUT_DIR. A record's tree is its folder's name when that is `base`
-or `head` (round_latency.sh writes them there), else its `commit`. Prints per model, context and
+Reads every step-*.json below OUT_DIR. A record's tree is the name of its folder when that is
+below OUT_DIR (round_latency.sh writes `base` and `head`; tags such as `bf16` and `w8a8`), else
+its `commit`. Prints per model, context and
 tree the device-loop round of every run in run order, their median, the HBM floor and, with two
-or more trees, each tree's median over the reference tree's (`base`, else the first one run).
+or more trees, each tree's median over the reference tree's (`base` or `bf16`, else the first
+one run).
 """
 
 import json
@@ -19,7 +21,7 @@ def load(root: Path) -> dict[tuple[str, int], dict[str, list[dict]]]:
     found = []
     for path in root.rglob("step-*.json"):
         rec = json.loads(path.read_text())
-        tree = path.parent.name if path.parent.name in ("base", "head") else rec.get("commit")
+        tree = path.parent.name if path.parent != root else rec.get("commit")
         found.append((rec.get("time", ""), str(path), tree or "unknown", rec))
     table: dict[tuple[str, int], dict[str, list[dict]]] = {}
     for _, _, tree, rec in sorted(found, key=lambda f: f[:2]):
@@ -38,7 +40,7 @@ def main(root: Path) -> int:
     print(f"{'model':<18} {'context':>7}  {'tree':<12} {'commit':<9} {'median':>8} "
           f"{'floor':>6} {'ratio':>5} {'vs ref':>6}  device-loop rounds in us, in run order")
     for (model, context), trees in sorted(table.items()):
-        ref = "base" if "base" in trees else next(iter(trees))
+        ref = next((t for t in ("base", "bf16") if t in trees), next(iter(trees)))
         ref_median = statistics.median(r["device_loop_us"] for r in trees[ref])
         for tree, runs in trees.items():
             median = statistics.median(r["device_loop_us"] for r in runs)
