@@ -4,12 +4,15 @@ For every block length and strategy setting (`SETTINGS`: the strategies with the
 values; greedy, temperature 0) on one loaded model:
 
 - held-out continuation: from held-out Python files (by default the held-out split of the
-  standard-library corpus the default model is trained on, `dlrt.train.corpus`), each sample is
-  a prefix that ends at a line start (the last `prefix_tokens` tokens of it) and the next
-  `new_tokens` tokens of the file; the model continues the prefix greedily for `new_tokens`
-  tokens (EOS ignored). `token_accuracy`: the share of generated tokens equal to the file's
-  token at the same position; `first_line_exact`: the share of samples whose generated text
-  and the file agree up to the file's first newline (the whole next line, exactly).
+  standard-library corpus the default model is trained on, `dlrt.train.corpus`), each file is
+  tokenized whole and cut at the first token that starts at or after a line start (a token
+  that straddles the line start, such as byte-level BPE's newline-plus-indent, stays in the
+  prefix), so prefix and truth are the ids the model sees in the file; a sample is the last
+  `prefix_tokens` tokens before the cut and the next `new_tokens` tokens. The model continues
+  the prefix greedily for `new_tokens` tokens (EOS ignored). `token_accuracy`: the share of
+  generated tokens equal to the file's token at the same position; `first_line_exact`: the
+  share of samples whose generated text and the file agree up to the truth's first newline
+  (the rest of the cut line, exactly).
 - HumanEval: each prompt is completed (up to `humaneval_tokens` tokens, stopping at EOS), the
   completion cut at the first stop sequence of the Codex evaluation (`STOPS`: a new top-level
   def / class / if / print / comment), and `parses` is the share of prompt + completion that
@@ -72,15 +75,34 @@ def settings(names: str | None) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def _token_starts(tokenizer, text: str) -> tuple[list[int], list[int] | None]:
+    """The ids of all of `text` (no special tokens) and each token's start offset in it; None
+    for the offsets when the tokenizer gives none (not a fast tokenizer)."""
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = enc["offset_mapping"]
+    except (NotImplementedError, TypeError, ValueError, KeyError):
+        return list(tokenizer.encode(text, add_special_tokens=False)), None
+    return list(enc["input_ids"]), [start for start, _ in offsets]
+
+
 def heldout_samples(tokenizer, texts: list[str], count: int, prefix_tokens: int,
                     new_tokens: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
     """Up to `count` (prefix ids, true continuation ids) pairs: files taken in a seeded order,
-    one sample each (cycling while more are needed and some file can give one); the cut is a
-    line start at a seeded position in the middle half of the file's lines, whose continuation
-    has at least `new_tokens` tokens."""
+    one sample each (cycling while more are needed and some file can give one).
+
+    Each file is tokenized once, whole. The cut is a line start at a seeded position in the
+    middle half of the file's lines, moved to token k, the first token that starts at or after
+    it (a token that straddles the line start, such as a newline-plus-indent token of a
+    byte-level BPE, stays in the prefix); the prefix is ids[max(0, k - prefix_tokens):k] and
+    the truth ids[k:k + new_tokens], so both are the ids of the whole-file tokenization. A cut
+    with k < 8 or fewer than `new_tokens` tokens after it gives no sample. Without offsets (a
+    tokenizer that is not fast) k is the token count of the text before the line start.
+    """
     rng = random.Random(seed)
     order = list(range(len(texts)))
     rng.shuffle(order)
+    encoded: dict[int, tuple[list[int], list[int] | None]] = {}
     out: list[tuple[list[int], list[int]]] = []
     while len(out) < count:
         before = len(out)
@@ -89,11 +111,17 @@ def heldout_samples(tokenizer, texts: list[str], count: int, prefix_tokens: int,
             if len(lines) < 8:
                 continue
             cut = rng.randrange(len(lines) // 4, 3 * len(lines) // 4)
-            prefix = tokenizer.encode("".join(lines[:cut]), add_special_tokens=False)
-            cont = tokenizer.encode("".join(lines[cut:]), add_special_tokens=False)
-            if len(prefix) < 8 or len(cont) < new_tokens:
+            at = sum(len(line) for line in lines[:cut])  # the line start, in characters
+            if i not in encoded:
+                encoded[i] = _token_starts(tokenizer, texts[i])
+            ids, starts = encoded[i]
+            if starts is None:
+                k = len(tokenizer.encode(texts[i][:at], add_special_tokens=False))
+            else:
+                k = next((j for j, start in enumerate(starts) if start >= at), len(ids))
+            if k < 8 or len(ids) - k < new_tokens:
                 continue
-            out.append((prefix[-prefix_tokens:], cont[:new_tokens]))
+            out.append((ids[max(0, k - prefix_tokens):k], ids[k:k + new_tokens]))
             if len(out) == count:
                 break
         if len(out) == before:  # no file can give a sample

@@ -45,20 +45,81 @@ def test_first_line_and_parses():
     assert not quality.parses("def f(x):\n", "")  # a def without one
 
 
-def test_heldout_samples(tok):
-    texts = ["".join(f"value_{f}_{i} = {i} * {f}\n" for i in range(40)) for f in range(3)]
-    texts.append("x = 1\n")  # too short: never sampled
-    samples = quality.heldout_samples(tok, texts, 5, prefix_tokens=20, new_tokens=12, seed=1)
+# files with indented lines, blank lines and lines ending in punctuation, every line unique
+HELDOUT = ["".join(f"def f_{f}_{i}(x):\n    if x > {i}:\n        return x * {f}\n\n"
+                   for i in range(12)) for f in range(3)]
+
+
+@pytest.fixture(scope="module")
+def bytelevel(tmp_path_factory):
+    """A byte-level BPE like the trained default model's (`dlrt.train.tokenizer`): newline
+    plus indentation is one pre-token, so its tokens straddle line starts."""
+    from dlrt.train.tokenizer import save_tokenizer, train_tokenizer
+
+    out = tmp_path_factory.mktemp("bytelevel")
+    save_tokenizer(train_tokenizer(HELDOUT, vocab_size=400), out, model_max_length=4096)
+    return load_tokenizer(out)
+
+
+def _slice_of(ids: list[int], part: list[int]) -> int | None:
+    """Where `part` first occurs in `ids` as a contiguous run; None if nowhere."""
+    return next((j for j in range(len(ids) - len(part) + 1) if ids[j:j + len(part)] == part),
+                None)
+
+
+@pytest.mark.parametrize("which", ["sdar", "bytelevel"])
+def test_heldout_samples(tok, bytelevel, which):
+    """Each sample is a run of the whole-file tokenization: prefix + truth == ids[k - p:k + n]
+    with p = min(prefix_tokens, k), and token k (the truth's first) is the first token that
+    starts at or after a line start c: token k - 1 starts before c, and between c and token
+    k's start lies only indentation (nothing unless token k - 1 straddles c, as byte-level
+    BPE's newline-plus-indent does). The old cut (prefix and rest tokenized apart) fails the
+    first check: its prefix ends in a lone newline token the whole file never has."""
+    t = tok if which == "sdar" else bytelevel
+    texts = [*HELDOUT, "x = 1\n"]  # too short: never sampled
+    whole = [t(x, add_special_tokens=False, return_offsets_mapping=True) for x in texts]
+    samples = quality.heldout_samples(t, texts, 5, prefix_tokens=20, new_tokens=12, seed=1)
     assert len(samples) == 5  # three files, cycled
+    straddled = 0
     for prefix, truth in samples:
         assert 8 <= len(prefix) <= 20 and len(truth) == 12
-        assert tok.decode(prefix).endswith("\n")  # the cut is a line start
-        whole = next(t for t in texts if tok.decode(prefix) in t)
-        at = whole.index(tok.decode(prefix)) + len(tok.decode(prefix))
-        assert whole[at:].startswith(tok.decode(truth))
-    assert samples == quality.heldout_samples(tok, texts, 5, 20, 12, seed=1)  # seeded
-    assert samples != quality.heldout_samples(tok, texts, 5, 20, 12, seed=2)
-    assert quality.heldout_samples(tok, ["x = 1\n"], 3, 20, 12) == []
+        hits = [(f, j) for f, w in enumerate(whole)
+                if (j := _slice_of(w["input_ids"], prefix + truth)) is not None]
+        assert len(hits) == 1, "prefix + truth is not a run of one file's whole tokenization"
+        (f, j), text = hits[0], texts[hits[0][0]]
+        k = j + len(prefix)
+        assert len(prefix) == min(20, k)
+        starts = [a for a, _ in whole[f]["offset_mapping"]]
+        at = starts[k]  # where the truth starts in the file
+        line = text.rfind("\n", 0, at) + 1  # the start of the line the truth starts in
+        assert line > 0 and text[line:at].strip(" \t") == ""
+        assert starts[k - 1] < line  # token k is the first at or after the line start
+        assert text[at:].startswith(t.decode(truth))
+        assert text[:at].endswith(t.decode(prefix))
+        straddled += at > line
+    if which == "bytelevel":
+        assert straddled  # the straddling case is exercised
+    else:
+        assert not straddled  # the SDAR (Qwen) tokenizer keeps the newline apart from indents
+    assert samples == quality.heldout_samples(t, texts, 5, 20, 12, seed=1)  # seeded
+    assert samples != quality.heldout_samples(t, texts, 5, 20, 12, seed=2)
+    assert quality.heldout_samples(t, ["x = 1\n"], 3, 20, 12) == []
+
+
+def test_heldout_samples_without_offsets(tok):
+    """A tokenizer without offsets (only encode): the cut token is the token count of the
+    text before the line start, and the ids still come from the whole-file tokenization."""
+
+    class EncodeOnly:
+        def encode(self, text, add_special_tokens=True):
+            return tok.encode(text, add_special_tokens=add_special_tokens)
+
+    samples = quality.heldout_samples(EncodeOnly(), HELDOUT, 4, 20, 12, seed=3)
+    assert len(samples) == 4
+    wholes = [tok.encode(x, add_special_tokens=False) for x in HELDOUT]
+    for prefix, truth in samples:
+        assert 8 <= len(prefix) <= 20 and len(truth) == 12
+        assert any(_slice_of(w, prefix + truth) is not None for w in wholes)
 
 
 def _corpus(root, files=4):
