@@ -61,8 +61,11 @@ def test_graphs_read_the_scales_from_memory(sdar):
     before = _run_modes(sdar, prompt, **opts)
     captures = sdar.executor.captures
     try:
-        cache.k_scale.fill_(0.01)  # |k| / 0.01 clamps at 448: other attention, other tokens
-        cache.v_scale.fill_(3.0)
+        # |x| / 1e-3 saturates e4m3 (448) above 0.448: most of the RMS-normalised keys and the
+        # values clamp, so attention and tokens change (all 24 in the CPU eager path; scales of
+        # 0.01 and 3.0 changed 2 there and none on an H200)
+        cache.k_scale.fill_(1e-3)
+        cache.v_scale.fill_(1e-3)
         after = _run_modes(sdar, prompt, **opts)
     finally:
         cache.k_scale.fill_(1.0)
