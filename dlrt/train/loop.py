@@ -34,16 +34,20 @@ def _opt(default: Any, help: str) -> Any:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Settings of one run; the defaults fit one H200 in about 12 minutes."""
+    """Settings of one run. The defaults take about 3 minutes of training on one H200: 5000
+    steps of 64 x 512 tokens, about 63 passes over the 2.6M training tokens of Python 3.12's
+    library, with dropout; 12000 steps without it overfit (held-out accuracy fell from 0.569
+    at step 5000 to 0.543 while the training loss kept falling)."""
 
     out: str = _opt("default-model", "output folder (a Hugging Face SDAR checkpoint)")
-    steps: int = _opt(12000, "optimizer steps (fewer when max_minutes ends the run first)")
+    steps: int = _opt(5000, "optimizer steps (fewer when max_minutes ends the run first)")
     batch_size: int = _opt(64, "windows per step")
     seq_len: int = _opt(512, "tokens per window (a multiple of both block lengths)")
     lr: float = _opt(2e-3, "peak AdamW learning rate")
     min_lr_ratio: float = _opt(0.1, "final learning rate as a share of lr")
     warmup_steps: int = _opt(300, "linear warm-up steps")
     weight_decay: float = _opt(0.1, "AdamW weight decay of the matrices")
+    dropout: float = _opt(0.1, "residual-branch dropout of the attention and MLP outputs")
     grad_clip: float = _opt(1.0, "gradient norm clip")
     block_length: int = _opt(4, "block length of most steps (config.json block_size)")
     long_block_length: int = _opt(8, "the other block length trained")
@@ -83,6 +87,8 @@ class TrainConfig:
                 raise ValueError(f"seq_len {self.seq_len} is not a multiple of block {b}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError("num_kv_heads must divide num_heads")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout {self.dropout} is not in [0, 1)")
         if self.save_dtype not in ("bfloat16", "float32"):
             raise ValueError(f"save_dtype {self.save_dtype!r}: bfloat16 or float32")
 
@@ -133,7 +139,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     corpus = load_corpus(cfg.corpus_root or None, cfg.include_tests, cfg.held_out_share)
     data = prepare(corpus, cfg.vocab_size, cfg.seq_len, device)
     vocab = -(-data.vocab_size // 64) * 64  # embedding rows padded to a multiple of 64
-    model = SDARTrainModel(cfg.shape(vocab)).to(device)
+    model = SDARTrainModel(cfg.shape(vocab), cfg.dropout).to(device)
     c = corpus.record()
     print(f"corpus: {c['tree']} (Python {c['python']}): {c['files']['train']} training and "
           f"{c['files']['held_out']} held-out files, {data.train.numel():,} and "

@@ -102,34 +102,40 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, s: Shape):
+    def __init__(self, s: Shape, dropout: float = 0.0):
         super().__init__()
+        self.dropout = dropout
         self.self_attn = Attention(s)
         self.mlp = MLP(s)
         self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
 
     def forward(self, x, cos, sin, allow):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, allow)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        p = self.dropout if self.training else 0.0  # residual-branch dropout, training only
+        x = x + F.dropout(self.self_attn(self.input_layernorm(x), cos, sin, allow), p)
+        return x + F.dropout(self.mlp(self.post_attention_layernorm(x)), p)
 
 
 class Trunk(nn.Module):
-    def __init__(self, s: Shape):
+    def __init__(self, s: Shape, dropout: float = 0.0):
         super().__init__()
         self.embed_tokens = nn.Embedding(s.vocab_size, s.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(s) for _ in range(s.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(s, dropout) for _ in range(s.num_hidden_layers))
         self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
 
 
 class SDARTrainModel(nn.Module):
     """forward(ids [B, N], positions [N], allow [N, N] bool) -> hidden [B, N, H];
-    logits(hidden [..., H]) -> [..., V]. Logits at position i predict the token at i."""
+    logits(hidden [..., H]) -> [..., V]. Logits at position i predict the token at i.
+    `dropout`: the probability of dropping an element of each attention and MLP output before
+    its residual add, in training mode only (no parameters: the checkpoint is unchanged)."""
 
-    def __init__(self, s: Shape):
+    def __init__(self, s: Shape, dropout: float = 0.0):
         super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout {dropout} is not in [0, 1)")
         self.shape = s
-        self.model = Trunk(s)
+        self.model = Trunk(s, dropout)
         self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
         if s.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

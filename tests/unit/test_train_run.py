@@ -142,3 +142,26 @@ def test_default_model_size():
     model = SDARTrainModel(TrainConfig().shape(8192))
     assert model.num_parameters() == 7_606_912 <= 8_000_000
     assert TrainConfig().seq_len % 8 == 0
+
+
+def test_dropout_only_in_training():
+    """Residual dropout changes the training forward and leaves the eval forward equal to the
+    model without it (same weights); a probability outside [0, 1) is refused."""
+    shape = Shape(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    torch.manual_seed(0)
+    plain = SDARTrainModel(shape)
+    drop = SDARTrainModel(shape, dropout=0.5)
+    drop.load_state_dict(plain.state_dict())
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    pos, allow = torch.arange(8), block_diffusion_mask(8, 4)[:8, :8]
+    with torch.no_grad():
+        want = plain.eval()(ids, pos, allow)
+        assert torch.equal(drop.eval()(ids, pos, allow), want)
+        drop.train()
+        a, b = drop(ids, pos, allow), drop(ids, pos, allow)
+    assert not torch.equal(a, b) and not torch.equal(a, want)
+    with pytest.raises(ValueError, match="dropout"):
+        SDARTrainModel(shape, dropout=1.0)
+    with pytest.raises(ValueError, match="dropout"):
+        TrainConfig(dropout=-0.1).check()
