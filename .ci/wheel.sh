@@ -13,7 +13,8 @@ trap 'rm -rf "$WORK"' EXIT
 python -m pip wheel --quiet --no-deps -w "$WORK/dist" "$REPO"
 WHEEL="$(ls "$WORK"/dist/dlrt-*.whl)"
 python -m zipfile -l "$WHEEL" > "$WORK/contents.txt"
-for f in dlrt/csrc/graph_cond.cu dlrt/data/humaneval.jsonl dlrt/data/sdar-qwen3/vocab.json; do
+for f in dlrt/csrc/graph_cond.cu dlrt/data/humaneval.jsonl dlrt/data/sdar-qwen3/vocab.json \
+         dlrt/data/sdar-stdlib-8m/model.safetensors dlrt/data/sdar-stdlib-8m/tokenizer.json; do
     grep -q "^$f " "$WORK/contents.txt" || { echo "wheel: $f missing" >&2; exit 1; }
 done
 

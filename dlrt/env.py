@@ -11,8 +11,8 @@ from pathlib import Path
 
 
 def cache_dir() -> Path:
-    """DLRT_CACHE_DIR: where the embedded default model, the built CUDA kernels and the kernel
-    timings are kept (default $XDG_CACHE_HOME/dlrt, else ~/.cache/dlrt)."""
+    """DLRT_CACHE_DIR: where the built CUDA kernels and the kernel timings are kept (default
+    $XDG_CACHE_HOME/dlrt, else ~/.cache/dlrt)."""
     value = os.environ.get("DLRT_CACHE_DIR")
     if value:
         return Path(value).expanduser()

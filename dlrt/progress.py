@@ -1,5 +1,5 @@
 """Progress bars for long operations: loading a checkpoint's tensors, writing a checkpoint
-(`make-checkpoint`, the embedded default model on first use). tqdm on stderr, shown only when
+(`make-checkpoint`). tqdm on stderr, shown only when
 stderr is a terminal and the process is not quiet (`set_quiet`, the CLI's `--quiet`)."""
 
 from __future__ import annotations

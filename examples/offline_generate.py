@@ -3,9 +3,10 @@
     python examples/offline_generate.py                                  # embedded default
     python examples/offline_generate.py --model path/to/SDAR-8B-Chat --max-new-tokens 256
 
-Without --model this runs the embedded default: a tiny SDAR model with the real SDAR tokenizer
-but random weights (made on first use in $DLRT_CACHE_DIR), so its text is gibberish. Texts are
-printed with repr() because random weights may emit any character.
+Without --model this runs the embedded default: a 7.6M-parameter SDAR demonstration model
+trained on the Python standard library (shipped in dlrt/data/sdar-stdlib-8m), so its text is
+Python-looking code; its chat template turns a message into `# ` comment lines. Texts are
+printed with repr() so whitespace and any odd character show.
 """
 
 from __future__ import annotations

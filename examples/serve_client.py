@@ -1,12 +1,13 @@
 """Talk to a running `dlrt serve`: NDJSON streaming with httpx, then the OpenAI client.
 
-Start a server first (without --model it serves the embedded default: a tiny SDAR model with
-random weights, so its text is gibberish), then run this client against it:
+Start a server first (without --model it serves the embedded default: a 7.6M-parameter SDAR
+demonstration model trained on the Python standard library, so its text is Python-looking code),
+then run this client against it:
 
     dlrt serve --host 127.0.0.1 --port 18080          # add --model DIR for a real checkpoint
     python examples/serve_client.py --base-url http://127.0.0.1:18080
 
-Texts are printed with repr() because random weights may emit any character.
+Texts are printed with repr() so whitespace and any odd character show.
 """
 
 from __future__ import annotations

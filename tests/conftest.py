@@ -1,7 +1,7 @@
 """Shared fixtures: tiny checkpoints written once per session with our own tool, an isolated
-cache for the embedded default model (a temp folder, removed when the session ends), and the
-`gpu` marker (skipped without CUDA). Temp folders of passing tests are not kept
-(`tmp_path_retention_policy` in pyproject.toml)."""
+dlrt cache folder (a temp folder, removed when the session ends), and the `gpu` marker
+(skipped without CUDA). Temp folders of passing tests are not kept (`tmp_path_retention_policy`
+in pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ def pytest_configure(config):
     if not torch.cuda.is_available():
         # NOTE: before any Triton kernel is defined: kernels run in Triton's CPU interpreter.
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    # NOTE: set before any test imports dlrt, so the embedded default is made in a temp folder
-    # (removed when the session ends).
+    # NOTE: set before any test imports dlrt, so built kernels and kernel timings go to a temp
+    # folder (removed when the session ends).
     if "DLRT_CACHE_DIR" not in os.environ:
         import tempfile
 

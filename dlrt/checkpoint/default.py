@@ -1,50 +1,33 @@
-"""The embedded default model: the tiny SDAR preset with the real SDAR tokenizer, written into
-the dlrt cache folder on first use (seeded: every machine makes the same one)."""
+"""The embedded default model: `dlrt/data/sdar-stdlib-8m`, a 7.6M-parameter SDAR model trained
+on the Python standard library by `tools/train_default.py` (its README.md is the model card).
+It ships inside the package as a Hugging Face folder; nothing is written at run time."""
 
 from __future__ import annotations
 
-import logging
+import os
 from pathlib import Path
 
-from dlrt import env
-from dlrt.checkpoint.folder import CheckpointFolder
-from dlrt.checkpoint.make import make_checkpoint
 from dlrt.errors import CheckpointError
+from dlrt.resources import data_path
 
-log = logging.getLogger(__name__)
-
-DEFAULT_PRESET = "tiny-sdar"
-DEFAULT_SEED = 0
-_DEFAULT_VERSION = "v1"
+DEFAULT_MODEL = "sdar-stdlib-8m"
+_REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
 def default_model_path() -> Path:
-    """The embedded default model; written (deterministically, seed 0) on first use, and
-    written again when the cached copy is broken (e.g. its weights are missing).
+    """The packaged folder of the embedded default model.
 
     Raises:
-        CheckpointError: it cannot be written (DLRT_CACHE_DIR is a file or unwritable) or a
-            broken copy cannot be replaced.
+        CheckpointError: the folder or one of its files is missing or unreadable (the message
+            names the path: the installation is incomplete).
     """
-    path = env.cache_dir() / "models" / f"{DEFAULT_PRESET}-{_DEFAULT_VERSION}"
-    if not _loadable(path):
-        try:
-            log.warning("making the embedded default model (%s, random weights, once) in %s; "
-                        "DLRT_CACHE_DIR moves it", DEFAULT_PRESET, path)
-            make_checkpoint(DEFAULT_PRESET, path, seed=DEFAULT_SEED, overwrite=path.exists())
-        except CheckpointError as e:
-            if not _loadable(path):  # else another process made it first
-                raise CheckpointError(
-                    f"cannot make the embedded default model in {path}: {e}. Set "
-                    f"DLRT_CACHE_DIR to a writable folder, or delete {path}") from e
+    path = data_path(DEFAULT_MODEL)
+    if not path.is_dir():
+        raise CheckpointError(f"the embedded default model {path} is missing: the dlrt "
+                              "installation is incomplete (reinstall dlrt, or pass a model)")
+    bad = [n for n in _REQUIRED if not (path / n).is_file() or not os.access(path / n, os.R_OK)]
+    if bad:
+        raise CheckpointError(f"the embedded default model {path} lacks readable "
+                              f"{', '.join(bad)}: the dlrt installation is incomplete "
+                              "(reinstall dlrt, or pass a model)")
     return path
-
-
-def _loadable(path: Path) -> bool:
-    if not (path / "config.json").is_file():
-        return False
-    try:
-        CheckpointFolder.open(path)
-    except CheckpointError:
-        return False
-    return True

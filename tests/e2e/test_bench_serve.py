@@ -1,4 +1,4 @@
-"""`dlrt bench serve` end to end on the CPU: the embedded tiny default model in this process,
+"""`dlrt bench serve` end to end on the CPU: the embedded default model in this process,
 then a real `dlrt serve` subprocess (uvicorn) spoken to over HTTP; 2 prompts, few tokens."""
 
 from __future__ import annotations

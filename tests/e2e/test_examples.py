@@ -91,14 +91,6 @@ def check_result(lines: list[str]) -> dict[str, str]:
     return f
 
 
-@pytest.fixture(scope="module", autouse=True)
-def default_model():
-    """Make the embedded default once, before several processes would race to make it."""
-    from dlrt.checkpoint.default import default_model_path
-
-    return default_model_path()
-
-
 def test_offline_generate():
     parts = sections(run(sys.executable, "examples/offline_generate.py",
                          "--max-new-tokens", str(MAX_NEW)))

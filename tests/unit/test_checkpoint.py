@@ -3,6 +3,7 @@ SDAR/LLaDA layouts, loading them through `LLM`, and every way a folder or an opt
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pickle
@@ -15,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from dlrt import LLM, CheckpointError, ConfigError, DlrtError, OptionError
+from dlrt import LLM, CheckpointError, ConfigError, OptionError
 from dlrt.checkpoint import default as default_mod
 from dlrt.checkpoint import make as make_mod
 from dlrt.checkpoint.default import default_model_path
@@ -352,19 +353,6 @@ def test_reduced_copy_of_real_sdar_4b(tmp_path, request):
     assert len(r.token_ids) == 4
 
 
-# --- the embedded default model -------------------------------------------------------------
-
-
-def test_default_model_is_made_in_cache_dir():
-    from dlrt import env
-
-    path = default_model_path()
-    assert path.is_relative_to(env.cache_dir())
-    assert os.environ.get("DLRT_CACHE_DIR"), "conftest must isolate the cache"
-    hf = read_config(path)
-    assert hf == dict(PRESETS["tiny-sdar"], torch_dtype="bfloat16")
-
-
 def _other_process_finishes_first(monkeypatch, out: Path) -> None:
     """While make_checkpoint writes, a complete `out` appears (as if made by another process)."""
     real_copy = make_mod._copy_tokenizer
@@ -393,49 +381,56 @@ def test_make_never_deletes_a_folder_that_appears_meanwhile(tmp_path, monkeypatc
     assert read_config(out)["n_layers"] == 1
 
 
-def test_concurrent_default_creation_keeps_the_first(tmp_path, monkeypatch):
-    """Two processes making the default model at once: the later one uses the earlier one's
-    folder (which may already be loading) instead of failing or deleting it."""
-    monkeypatch.setenv("DLRT_CACHE_DIR", str(tmp_path / "cache"))
-    real_make = make_mod.make_checkpoint
-
-    def racing_make(source, out, **kw):
-        _other_process_finishes_first(monkeypatch, Path(out))
-        return real_make(source, out, **kw)
-
-    monkeypatch.setattr(default_mod, "make_checkpoint", racing_make)
-    path = default_model_path()
-    assert path.parent == tmp_path / "cache" / "models"
-    assert (path / "other.marker").is_file()
-    assert [p.name for p in path.parent.iterdir()] == [path.name]
+# --- the embedded default model -------------------------------------------------------------
 
 
-def test_cache_dir_unusable(tmp_path, monkeypatch):
-    a_file = tmp_path / "a-file"
-    a_file.write_text("x")
-    for cache in (a_file, Path("/proc/dlrt-cache")):
-        monkeypatch.setenv("DLRT_CACHE_DIR", str(cache))
-        with pytest.raises(DlrtError, match="DLRT_CACHE_DIR") as e:
-            default_model_path()
-        assert str(cache) in str(e.value)
-    assert a_file.read_text() == "x"
-
-
-def test_broken_default_model_is_made_again(tmp_path, monkeypatch):
+def test_default_model_is_the_packaged_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("DLRT_CACHE_DIR", str(tmp_path / "cache"))
     path = default_model_path()
-    weights = (path / "model.safetensors").read_bytes()
-    (path / "model.safetensors").unlink()
-    assert default_model_path() == path
-    assert (path / "model.safetensors").read_bytes() == weights
-    (path / "model.safetensors").write_bytes(weights[:100])  # truncated
-    assert default_model_path() == path
-    assert (path / "model.safetensors").read_bytes() == weights
-    (path / "model.safetensors").unlink()
-    (path / "notes.txt").write_text("mine")  # not ours to delete: the user must
-    with pytest.raises(CheckpointError, match=f"delete {path}"):
+    assert path == data_path("sdar-stdlib-8m") and path.is_dir()
+    assert not (tmp_path / "cache").exists()  # nothing written for the default
+    hf = read_config(path)
+    assert hf["model_type"] == "sdar" and hf["architectures"] == ["SDARForCausalLM"]
+    params = sum(t.numel() for t in load_file(path / "model.safetensors").values())
+    assert params <= 8_000_000
+    record = json.loads((path / "training_record.json").read_text())
+    assert record["model"]["parameters"] == params
+    assert (path / "README.md").is_file()  # the model card
+
+
+def test_default_model_card_table_matches_the_record():
+    """The model card's numbers are the ones `tools/model_card.py` writes from the record."""
+    tool = Path(__file__).resolve().parents[2] / "tools" / "model_card.py"
+    spec = importlib.util.spec_from_file_location("model_card", tool)
+    card_tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(card_tool)
+    path = default_model_path()
+    card = (path / "README.md").read_text()
+    record = json.loads((path / "training_record.json").read_text())
+    assert card_tool.table(record) in card, f"run: python tools/model_card.py {path}"
+
+
+def test_default_model_chat_template_makes_comment_lines():
+    tok = load_tokenizer(default_model_path())
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Write a haiku\nabout the sea."}], tokenize=False,
+        add_generation_prompt=True)
+    assert text == "# Write a haiku\n# about the sea.\n"
+
+
+def test_default_model_missing_is_an_error(tmp_path, monkeypatch):
+    """No fallback: a missing folder or weights file is an error that names the path."""
+    gone = tmp_path / "gone"
+    monkeypatch.setattr(default_mod, "data_path", lambda *parts: gone)
+    for call in (default_model_path, LLM):
+        with pytest.raises(CheckpointError, match="installation is incomplete") as e:
+            call()
+        assert str(gone) in str(e.value)
+    shutil.copytree(data_path("sdar-stdlib-8m"), gone,
+                    ignore=shutil.ignore_patterns("model.safetensors"))
+    with pytest.raises(CheckpointError, match="model.safetensors") as e:
         default_model_path()
-    assert (path / "notes.txt").is_file()
+    assert str(gone) in str(e.value) and "installation is incomplete" in str(e.value)
 
 
 # --- bad folders ----------------------------------------------------------------------------

@@ -1,15 +1,13 @@
 """Long operations say what they do: tqdm bars on stderr while loading and writing checkpoints
-(on a terminal, not with --quiet), and one line when the embedded default model is made."""
+(on a terminal, not with --quiet)."""
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import pytest
 
 from dlrt import LLM, progress
-from dlrt.checkpoint.default import default_model_path
 from dlrt.entrypoints.cli import main
 
 
@@ -59,12 +57,3 @@ def test_quiet_and_not_a_terminal(terminal, tmp_path, monkeypatch):
     monkeypatch.setattr(terminal, "isatty", lambda: False)
     assert main(["make-checkpoint", "tiny-sdar", str(tmp_path / "b")]) == 0
     assert terminal.text == ""
-
-
-def test_the_default_model_is_announced_once(tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("DLRT_CACHE_DIR", str(tmp_path / "cache"))
-    with caplog.at_level(logging.INFO, logger="dlrt"):
-        path = default_model_path()
-        default_model_path()
-    made = [r.getMessage() for r in caplog.records if "embedded default model" in r.getMessage()]
-    assert len(made) == 1 and str(path) in made[0]
