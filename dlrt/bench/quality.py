@@ -13,10 +13,15 @@ values; greedy, temperature 0) on one loaded model:
   generated tokens equal to the file's token at the same position; `first_line_exact`: the
   share of samples whose generated text and the file agree up to the truth's first newline
   (the rest of the cut line, exactly).
-- HumanEval: each prompt is completed (up to `humaneval_tokens` tokens, stopping at EOS), the
-  completion cut at the first stop sequence of the Codex evaluation (`STOPS`: a new top-level
-  def / class / if / print / comment), and `parses` is the share of prompt + completion that
-  `ast.parse` accepts.
+- HumanEval: each prompt's end is first cut back to a token boundary of its natural
+  tokenization (`prompt_cut`: a prompt ends in a newline, which a byte-level BPE merges with
+  the indentation of the body's first line into one token, so the model is asked to write that
+  token itself, as it saw it in training). The model completes it (up to `humaneval_tokens`
+  tokens, stopping at EOS or at the first stop sequence of the Codex evaluation, `STOPS`: a new
+  top-level def / class / if / print / comment), and `parses` is the share of completions that
+  write something before the first stop and that `ast.parse` accepts together with their
+  prompt; `empty` is the share that write nothing (the prompt alone parses: its docstring is a
+  body).
 - speed: `tpf` (new tokens per denoising round, both sets together), `rounds_per_block`, and
   `tps` (new tokens per second of generate calls, in the LLM's execution mode).
 
@@ -52,7 +57,7 @@ SETTINGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("hierarchical", {"remasking_strategy": "hierarchical"}),
 )
 STOPS = ("\ndef ", "\nclass ", "\nif ", "\nprint(", "\n#")
-COLUMNS = ["block", "setting", "token_accuracy", "first_line_exact", "parses", "tpf",
+COLUMNS = ["block", "setting", "token_accuracy", "first_line_exact", "parses", "empty", "tpf",
            "rounds_per_block", "tps"]
 
 
@@ -137,15 +142,39 @@ def first_line_match(generated: str, truth: str) -> bool:
     return generated[:len(line)] == line
 
 
-def parses(prompt: str, completion: str) -> bool:
-    """Whether prompt + completion, cut at the first of `STOPS`, is valid Python."""
+def until_stop(completion: str) -> str:
+    """`completion` up to the first of `STOPS` (all of it when none occurs)."""
     cut = min((i for i in (completion.find(s) for s in STOPS) if i >= 0),
               default=len(completion))
+    return completion[:cut]
+
+
+def parses(prompt: str, completion: str) -> bool:
+    """Whether prompt + completion, cut at the first of `STOPS`, is valid Python."""
     try:
-        ast.parse(prompt + completion[:cut])
+        ast.parse(prompt + until_stop(completion))
     except (SyntaxError, ValueError):
         return False
     return True
+
+
+def prompt_cut(tokenizer, prompt: str, follow: str = "    pass\n") -> str:
+    """`prompt` without the tail that its natural tokenization merges with the text after it.
+
+    Tokenizes prompt + `follow` (a function body's first line) whole; when a token starts
+    inside the prompt and ends past it (byte-level BPE's newline-plus-indent token), the
+    prompt is cut at that token's start, so the model writes the whole token. Unchanged when
+    the prompt ends on a token boundary, or when the tokenizer gives no offsets.
+    """
+    text = prompt + follow
+    try:
+        offsets = tokenizer(text, add_special_tokens=False,
+                            return_offsets_mapping=True)["offset_mapping"]
+    except (NotImplementedError, TypeError, ValueError, KeyError):
+        return prompt
+    end = len(prompt)
+    start = next((a for a, b in offsets if a < end < b), end)
+    return prompt[:start]
 
 
 def _generate(llm, prompt, options: dict[str, Any], stats: dict[str, float]):
@@ -173,14 +202,18 @@ def score(llm, block: int, options: dict[str, Any], samples, prompts: list[str],
         correct += sum(a == b for a, b in zip(r.token_ids, truth, strict=False))
         lines += first_line_match(llm.tokenizer.decode(r.token_ids),
                                   llm.tokenizer.decode(truth))
-    ok = 0
+    ok = empty = 0
     for prompt in prompts:
-        r = _generate(llm, prompt, dict(base, max_new_tokens=humaneval_tokens), stats)
-        ok += parses(prompt, r.text)
+        prompt = prompt_cut(llm.tokenizer, prompt)
+        r = _generate(llm, prompt, dict(base, max_new_tokens=humaneval_tokens,
+                                        stop=list(STOPS)), stats)
+        wrote = bool(until_stop(r.text).strip())
+        ok += wrote and parses(prompt, r.text)
+        empty += not wrote
     return dict(
         token_accuracy=correct / max(len(samples) * new_tokens, 1),
         first_line_exact=lines / max(len(samples), 1),
-        parses=ok / max(len(prompts), 1),
+        parses=ok / max(len(prompts), 1), empty=empty / max(len(prompts), 1),
         tpf=stats["tokens"] / max(stats["rounds"], 1),
         rounds_per_block=stats["rounds"] / max(stats["blocks"], 1),
         tps=stats["tokens"] / max(stats["seconds"], 1e-9),

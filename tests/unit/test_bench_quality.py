@@ -43,6 +43,26 @@ def test_first_line_and_parses():
     assert not quality.parses(prompt, "    return (2 * x\n")
     assert quality.parses(prompt, "")  # the docstring is a body
     assert not quality.parses("def f(x):\n", "")  # a def without one
+    assert quality.until_stop("    y = 1\n# note\ndef g():\n") == "    y = 1"
+    assert quality.until_stop("\ndef g():\n") == ""
+
+
+@pytest.mark.parametrize("which", ["sdar", "bytelevel"])
+def test_prompt_cut(tok, bytelevel, which):
+    """A prompt ending in a newline loses it where the tokenizer merges newline and indent
+    (byte-level BPE), and is kept whole where the newline ends a token (the SDAR tokenizer)."""
+    t = {"sdar": tok, "bytelevel": bytelevel}[which]
+    prompt = "def f_7(x):\n    if x > 3:\n        return x * 2\n"
+    cut = quality.prompt_cut(t, prompt, follow="    return x\n")
+    whole = t(prompt + "    return x\n", add_special_tokens=False, return_offsets_mapping=True)
+    starts = [a for a, _ in whole["offset_mapping"]]
+    assert prompt.startswith(cut) and len(cut) in starts  # a token boundary of the whole
+    if which == "sdar":
+        assert cut == prompt
+    else:
+        assert cut == prompt[:-1]  # "\n   " + " return": the model writes the newline
+        head = whole["input_ids"][:starts.index(len(cut))]
+        assert t.encode(cut, add_special_tokens=False) == head
 
 
 # files with indented lines, blank lines and lines ending in punctuation, every line unique
@@ -147,6 +167,7 @@ def test_run_and_the_record(tiny_sdar, tmp_path, capsys):
     assert record["heldout"]["samples"] == 2 and record["humaneval"]["prompts"] == 2
     for r in rows:
         assert 0.0 <= r["token_accuracy"] <= 1.0 and 0.0 <= r["parses"] <= 1.0
+        assert 0.0 <= r["empty"] <= 1.0 - r["parses"]
         # held out: exactly 8 tokens a sample (EOS ignored); HumanEval: up to 8 a prompt
         assert r["rounds"] > 0 and 2 * 8 <= r["new_tokens"] <= 2 * 8 + 2 * 8
         assert r["tpf"] == pytest.approx(r["new_tokens"] / r["rounds"])
