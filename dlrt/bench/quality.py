@@ -23,7 +23,9 @@ values; greedy, temperature 0) on one loaded model:
   prompt; `empty` is the share that write nothing (the prompt alone parses: its docstring is a
   body).
 - speed: `tpf` (new tokens per denoising round, both sets together), `rounds_per_block`, and
-  `tps` (new tokens per second of generate calls, in the LLM's execution mode).
+  `tps` (new tokens per second of generate calls, in the LLM's execution mode). Each row
+  first runs one untimed request of two blocks with its options, so that graph capture and
+  compilation for a new block length or strategy are not timed.
 
 It prints a table, writes a JSON record and, when matplotlib is installed, a PNG beside it: TPF
 against held-out token accuracy, one marker per setting and a line per block length.
@@ -196,6 +198,10 @@ def score(llm, block: int, options: dict[str, Any], samples, prompts: list[str],
     """One row of the table: quality on both sets and the speed of the generate calls."""
     stats = dict(seconds=0.0, tokens=0, rounds=0, blocks=0)
     base = dict(options, block_length=block, temperature=0.0)
+    warm = samples[0][0] if samples else prompts[0] if prompts else None
+    if warm is not None:  # untimed: captures and compiles for this block and strategy
+        _generate(llm, warm, dict(base, max_new_tokens=2 * block, ignore_eos=True),
+                  dict(seconds=0.0, tokens=0, rounds=0, blocks=0))
     correct = lines = 0
     for prefix, truth in samples:
         r = _generate(llm, prefix, dict(base, max_new_tokens=new_tokens, ignore_eos=True), stats)

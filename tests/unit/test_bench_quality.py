@@ -184,3 +184,25 @@ def test_run_and_the_record(tiny_sdar, tmp_path, capsys):
 def test_errors(tiny_sdar, capsys):
     with pytest.raises(SystemExit, match="--settings: unknown setting"):
         main(["bench", "quality", "--model", str(tiny_sdar), "--settings", "fastest"])
+
+
+def test_score_warms_up_untimed():
+    """The first request of a row (two blocks) is not counted in its tokens, rounds or TPS."""
+    from types import SimpleNamespace
+
+    calls = []
+
+    class Fake:
+        device = SimpleNamespace(type="cpu")
+        tokenizer = SimpleNamespace(decode=lambda ids: "x" * len(ids))
+
+        def generate(self, prompt, **options):
+            calls.append(options["max_new_tokens"])
+            n = options["max_new_tokens"]
+            return SimpleNamespace(token_ids=[5] * n, denoise_steps=[2] * (n // 4),
+                                   text="    return 1\n")
+
+    row = quality.score(Fake(), 4, {"remasking_strategy": "sequential"}, [([1, 2], [5] * 8)],
+                        [], new_tokens=8, humaneval_tokens=16)
+    assert calls == [8, 8]  # warm-up (2 blocks of 4), then the held-out sample
+    assert row["new_tokens"] == 8 and row["rounds"] == 4 and row["token_accuracy"] == 1.0
