@@ -9,6 +9,10 @@ exponent, so a cast would not be tested on the CPU; integer adds and shifts are 
 e4m3 (bias 7, no infinities): a normal code holds exponent e in 1..15 and 3 mantissa bits,
 value 2^(e-7) * (1 + m/8) for |x| >= 2^-6; codes 0..7 are the subnormals k * 2^-9, and code 8
 is 2^-6, so for |x| < 2^-6 the code is the integer k = round(|x| * 2^9).
+
+`store_fp8_groups` is the W8A8 activation quantisation of `dlrt.kernels.fp8_gemm.quantize_x`
+(per row and 128-column group) applied to values a kernel holds in registers, so the kernel
+that produces an FP8 GEMM's input writes its codes and scales itself.
 """
 
 from __future__ import annotations
@@ -17,14 +21,17 @@ import triton
 import triton.language as tl
 
 FP8_MAX: tl.constexpr = tl.constexpr(448.0)
+QGROUP = 128  # columns per W8A8 activation scale (`store_fp8_groups`)
+GROUP: tl.constexpr = tl.constexpr(QGROUP)
 
 
 @triton.jit
 def quantize_e4m3(x, scale):
     """uint8 e4m3 codes of clamp(x / scale, -448, 448), round to nearest even.
 
-    x: fp32 tensor; scale: fp32 scalar. Equals `(x / scale).clamp(-448, 448)
-    .to(torch.float8_e4m3fn).view(torch.uint8)` (NaN inputs excepted)."""
+    x: fp32 tensor; scale: fp32 scalar, or a tensor broadcasting against x. Equals
+    `(x / scale).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)` (NaN inputs
+    excepted)."""
     y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
     bits = y.to(tl.uint32, bitcast=True)
     sign = (bits >> 31) << 7
@@ -38,3 +45,27 @@ def quantize_e4m3(x, scale):
     sub = ((t + 8388608.0) - 8388608.0).to(tl.uint32)
     code = tl.where(mag >= (121 << 23), normal, sub)
     return (code | sign).to(tl.uint8)
+
+
+@triton.jit
+def store_fp8_groups(v, q_ptr, s_ptr, row, start, n):
+    """Quantise a piece of row `row` of an [N, n] activation per 128-column group and store
+    its codes and scales.
+
+    v: fp32 [B] (B a multiple of 128), the values of columns start .. start + B - 1, 0 where
+    the column is >= n (padding adds nothing to a group's amax); start a multiple of 128.
+    Per group s = amax(|v|) / 448 (IEEE division; 1 where the amax is 0) and codes
+    `quantize_e4m3(v, s)`, exactly as `dlrt.kernels.fp8_gemm.quantize_x`. Stores the codes
+    (uint8) into q_ptr, row-major [N, n] (the columns < n), and the scales (fp32) into s_ptr,
+    row-major [N, ceil(n / 128)] (the groups < ceil(n / 128))."""
+    B: tl.constexpr = v.shape[0]
+    G: tl.constexpr = B // GROUP
+    groups = tl.reshape(v, (G, GROUP))
+    amax = tl.max(tl.abs(groups), axis=1)
+    scale = tl.where(amax > 0.0, tl.math.div_rn(amax, FP8_MAX), 1.0)
+    codes = tl.reshape(quantize_e4m3(groups, scale[:, None]), (B,))
+    cols = start + tl.arange(0, B)
+    tl.store(q_ptr + row * n + cols, codes, mask=cols < n)
+    n_groups = (n + GROUP - 1) // GROUP
+    g = start // GROUP + tl.arange(0, G)
+    tl.store(s_ptr + row * n_groups + g, scale, mask=g < n_groups)

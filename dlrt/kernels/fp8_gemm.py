@@ -195,10 +195,12 @@ def _round_e4m3(v):
     """v (fp32, |v| <= 448) rounded to the nearest e4m3 value, ties to even, still in fp32:
     normal values (|v| >= 2^-6) keep 3 mantissa bits (rounding the fp32 bits, carries into
     the exponent included); smaller values are multiples of 2^-9 (adding and subtracting
-    1.5 * 2^14, whose fp32 ulp is 2^-9)."""
+    1.5 * 2^14, whose fp32 ulp is 2^-9, on |v|), with v's sign: a negative value that rounds
+    to zero gives -0.0, as the cast does."""
     bits = v.to(tl.int32, bitcast=True)
+    tiny = (tl.abs(v) + 24576.0) - 24576.0
+    tiny = tl.where(bits < 0, tiny * -1.0, tiny)  # the sign bit (-0.0 included)
     bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576  # clear the low 20 bits
-    tiny = (v + 24576.0) - 24576.0
     return tl.where(tl.abs(v) < 0.015625, tiny, bits.to(tl.float32, bitcast=True))
 
 

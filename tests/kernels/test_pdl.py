@@ -45,6 +45,9 @@ def _kernels() -> dict:
                      q_out_ptr=P16, k_scale_ptr=P32, v_scale_ptr=P32, eps="fp32")
     rope_consts = dict(H_Q=32, H_KV=8, D=128, ROT=128, PASS=1, PAGE=64, HAS_NORM=True,
                        FP32_ROPE=False)
+    norm_args = dict(x_ptr=P16, res_ptr=P16, w_ptr=P16, y_ptr=P16, s_ptr=P32, H="i32",
+                     eps="fp32")
+    silu_args = dict(gu_ptr=P16, out_ptr=P16, s_ptr=P32, inter="i32")
     split_args = dict(q_ptr=P16, k_ptr=P16, v_ptr=P16, page_table_ptr=I32, lens_ptr=I32,
                       part_o_ptr=P32, part_ml_ptr=P32, k_scale_ptr=P32, v_scale_ptr=P32,
                       scale="fp32", N="i32")
@@ -61,11 +64,13 @@ def _kernels() -> dict:
                              p_ptr=P32), dict(slices, USE_K=True, USE_P=True)),
         "sample_pick": (sampling._pick_kernel, dict(race_ptr=P32, race_idx_ptr=I32, ids_ptr=I64,
                                                     conf_ptr=P32, nsl="i32"), dict(SLICES=64)),
-        "rms_norm": (rms_norm._rms_norm_kernel, dict(x_ptr=P16, res_ptr=P16, w_ptr=P16, y_ptr=P16,
-                                                     H="i32", eps="fp32"),
-                     dict(HAS_RES=True, BLOCK=4096)),
-        "silu_mul": (activation._silu_mul_kernel, dict(gu_ptr=P16, out_ptr=P16, inter="i32"),
-                     dict(BLOCK=1024)),
+        "rms_norm": (rms_norm._rms_norm_kernel, norm_args, dict(HAS_RES=True, QUANT=False,
+                                                                BLOCK=4096)),
+        "rms_norm_fp8": (rms_norm._rms_norm_kernel, dict(norm_args, y_ptr="*u8"),
+                         dict(HAS_RES=True, QUANT=True, BLOCK=4096)),
+        "silu_mul": (activation._silu_mul_kernel, silu_args, dict(QUANT=False, BLOCK=1024)),
+        "silu_mul_fp8": (activation._silu_mul_kernel, dict(silu_args, out_ptr="*u8"),
+                         dict(QUANT=True, BLOCK=1024)),
         "qk_norm_rope": (rope._qk_norm_rope_kernel, rope_args,
                          dict(rope_consts, KV_FP8=False)),
         "qk_norm_rope_fp8": (rope._qk_norm_rope_kernel,  # the cache as bytes
@@ -120,8 +125,8 @@ def _kernels() -> dict:
 NAMES = ["attention_merge", "attention_split", "attention_split_fp8", "gemm", "gemm_reduce",
          "gemv", "gemv_row", "greedy_merge", "greedy_slice", "moe_align", "moe_combine",
          "moe_route", "moe_rows", "moe_rows_fp8", "moe_tiles", "moe_tiles_fp8", "qk_norm_rope",
-         "qk_norm_rope_fp8", "rms_norm", "sample_max", "sample_pass", "sample_pick",
-         "sample_race", "silu_mul"]
+         "qk_norm_rope_fp8", "rms_norm", "rms_norm_fp8", "sample_max", "sample_pass",
+         "sample_pick", "sample_race", "silu_mul", "silu_mul_fp8"]
 PDL_OFF = ["rms_norm", "gemm"]
 GEMVS = ["gemv", "gemv_row"]
 WEIGHT_FIRST = GEMVS  # load their first weight tiles before the wait
