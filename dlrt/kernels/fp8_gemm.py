@@ -399,6 +399,20 @@ def quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, xs
 
 
+def _check_codes(x, k: int, device: torch.device):
+    """(codes, scales, dtype) of a pre-quantised x; ValueError when they do not fit."""
+    q, xs = x.q, x.scale
+    m = q.shape[0] if q.dim() == 2 else -1
+    if (q.dim() != 2 or q.dtype != FP8 or q.shape[1] != k or not q.is_contiguous()
+            or tuple(xs.shape) != (m, triton.cdiv(k, QBLOCK)) or xs.dtype != torch.float32
+            or not xs.is_contiguous() or q.device != device or xs.device != device
+            or x.dtype not in X_DTYPES):
+        raise ValueError(f"fp8_gemm: quantised x: codes {q.dtype} {tuple(q.shape)} and "
+                         f"scales {xs.dtype} {tuple(xs.shape)} on {q.device} (for {x.dtype}) "
+                         f"do not fit K={k} on {device}")
+    return q, xs, x.dtype
+
+
 def check_fp8_weight(w: torch.Tensor, scale_inv: torch.Tensor) -> tuple[int, int]:
     """(N, K) of a block-scaled FP8 weight; ValueError on a wrong dtype, shape or layout."""
     if w.dim() != 2 or w.dtype != FP8 or not w.is_contiguous():
@@ -414,12 +428,15 @@ def check_fp8_weight(w: torch.Tensor, scale_inv: torch.Tensor) -> tuple[int, int
     return n, k
 
 
-def fp8_gemm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor,
+def fp8_gemm(x, w: torch.Tensor, scale_inv: torch.Tensor,
              config: Fp8GemmConfig | None = None) -> torch.Tensor:
     """y = x @ (w * scale_inv per 128 x 128 block)^T (see the module docstring).
 
     Args:
-        x: [M <= 64, K] bf16 / fp16 / fp32, contiguous.
+        x: [M <= 64, K] bf16 / fp16 / fp32, contiguous; or x already quantised by the op that
+            made it (an object with `q` e4m3 codes [M, K], `scale` fp32 [M, ceil(K/128)] as
+            `quantize_x` writes them, and `dtype`, the activation's: `dlrt.ops.Fp8Activation`),
+            for a W8A8 config only, which then skips `quantize_x`.
         w: [N, K] float8_e4m3fn, contiguous, on x's device.
         scale_inv: [ceil(N/128), ceil(K/128)] float32, contiguous.
         config: tiles and variant (`config.w8a8`: quantise x per token and 128-column group
@@ -431,10 +448,17 @@ def fp8_gemm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor,
         ValueError: wrong shapes, dtypes, layouts or devices, or a config that does not fit.
     """
     n, k = check_fp8_weight(w, scale_inv)
+    codes = None
+    if not isinstance(x, torch.Tensor):  # pre-quantised: codes and scales
+        codes = _check_codes(x, k, w.device)
+        if config is not None and not config.w8a8:
+            raise ValueError(f"fp8_gemm: quantised x needs a W8A8 config, got {config}")
+        config = config or fp8_config(x.q.shape[0], n, k, w8a8=True, device=w.device)
+        x = x.q
     if x.dim() != 2 or x.shape[1] != k or not x.is_contiguous() or x.shape[0] > MAX_ROWS:
         raise ValueError(f"fp8_gemm: x {tuple(x.shape)} must be contiguous [M<={MAX_ROWS}, "
                          f"{k}] for w {tuple(w.shape)}")
-    if x.dtype not in X_DTYPES or x.device != w.device:
+    if codes is None and (x.dtype not in X_DTYPES or x.device != w.device):
         raise ValueError(f"fp8_gemm: x is {x.dtype} on {x.device}; it must be one of "
                          f"{X_DTYPES} on {w.device}")
     m = x.shape[0]
@@ -444,7 +468,8 @@ def fp8_gemm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor,
     if m > config.max_rows():
         raise ValueError(f"fp8_gemm: {config.kind!r} configs serve M<={config.max_rows()}, "
                          f"got M={m}")
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    dtype = codes[2] if codes else x.dtype  # y's, the activation's
+    y = torch.empty((m, n), dtype=dtype, device=x.device)
     if m == 0:
         return y
     if config.kind == "fma":
@@ -460,12 +485,14 @@ def fp8_gemm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor,
         part = torch.empty((config.split_k, bm, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k)
     xq, xs = x, y
-    if config.w8a8:
+    if codes:
+        xq, xs = x, codes[1]
+    elif config.w8a8:
         xq, xs = quantize_x(x)
     _fp8_gemm_kernel[grid](xq, xs, w, scale_inv, y, part, m, n, K=k, BLOCK_M=bm,
                            BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                            SPLIT_K=config.split_k, W8A8=config.w8a8,
-                           PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+                           PRECISION="ieee" if dtype == torch.float32 else "tf32",
                            num_stages=config.stages, num_warps=config.warps, **opts)
     if config.split_k > 1:
         block = 1024

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from dlrt.layers.linear import Linear, MergedLinear
+from dlrt.layers.norm import feeds_fp8
 from dlrt.ops import Ops
 
 
@@ -20,5 +21,14 @@ class SwiGLU(nn.Module):
         self.down_proj = Linear(intermediate, hidden)
         self.ops = ops
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x) -> torch.Tensor:
+        """x [N, H], or the `Fp8Activation` of it when `gate_up_proj` takes one."""
+        return self.down_proj(silu_and_mul_for(self.ops, self.gate_up_proj(x), self.down_proj))
+
+
+def silu_and_mul_for(ops: Ops, gate_up: torch.Tensor, consumer: nn.Module):
+    """silu(gate) * up of gate_up [N, 2I] for `consumer` (the down projection): an
+    `Fp8Activation` when its method takes one (`dlrt.layers.norm.feeds_fp8`), else [N, I]."""
+    if feeds_fp8(consumer, gate_up):
+        return ops.silu_and_mul_fp8(gate_up)
+    return ops.silu_and_mul(gate_up)

@@ -23,14 +23,29 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.ops = ops
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                consumer: nn.Module | None = None):
+        """`consumer`: the linear layer that reads y; when its method takes an FP8 W8A8 input
+        (`LinearMethod.takes_fp8`), y comes quantised as a `dlrt.ops.Fp8Activation` (the
+        `*_fp8` ops: one kernel with Triton) instead of a tensor."""
+        fp8 = feeds_fp8(consumer, x)
         if residual is None:
-            return self.ops.rms_norm(x, self.weight, self.eps)
-        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
+            return (self.ops.rms_norm_fp8 if fp8 else self.ops.rms_norm)(x, self.weight,
+                                                                         self.eps)
+        return (self.ops.add_rms_norm_fp8 if fp8 else self.ops.add_rms_norm)(
+            x, residual, self.weight, self.eps)
 
-    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None):
-        """(y, residual) of `forward(x, residual)`; with no residual yet (the first layer) the
-        stream starts at x: (norm(x), x)."""
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None,
+                 consumer: nn.Module | None = None):
+        """(y, residual) of `forward(x, residual, consumer)`; with no residual yet (the first
+        layer) the stream starts at x: (norm(x), x)."""
         if residual is None:
-            return self(x), x
-        return self(x, residual)
+            return self(x, consumer=consumer), x
+        return self(x, residual, consumer)
+
+
+def feeds_fp8(consumer: nn.Module | None, x: torch.Tensor) -> bool:
+    """Whether x's successor op should hand `consumer` (a linear layer, or None) an
+    `Fp8Activation` of it: x [N, K] and the consumer's method takes N rows that way."""
+    method = getattr(consumer, "method", None)
+    return method is not None and x.dim() == 2 and method.takes_fp8(x.shape[0])

@@ -12,9 +12,57 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from dlrt.errors import OptionError
 
 NAMES = ("reference", "triton")
+
+GROUP = 128  # columns per activation scale of an Fp8Activation
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+@dataclass(frozen=True)
+class Fp8Activation:
+    """An activation handed to an FP8 W8A8 linear layer already quantised, by the op that
+    produced it (the `*_fp8` ops below), instead of as a tensor.
+
+    q: float8_e4m3fn [N, K] codes; scale: float32 [N, ceil(K / 128)], one per row (token) and
+    128-column group; dtype: the model dtype of the activation they encode. The value is
+    q * scale per group, in fp32, cast to dtype. `quantize` makes one from a tensor; the
+    Triton ops and `dlrt.kernels.fp8_gemm.quantize_x` write the same codes and scales.
+    """
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
+
+    @classmethod
+    def quantize(cls, x: torch.Tensor) -> Fp8Activation:
+        """The dynamic FP8 activation quantisation of block-scaled checkpoints (their
+        `activation_scheme: "dynamic"`) of x [..., K]: per row (token) and 128-column group
+        s = amax(|x|) / 448 (1 for an all-zero group) and codes e4m3(clamp(x / s, -448, 448))
+        (round to nearest even, in fp32)."""
+        k = x.shape[-1]
+        kb = -(-k // GROUP)
+        xf = torch.zeros(*x.shape[:-1], kb * GROUP, dtype=torch.float32, device=x.device)
+        xf[..., :k] = x.float()
+        groups = xf.view(*x.shape[:-1], kb, GROUP)
+        amax = groups.abs().amax(dim=-1, keepdim=True)
+        scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+        q = (groups / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        return cls(q.view(*x.shape[:-1], kb * GROUP)[..., :k].contiguous(),
+                   scale[..., 0].contiguous(), x.dtype)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    def dequantize(self) -> torch.Tensor:
+        """The encoded value [N, K] in `dtype`."""
+        k = self.q.shape[-1]
+        scale = self.scale.repeat_interleave(GROUP, dim=-1)[..., :k]
+        return (self.q.float() * scale).to(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -32,6 +80,8 @@ class Ops:
         v / v_scale (fp32 scalar tensors on the device; `reference.quantize_kv`)
     candidates(logits [n, V], sampling, mode, round_idx, positions, mask_token_id=-1)
         -> (ids, confidences); the mask token (a model constant) is never a candidate
+    rms_norm_fp8, add_rms_norm_fp8, silu_and_mul_fp8: the same three ops returning their
+        output as an `Fp8Activation` (the W8A8 input of an FP8 layer; one kernel with Triton)
     """
 
     name: str
@@ -40,6 +90,9 @@ class Ops:
     silu_and_mul: Callable
     qk_norm_rope_write: Callable
     candidates: Callable
+    rms_norm_fp8: Callable
+    add_rms_norm_fp8: Callable
+    silu_and_mul_fp8: Callable
 
 
 def get_ops(name: str) -> Ops:

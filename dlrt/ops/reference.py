@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from dlrt.decoding.round import reference_candidates
-from dlrt.ops import Ops
+from dlrt.ops import Fp8Activation, Ops
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -40,6 +40,23 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of a fused gate-up output [..., 2I] -> [..., I]."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float) -> Fp8Activation:
+    """`rms_norm` quantised for an FP8 W8A8 layer (`Fp8Activation.quantize`)."""
+    return Fp8Activation.quantize(rms_norm(x, weight, eps))
+
+
+def add_rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[Fp8Activation, torch.Tensor]:
+    """`add_rms_norm` with its normalised output quantised (`Fp8Activation.quantize`)."""
+    y, residual = add_rms_norm(x, residual, weight, eps)
+    return Fp8Activation.quantize(y), residual
+
+
+def silu_and_mul_fp8(gate_up: torch.Tensor) -> Fp8Activation:
+    """`silu_and_mul` quantised for an FP8 W8A8 layer (`Fp8Activation.quantize`)."""
+    return Fp8Activation.quantize(silu_and_mul(gate_up))
 
 
 def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -131,4 +148,6 @@ def qk_norm_rope_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, hea
 
 
 OPS = Ops("reference", rms_norm=rms_norm, add_rms_norm=add_rms_norm, silu_and_mul=silu_and_mul,
-          qk_norm_rope_write=qk_norm_rope_write, candidates=reference_candidates)
+          qk_norm_rope_write=qk_norm_rope_write, candidates=reference_candidates,
+          rms_norm_fp8=rms_norm_fp8, add_rms_norm_fp8=add_rms_norm_fp8,
+          silu_and_mul_fp8=silu_and_mul_fp8)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import torch
 
 from dlrt.decoding.sampling import SamplingMode, SamplingSpec
-from dlrt.kernels.activation import silu_mul
+from dlrt.kernels.activation import silu_mul, silu_mul_fp8
 from dlrt.kernels.greedy import greedy_candidates
 from dlrt.kernels.rms_norm import rms_norm as _rms_norm
+from dlrt.kernels.rms_norm import rms_norm_fp8 as _rms_norm_fp8
 from dlrt.kernels.rope import qk_norm_rope_write
 from dlrt.kernels.sampling import sample_candidates
-from dlrt.ops import Ops
+from dlrt.ops import Fp8Activation, Ops
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -26,6 +27,22 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """One kernel: `residual` is updated in place to x + residual and returned."""
     return _rms_norm(x, weight, eps, residual), residual
+
+
+def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float) -> Fp8Activation:
+    """One kernel: the norm's output as e4m3 codes and group scales."""
+    return Fp8Activation(*_rms_norm_fp8(x, weight, eps), x.dtype)
+
+
+def add_rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[Fp8Activation, torch.Tensor]:
+    """One kernel: `residual` updated in place, the norm's output as codes and scales."""
+    return Fp8Activation(*_rms_norm_fp8(x, weight, eps, residual), x.dtype), residual
+
+
+def silu_and_mul_fp8(gate_up: torch.Tensor) -> Fp8Activation:
+    """One kernel: silu(gate) * up as e4m3 codes and group scales."""
+    return Fp8Activation(*silu_mul_fp8(gate_up), gate_up.dtype)
 
 
 def candidates(logits: torch.Tensor, sampling: SamplingSpec, mode: SamplingMode, round_idx,
@@ -43,4 +60,6 @@ def candidates(logits: torch.Tensor, sampling: SamplingSpec, mode: SamplingMode,
 
 
 OPS = Ops("triton", rms_norm=rms_norm, add_rms_norm=add_rms_norm, silu_and_mul=silu_mul,
-          qk_norm_rope_write=qk_norm_rope_write, candidates=candidates)
+          qk_norm_rope_write=qk_norm_rope_write, candidates=candidates,
+          rms_norm_fp8=rms_norm_fp8, add_rms_norm_fp8=add_rms_norm_fp8,
+          silu_and_mul_fp8=silu_and_mul_fp8)

@@ -46,7 +46,9 @@ from dlrt.kernels.fp8_gemm import (  # noqa: E402
     fp8_candidates,
     fp8_config,
     fp8_gemm,
+    quantize_x,
 )
+from dlrt.ops import Fp8Activation  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -153,6 +155,11 @@ def test_w8a8(case):
     # the quantisation error is visible: the weight-only product differs from it
     plain = reference(x, w, s, False)
     assert ((plain - ref).abs().max() / ref.abs().max()).item() > 1e-4
+    # x quantised by its producer (an Fp8Activation) gives the same result, bit for bit
+    cfg = Fp8GemmConfig(bn, 128, split, stages=2, w8a8=True)
+    codes = Fp8Activation(*quantize_x(x), x.dtype)
+    assert torch.equal(fp8_gemm(codes, w, s, cfg), out)
+    assert torch.equal(fp8_gemm(codes, w, s), fp8_gemm(x, w, s, fp8_config(m, n, k, True)))
 
 
 @pytest.mark.parametrize("m, k", [(1, 128), (3, 300), (4, 256), (2, 40)])
@@ -244,6 +251,13 @@ def test_rejects_bad_inputs():
     with pytest.raises(ValueError, match="M<=4"):
         fp8_gemm(torch.zeros(5, 128, device=DEV), w[:, :128].contiguous(), s[:, :1].contiguous(),
                  Fp8GemmConfig(8, 128, stages=1, kind="fma"))
+    codes = Fp8Activation(*quantize_x(x), x.dtype)
+    with pytest.raises(ValueError, match="quantised x needs a W8A8 config"):
+        fp8_gemm(codes, w, s, Fp8GemmConfig(16, 64))
+    with pytest.raises(ValueError, match="do not fit K=128"):
+        fp8_gemm(codes, w[:, :128].contiguous(), s[:, :1].contiguous())
+    with pytest.raises(ValueError, match="do not fit"):
+        fp8_gemm(Fp8Activation(codes.q, codes.scale[:, :1].contiguous(), x.dtype), w, s)
 
 
 # --- GPU -------------------------------------------------------------------------------------

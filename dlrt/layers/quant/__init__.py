@@ -33,6 +33,11 @@ class LinearMethod:
         """x [..., K] -> [..., N] with the layer's weight [N, K]."""
         raise NotImplementedError
 
+    def takes_fp8(self, rows: int) -> bool:
+        """Whether `apply` takes an input of `rows` rows as a `dlrt.ops.Fp8Activation` (FP8
+        W8A8 methods); the model's producing op then returns one (`dlrt.layers.norm`)."""
+        return False
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
 

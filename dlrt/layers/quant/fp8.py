@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlrt.layers.quant import LinearMethod, QuantFormat
+from dlrt.ops import Fp8Activation
 
 BLOCK = 128
 E4M3_MAX = 448.0
@@ -48,19 +49,9 @@ def _check_activations(activations: str) -> None:
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:
     """The dynamic FP8 activation quantisation of block-scaled checkpoints (their
-    `activation_scheme: "dynamic"`), as a value: x [..., K] -> x' [..., K] in x's dtype, where
-    per row (token) and 128-column group s = amax(|x|) / 448 (1 for an all-zero group) and
-    x' = e4m3(clamp(x / s, -448, 448)) * s (round to nearest even; the product in fp32, then
-    one cast). `dlrt.kernels.fp8_gemm.quantize_x` writes the same codes and scales."""
-    k = x.shape[-1]
-    kb = _blocks(k)
-    xf = torch.zeros(*x.shape[:-1], kb * BLOCK, dtype=torch.float32, device=x.device)
-    xf[..., :k] = x.float()
-    groups = xf.view(*x.shape[:-1], kb, BLOCK)
-    amax = groups.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    q = (groups / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
-    return (q.float() * scale).view(*x.shape[:-1], kb * BLOCK)[..., :k].to(x.dtype)
+    `activation_scheme: "dynamic"`) as a value: x [..., K] -> the codes times their scales
+    (`dlrt.ops.Fp8Activation.quantize`; the product in fp32, then one cast) in x's dtype."""
+    return Fp8Activation.quantize(x).dequantize()
 
 
 def quantize_fp8_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,8 +149,25 @@ class Fp8Linear(LinearMethod):
             return self.kernel
         return self.wide if rows <= self.wide_rows else None
 
-    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def takes_fp8(self, rows: int) -> bool:
+        """Whether an input of `rows` rows may come as an `Fp8Activation` (W8A8: the codes
+        and scales it would make itself); the producing op then quantises in its kernel.
+        True in "dynamic" mode when `rows` go to the reference path or to a W8A8 kernel (a
+        `functools.partial` of `fp8_gemm` with a W8A8 config)."""
+        if self.activations != "dynamic":
+            return False
+        kernel = self.kernel_for(rows)
+        config = getattr(kernel, "keywords", {}).get("config")
+        return kernel is None or bool(getattr(config, "w8a8", False))
+
+    def apply(self, layer: nn.Module, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
         w, scale = layer.weight, layer.weight_scale_inv
+        if isinstance(x, Fp8Activation):  # [N, K], quantised by its producer
+            if x.q.is_cuda and scale.shape[0] == _blocks(w.shape[0]):
+                kernel = self.kernel_for(x.q.shape[0])
+                if kernel is not None:
+                    return kernel(x, w, scale)
+            return F.linear(x.dequantize(), dequantize_fp8_block(w, scale, x.dtype))
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if x.is_cuda and scale.shape[0] == _blocks(w.shape[0]):
             kernel = self.kernel_for(rows)

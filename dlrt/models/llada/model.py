@@ -14,6 +14,7 @@ from dlrt.attention.base import ForwardContext
 from dlrt.config.model import ModelConfig
 from dlrt.layers.attention import Attention
 from dlrt.layers.linear import Linear, MergedLinear
+from dlrt.layers.mlp import silu_and_mul_for
 from dlrt.layers.norm import RMSNorm
 from dlrt.layers.rotary import RotaryEmbedding
 from dlrt.ops import Ops
@@ -37,10 +38,10 @@ class LLaDALlamaBlock(nn.Module):
 
     def forward(self, x, residual, rope, rotary, ctx):
         """(previous output, residual stream before it or None) -> (output, residual)."""
-        h, residual = self.attn_norm.add_norm(x, residual)
+        h, residual = self.attn_norm.add_norm(x, residual, self.qkv)
         h = self.attn_out(self.attn(self.qkv(h), *rope, rotary, ctx))
-        h, residual = self.ff_norm(h, residual)
-        return self.ff_out(self.ops.silu_and_mul(self.ff_gate_up(h))), residual
+        h, residual = self.ff_norm(h, residual, self.ff_gate_up)
+        return self.ff_out(silu_and_mul_for(self.ops, self.ff_gate_up(h), self.ff_out)), residual
 
 
 class LLaDAModel(nn.Module):

@@ -70,9 +70,11 @@ class LLaDA2DecoderLayer(nn.Module):
     def forward(self, x, residual, rope, rotary, ctx):
         """x: the previous layer's output [N, H]; residual: the stream before it (None at
         the first layer). Returns (this layer's output, residual); the sum is the stream."""
-        h, residual = self.input_layernorm.add_norm(x, residual)
+        h, residual = self.input_layernorm.add_norm(x, residual,
+                                                    self.attention.query_key_value)
         h = self.attention(h, rope, rotary, ctx)
-        h, residual = self.post_attention_layernorm(h, residual)
+        h, residual = self.post_attention_layernorm(h, residual,
+                                                    getattr(self.mlp, "gate_up_proj", None))
         return self.mlp(h), residual
 
 

@@ -56,9 +56,10 @@ class SDARDecoderLayer(nn.Module):
     def forward(self, x, residual, rope, rotary, ctx):
         """x: the previous layer's output [N, H]; residual: the stream before it (None at
         the first layer). Returns (this layer's output, residual); the sum is the stream."""
-        h, residual = self.input_layernorm.add_norm(x, residual)
+        h, residual = self.input_layernorm.add_norm(x, residual, self.self_attn.qkv_proj)
         h = self.self_attn(h, rope, rotary, ctx)
-        h, residual = self.post_attention_layernorm(h, residual)
+        h, residual = self.post_attention_layernorm(h, residual,
+                                                    getattr(self.mlp, "gate_up_proj", None))
         return self.mlp(h), residual
 
 
