@@ -27,7 +27,7 @@ from dlrt.config.engine import EngineConfig
 from dlrt.config.model import ModelConfig
 from dlrt.decoding.options import DecoderDefaults
 from dlrt.errors import ConfigError
-from dlrt.layers.quant.fp8 import set_activations
+from dlrt.layers.quant.fp8 import check_fused_input, set_activations
 from dlrt.models.registry import build_model, family, model_config
 from dlrt.ops import Ops, get_ops
 from dlrt.runtime.decoders import build_decoder
@@ -113,6 +113,8 @@ def _load(config: ModelConfig, ops: Ops, folder: CheckpointFolder, engine: Engin
         init_dummy(model, engine.seed, config.initializer_range, engine.torch_dtype)
     else:
         load_safetensors(model, folder, online=scheme is not None and scheme.online)
+    if scheme is not None:
+        check_fused_input(model, ops, engine.torch_dtype, engine.torch_device)
     return model.eval()
 
 

@@ -75,3 +75,35 @@ def test_weight_only_layers_take_tensors(checkpoints):
     llm = LLM(checkpoints("tiny-sdar"), fp8_activations="weight_only")
     _, seen = _logits_and_inputs(llm)
     assert seen and all(t is torch.Tensor for t in seen.values())
+
+
+def test_load_time_check_turns_fused_input_off(checkpoints, caplog):
+    """A producer whose codes differ from the plain op's, or that raises, switches every W8A8
+    layer back to quantising a tensor input, with a warning; the reference ops pass."""
+    import dataclasses
+
+    from dlrt.layers.quant.fp8 import check_fused_input
+
+    llm = LLM(checkpoints("tiny-sdar"))
+    model, ops = llm.engine.model, llm.engine.ops
+    methods = [m.method for m in model.modules() if isinstance(getattr(m, "method", None),
+                                                               Fp8Linear)]
+    assert check_fused_input(model, ops, torch.float32, torch.device("cpu"))
+    assert all(m.fused_input for m in methods)
+
+    def off_by_one(gate_up):
+        a = ops.silu_and_mul_fp8(gate_up)
+        return Fp8Activation(a.q, a.scale * 2, a.dtype)
+
+    def broken(*args):
+        raise RuntimeError("no kernel")
+
+    for bad in (dict(silu_and_mul_fp8=off_by_one), dict(add_rms_norm_fp8=broken)):
+        for m in methods:
+            m.fused_input = True
+        caplog.clear()
+        assert not check_fused_input(model, dataclasses.replace(ops, **bad), torch.float32,
+                                     torch.device("cpu"))
+        assert not any(m.fused_input for m in methods)
+        assert not any(m.takes_fp8(4) for m in methods)
+        assert "quantises its input itself" in caplog.text

@@ -16,6 +16,7 @@ models), or [n, ceil(k/128)] with each stored scale row repeated for its 128 wei
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -23,7 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlrt.layers.quant import LinearMethod, QuantFormat
-from dlrt.ops import Fp8Activation
+from dlrt.ops import Fp8Activation, Ops
+
+log = logging.getLogger(__name__)
 
 BLOCK = 128
 E4M3_MAX = 448.0
@@ -142,6 +145,7 @@ class Fp8Linear(LinearMethod):
         self.kernel, self.max_rows = kernel, max_rows
         self.wide, self.wide_rows = wide, wide_rows
         self.activations = activations
+        self.fused_input = True  # off when `check_fused_input` fails at load
 
     def kernel_for(self, rows: int) -> Fp8Kernel | None:
         """The kernel serving `rows` rows on the GPU (None: the reference path)."""
@@ -154,7 +158,7 @@ class Fp8Linear(LinearMethod):
         and scales it would make itself); the producing op then quantises in its kernel.
         True in "dynamic" mode when `rows` go to the reference path or to a W8A8 kernel (a
         `functools.partial` of `fp8_gemm` with a W8A8 config)."""
-        if self.activations != "dynamic":
+        if self.activations != "dynamic" or not self.fused_input:
             return False
         kernel = self.kernel_for(rows)
         config = getattr(kernel, "keywords", {}).get("config")
@@ -187,6 +191,50 @@ def reference_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Ten
     if activations == "dynamic":
         x = quantize_activations(x)
     return F.linear(x, dequantize_fp8_block(weight, scale_inv, x.dtype))
+
+
+def check_fused_input(model: nn.Module, ops: Ops, dtype: torch.dtype,
+                      device: torch.device) -> bool:
+    """Whether `ops`' quantising producers (`add_rms_norm_fp8`, `silu_and_mul_fp8`) give on
+    `device`, for random rows in `dtype`, exactly the codes and scales of
+    `Fp8Activation.quantize` of the plain ops' outputs. When they differ or raise (a kernel
+    that does not build on this GPU), every W8A8 layer of `model` takes tensors again and
+    quantises them itself (`fused_input` off), and a warning says why. Run once at load."""
+    methods = [m.method for m in model.modules()
+               if isinstance(getattr(m, "method", None), Fp8Linear)
+               and m.method.activations == "dynamic"]
+    if not methods:
+        return True
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device, dtype)
+
+    def same(a: Fp8Activation, b: Fp8Activation) -> bool:
+        return (torch.equal(a.q.view(torch.uint8), b.q.view(torch.uint8))
+                and torch.equal(a.scale, b.scale))
+
+    why = None
+    try:
+        for rows, width in ((1, 200), (4, 1024)):
+            x, res, w = rand(rows, width), rand(rows, width), rand(width).abs() + 0.5
+            fused = ops.add_rms_norm_fp8(x, res.clone(), w, 1e-6)[0]
+            plain = Fp8Activation.quantize(ops.add_rms_norm(x, res.clone(), w, 1e-6)[0])
+            gate_up = rand(rows, 2 * width) * 4
+            if not (same(fused, plain) and same(ops.silu_and_mul_fp8(gate_up),
+                                                Fp8Activation.quantize(
+                                                    ops.silu_and_mul(gate_up)))):
+                why = "their codes differ from the unfused ops'"
+    except Exception as e:  # NOTE: a kernel build or launch failure of any type
+        why = f"{type(e).__name__}: {e}"
+    if why is None:
+        return True
+    for method in methods:
+        method.fused_input = False
+    log.warning("FP8 W8A8: the quantising RMSNorm / SiLU-and-mul kernels (%s ops) fail their "
+                "load-time check on %s (%s); each FP8 layer quantises its input itself",
+                ops.name, device, why)
+    return False
 
 
 def set_activations(model: nn.Module, activations: str) -> int:
