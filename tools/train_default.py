@@ -16,6 +16,7 @@ import dataclasses
 import json
 import sys
 
+from dlrt.errors import DlrtError
 from dlrt.train.loop import TrainConfig, train
 
 
@@ -34,8 +35,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train and print a summary. A user error (a setting that cannot run, an existing output
+    folder, a missing corpus, a checkpoint dlrt refuses) prints one `error: ...` line and exits
+    with status 2; anything else keeps its traceback."""
     args = parser().parse_args(argv)
-    result = train(TrainConfig(**vars(args)))
+    try:
+        result = train(TrainConfig(**vars(args)))
+    except (ValueError, FileExistsError, FileNotFoundError, DlrtError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     rec = result.record
     summary = {"folder": str(result.folder), "parameters": rec["model"]["parameters"],
                "steps": rec["training"]["steps"], "minutes": round(rec["training"]["minutes"], 2),

@@ -21,7 +21,8 @@ values; greedy, temperature 0) on one loaded model:
   top-level def / class / if / print / comment), and `parses` is the share of completions that
   write something before the first stop and that `ast.parse` accepts together with their
   prompt; `empty` is the share that write nothing (the prompt alone parses: its docstring is a
-  body).
+  body). With no HumanEval prompts (`--num-prompts 0`) both are None (not measured; "-" in
+  the table).
 - speed: `tpf` (new tokens per denoising round, both sets together), `rounds_per_block`, and
   `tps` (new tokens per second of generate calls, in the LLM's execution mode). Each row
   first runs one untimed request of two blocks with its options, so that graph capture and
@@ -36,7 +37,9 @@ against held-out token accuracy, one marker per setting and a line per block len
 from __future__ import annotations
 
 import ast
+import json
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -179,6 +182,32 @@ def prompt_cut(tokenizer, prompt: str, follow: str = "    pass\n") -> str:
     return prompt[:start]
 
 
+def trained_on_python(folder: Path) -> str | None:
+    """The Python version whose standard library the model in `folder` was trained on (its
+    `training_record.json`'s corpus.python, as `dlrt.train` writes it); None when the folder
+    has no such record."""
+    from dlrt.train.export import RECORD_NAME
+
+    try:
+        python = json.loads((folder / RECORD_NAME).read_text())["corpus"]["python"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return python if isinstance(python, str) else None
+
+
+def python_mismatch(heldout_python: str, trained_on: str | None) -> str | None:
+    """A one-line warning when the held-out files (the running Python's standard library)
+    come from another Python major.minor than the model's training corpus; else None."""
+    def minor(version: str) -> str:
+        return ".".join(version.split(".")[:2])
+
+    if trained_on is None or minor(heldout_python) == minor(trained_on):
+        return None
+    return (f"warning: the held-out files come from Python {minor(heldout_python)}'s library "
+            f"while the model was trained on Python {minor(trained_on)}'s, so the numbers "
+            "are not comparable to the model card's")
+
+
 def _generate(llm, prompt, options: dict[str, Any], stats: dict[str, float]):
     if llm.device.type == "cuda":
         import torch
@@ -219,7 +248,8 @@ def score(llm, block: int, options: dict[str, Any], samples, prompts: list[str],
     return dict(
         token_accuracy=correct / max(len(samples) * new_tokens, 1),
         first_line_exact=lines / max(len(samples), 1),
-        parses=ok / max(len(prompts), 1), empty=empty / max(len(prompts), 1),
+        parses=ok / len(prompts) if prompts else None,
+        empty=empty / len(prompts) if prompts else None,
         tpf=stats["tokens"] / max(stats["rounds"], 1),
         rounds_per_block=stats["rounds"] / max(stats["blocks"], 1),
         tps=stats["tokens"] / max(stats["seconds"], 1e-9),
@@ -273,29 +303,38 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
 
     from dlrt import LLM
     from dlrt.bench.humaneval import load_prompts
+    from dlrt.checkpoint.default import default_model_path
     from dlrt.train.corpus import load_corpus
 
     try:
         chosen = settings(args.settings)
     except ValueError as e:
         raise SystemExit(f"--settings: {e}") from None
-    blocks = [int(b) for b in args.blocks.split(",")]
+    blocks = list(args.blocks)  # positive ints, checked by the parser
     llm = LLM(**llm_kwargs)
     if llm.tokenizer is None:
         raise SystemExit("bench quality needs a model with a tokenizer (held-out text and "
                          "HumanEval prompts are text)")
+    model = Path(llm_kwargs.get("model") or default_model_path())
     corpus = load_corpus(args.heldout_root)
+    trained_on = trained_on_python(model)
+    if args.heldout_root is None:
+        warning = python_mismatch(corpus.record()["python"], trained_on)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
     samples = heldout_samples(llm.tokenizer, [t for _, t in corpus.held_out],
                               args.num_heldout, args.prefix_tokens, args.new_tokens, args.seed)
-    prompts = [p["prompt"] for p in load_prompts(args.data, args.num_prompts)]
+    prompts = ([p["prompt"] for p in load_prompts(args.data, args.num_prompts)]
+               if args.num_prompts else [])
     with tqdm(total=len(blocks) * len(chosen), desc="settings", disable=args.quiet) as bar:
         rows = run(llm, blocks, chosen, samples, prompts, args.new_tokens,
                    args.humaneval_tokens, bar)
     print(table(rows, COLUMNS))
     name = f"quality-{str(llm_kwargs.get('model') or 'default').rstrip('/').split('/')[-1]}"
-    path = write_json(name, dict(model=str(llm_kwargs.get("model")),
+    path = write_json(name, dict(model=str(model),
                                  execution_mode=llm.execution_mode,
                                  heldout=dict(corpus.record(), samples=len(samples),
+                                              model_trained_on_python=trained_on,
                                               prefix_tokens=args.prefix_tokens,
                                               new_tokens=args.new_tokens, seed=args.seed),
                                  humaneval=dict(prompts=len(prompts),

@@ -39,9 +39,10 @@ def device_name(device: torch.device) -> str:
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """Plain-text table of `columns` (floats with 3 significant decimals)."""
+    """Plain-text table of `columns` (floats with 3 significant decimals, None as "-": not
+    measured)."""
     def fmt(v):
-        return f"{v:.3f}" if isinstance(v, float) else str(v)
+        return f"{v:.3f}" if isinstance(v, float) else "-" if v is None else str(v)
 
     cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]

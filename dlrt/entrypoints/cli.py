@@ -237,6 +237,15 @@ def _int_in(low: int, high: int | None = None) -> typing.Callable[[str], int]:
     return parse
 
 
+def _positive_ints(text: str) -> list[int]:
+    """An argparse type: comma-separated ints > 0 ("4,8")."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(re.fullmatch("[0-9]+", p) and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, "
+                                         f"got {text!r}")
+    return [int(p) for p in parts]
+
+
 _port = _int_in(1, 65535)
 
 
@@ -354,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     bq.add_argument("--settings", default=None,
                     help="comma-separated setting labels or strategy names (default: all; "
                          "see dlrt.bench.quality.SETTINGS)")
-    bq.add_argument("--blocks", default="4,8", help="block lengths (default 4,8)")
+    bq.add_argument("--blocks", type=_positive_ints, default="4,8",
+                    help="comma-separated block lengths (default 4,8)")
     bq.add_argument("--num-heldout", type=_positive(int), default=32,
                     help="held-out continuation samples (default 32)")
     bq.add_argument("--heldout-root", default=None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -49,19 +50,35 @@ def write_folder(out: str | Path, model: SDARTrainModel, tokenizer, special: dic
         raise FileExistsError(f"{out} exists (pass overwrite to replace it)")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    tensors = {k: v.detach().to("cpu", DTYPES[dtype]).contiguous()
-               for k, v in model.checkpoint_tensors().items()}
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    config = sdar_config(model.shape, special, block_size, max_positions, dtype)
-    generation = {"eos_token_id": [special["eos"]], "pad_token_id": special["pad"]}
-    for name, data in (("config.json", config), ("generation_config.json", generation)):
-        (tmp / name).write_text(json.dumps(data, indent=2) + "\n")
-    write_record(tmp, record)
-    save_tokenizer(tokenizer, tmp, model_max_length=max_positions)
+    try:
+        tensors = {k: v.detach().to("cpu", DTYPES[dtype]).contiguous()
+                   for k, v in model.checkpoint_tensors().items()}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        config = sdar_config(model.shape, special, block_size, max_positions, dtype)
+        generation = {"eos_token_id": [special["eos"]], "pad_token_id": special["pad"]}
+        for name, data in (("config.json", config), ("generation_config.json", generation)):
+            (tmp / name).write_text(json.dumps(data, indent=2) + "\n")
+        write_record(tmp, record)
+        save_tokenizer(tokenizer, tmp, model_max_length=max_positions)
+        _plain_modes(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
     return out
+
+
+def _plain_modes(folder: Path) -> None:
+    """Give `folder` and its files the modes a plain mkdir / open give under the process's
+    umask: mkdtemp makes the folder 700 and safetensors writes its file 600."""
+    umask = os.umask(0o022)  # NOTE: the umask can only be read by setting it
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
 def write_record(folder: Path, record: dict[str, Any]) -> None:

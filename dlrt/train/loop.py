@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from dlrt.train.evaluate import evaluate
 from dlrt.train.export import dlrt_logits_error, write_folder, write_record
 from dlrt.train.model import SDARTrainModel, Shape
 from dlrt.train.objective import add_noise, block_diffusion_mask, diffusion_loss, noisy_logits
+from dlrt.train.tokenizer import SPECIAL_TOKENS
 
 
 def _opt(default: Any, help: str) -> Any:
@@ -81,16 +83,82 @@ class TrainConfig:
                      head_dim=self.head_dim)
 
     def check(self) -> None:
-        """Raises ValueError on settings that cannot run."""
-        for b in (self.block_length, self.long_block_length):
-            if b < 1 or self.seq_len % b:
-                raise ValueError(f"seq_len {self.seq_len} is not a multiple of block {b}")
+        """Raises ValueError on settings that cannot run (before any corpus or tokenizer
+        work); the message names the flag as the CLI (`tools/train_default.py`) spells it."""
+        for name, ok, want in _RULES:
+            value = getattr(self, name)
+            if not ok(value):
+                raise ValueError(f"{_flag(name)} {value}: {want}")
+        for name in ("block_length", "long_block_length"):
+            if self.seq_len % getattr(self, name):
+                raise ValueError(f"--seq-len {self.seq_len} is not a multiple of "
+                                 f"{_flag(name)} {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError("num_kv_heads must divide num_heads")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout {self.dropout} is not in [0, 1)")
-        if self.save_dtype not in ("bfloat16", "float32"):
-            raise ValueError(f"save_dtype {self.save_dtype!r}: bfloat16 or float32")
+            raise ValueError(f"--num-kv-heads {self.num_kv_heads} does not divide "
+                             f"--num-heads {self.num_heads}")
+        _check_device(self.device)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _at_least(low: int):
+    return lambda v: v >= low
+
+
+def _finite_positive(v: float) -> bool:
+    return 0 < v < math.inf
+
+
+def _share(v: float) -> bool:
+    return 0.0 <= v <= 1.0
+
+
+_MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # every byte and the special tokens
+# (field, test, what a good value is): the checks of TrainConfig.check, in field order
+_RULES: tuple[tuple[str, Any, str], ...] = (
+    ("steps", _at_least(1), "must be at least 1"),
+    ("batch_size", _at_least(1), "must be at least 1"),
+    ("seq_len", _at_least(1), "must be at least 1"),
+    ("lr", _finite_positive, "must be a finite number > 0"),
+    ("min_lr_ratio", _share, "must be in [0, 1]"),
+    ("warmup_steps", _at_least(0), "must be at least 0"),
+    ("weight_decay", lambda v: 0 <= v < math.inf, "must be a finite number >= 0"),
+    ("dropout", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
+    ("grad_clip", lambda v: v > 0, "must be > 0"),
+    ("block_length", _at_least(1), "must be at least 1"),
+    ("long_block_length", _at_least(1), "must be at least 1"),
+    ("long_block_share", _share, "must be in [0, 1]"),
+    ("eval_every", _at_least(0), "must be at least 0 (0: no evaluations during training)"),
+    ("eval_windows", _at_least(1), "must be at least 1"),
+    ("max_minutes", _finite_positive, "must be a finite number > 0"),
+    ("vocab_size", _at_least(_MIN_VOCAB),
+     f"must be at least {_MIN_VOCAB} (256 bytes and {len(SPECIAL_TOKENS)} special tokens)"),
+    ("hidden_size", _at_least(1), "must be at least 1"),
+    ("num_layers", _at_least(1), "must be at least 1"),
+    ("num_heads", _at_least(1), "must be at least 1"),
+    ("num_kv_heads", _at_least(1), "must be at least 1"),
+    ("head_dim", _at_least(1), "must be at least 1"),
+    ("intermediate_size", _at_least(1), "must be at least 1"),
+    ("max_position_embeddings", _at_least(0), "must be at least 0 (0: 2 x seq_len)"),
+    ("held_out_share", lambda v: 0.0 < v < 1.0, "must be in (0, 1)"),
+    ("save_dtype", lambda v: v in ("bfloat16", "float32"), "must be bfloat16 or float32"),
+)
+
+
+def _check_device(name: str) -> None:
+    """auto, cpu, cuda or cuda:N; a CUDA device only where CUDA is available."""
+    match = re.fullmatch(r"cuda(?::(\d+))?", name)
+    if name in ("auto", "cpu"):
+        return
+    if match is None:
+        raise ValueError(f"--device {name}: must be auto, cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available")
+    count = torch.cuda.device_count()
+    if match.group(1) is not None and int(match.group(1)) >= count:
+        raise ValueError(f"--device {name}: this machine has {count} CUDA device(s)")
 
 
 @dataclass

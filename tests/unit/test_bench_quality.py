@@ -206,3 +206,113 @@ def test_score_warms_up_untimed():
                         [], new_tokens=8, humaneval_tokens=16)
     assert calls == [8, 8]  # warm-up (2 blocks of 4), then the held-out sample
     assert row["new_tokens"] == 8 and row["rounds"] == 4 and row["token_accuracy"] == 1.0
+
+
+def _quality(model_args, tmp_path, *more):
+    out = tmp_path / "runs"
+    argv = ["bench", "quality", *model_args, "--device", "cpu", "--num-heldout", "1",
+            "--new-tokens", "8", "--prefix-tokens", "16", "--humaneval-tokens", "8",
+            "--blocks", "4", "--settings", "sequential", "--quiet", "--out", str(out), *more]
+    assert main(argv) == 0
+    (path,) = out.glob("quality-*.json")
+    return json.loads(path.read_text())
+
+
+def test_no_humaneval_prompts(tiny_sdar, tmp_path, capsys):
+    """--num-prompts 0 (documented as "0: none") skips HumanEval: its columns are not
+    measured (None in the record, "-" in the table)."""
+    record = _quality(["--model", str(tiny_sdar)], tmp_path, "--num-prompts", "0",
+                      "--heldout-root", str(_corpus(tmp_path)))
+    assert record["humaneval"]["prompts"] == 0
+    (row,) = record["rows"]
+    assert row["parses"] is None and row["empty"] is None and row["humaneval_prompts"] == 0
+    assert row["heldout_samples"] == 1 and 0.0 <= row["token_accuracy"] <= 1.0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if "token_accuracy" in line)
+    cells = dict(zip(lines[head].split(), lines[head + 1].split(), strict=True))
+    assert cells["parses"] == "-" and cells["empty"] == "-" and cells["setting"] == "sequential"
+
+
+def test_table_prints_none_as_a_dash():
+    from dlrt.bench.report import table
+
+    text = table([{"a": None, "b": 0.5}], ["a", "b"])
+    assert text.splitlines()[1].split() == ["-", "0.500"]
+
+
+@pytest.mark.parametrize("blocks", ["0", "-4", "4,0", "x", "2.5", "", "4,,8"])
+def test_blocks_refused_at_parsing(blocks, monkeypatch, capsys):
+    """A bad --blocks is refused by the parser, naming the flag, before a model loads."""
+    import dlrt
+
+    def boom(*args, **kwargs):
+        raise AssertionError("loaded a model before checking --blocks")
+
+    monkeypatch.setattr(dlrt, "LLM", boom)
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "quality", "--blocks", blocks])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--blocks" in err and "positive integers" in err and "max_new_tokens" not in err
+
+
+def test_blocks_parsed():
+    from dlrt.entrypoints.cli import build_parser
+
+    assert build_parser().parse_args(["bench", "quality", "--blocks", "4, 8"]).blocks == [4, 8]
+    assert build_parser().parse_args(["bench", "quality"]).blocks == [4, 8]
+
+
+def _default_model(tmp_path, monkeypatch, tiny_sdar, python: str | None):
+    """A copy of the tiny model as the default model, with a training record naming the
+    Python whose library it was trained on (none when `python` is None); the standard
+    library replaced by a small fake corpus."""
+    import shutil
+
+    import dlrt.checkpoint.default
+    import dlrt.train.corpus
+
+    folder = tmp_path / "default-model"
+    shutil.copytree(tiny_sdar, folder)
+    if python is not None:
+        record = {"corpus": {"tree": "/usr/lib/python", "python": python}}
+        (folder / "training_record.json").write_text(json.dumps(record))
+    monkeypatch.setattr(dlrt.checkpoint.default, "default_model_path", lambda: folder)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    monkeypatch.setattr(dlrt.train.corpus, "stdlib_root", lambda: _corpus(lib))
+    return folder
+
+
+@pytest.mark.parametrize("trained", ["2.7.18", "same", None])
+def test_heldout_python_versus_the_models(trained, tiny_sdar, tmp_path, monkeypatch, capsys):
+    """The default held-out corpus is the running Python's library: a model trained on
+    another version's library gets one warning line, and the record holds both versions and
+    the default model's folder (not "None")."""
+    import platform
+
+    running = platform.python_version()
+    python = running if trained == "same" else trained
+    folder = _default_model(tmp_path, monkeypatch, tiny_sdar, python)
+    record = _quality([], tmp_path, "--num-prompts", "0")
+    assert record["model"] == str(folder)
+    assert record["heldout"]["python"] == running
+    assert record["heldout"]["model_trained_on_python"] == python
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    if trained == "2.7.18":
+        (line,) = warnings
+        mine = ".".join(running.split(".")[:2])
+        assert f"Python {mine}'s library" in line and "2.7's" in line
+        assert "not comparable to the model card" in line
+    else:
+        assert warnings == []
+
+
+def test_no_warning_for_another_heldout_root(tiny_sdar, tmp_path, monkeypatch, capsys):
+    _default_model(tmp_path, monkeypatch, tiny_sdar, "2.7.18")
+    root = tmp_path / "other"
+    root.mkdir()
+    record = _quality([], tmp_path, "--num-prompts", "0", "--heldout-root", str(_corpus(root)))
+    assert record["heldout"]["model_trained_on_python"] == "2.7.18"
+    assert "warning:" not in capsys.readouterr().err

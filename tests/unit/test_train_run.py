@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -119,11 +122,16 @@ def test_schedule():
     assert lr_at(cfg, 99, 2.0) == pytest.approx(0.1)  # past the time limit: the floor
 
 
-def test_cli_flags_are_the_config_fields():
+def _tool():
     path = Path(__file__).resolve().parents[2] / "tools" / "train_default.py"
     spec = importlib.util.spec_from_file_location("train_default", path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
+    return tool
+
+
+def test_cli_flags_are_the_config_fields():
+    tool = _tool()
     args = tool.parser().parse_args(["--steps", "5", "--no-compile", "--out", "x"])
     cfg = TrainConfig(**vars(args))
     assert cfg.steps == 5 and not cfg.compile and cfg.out == "x"
@@ -165,3 +173,110 @@ def test_dropout_only_in_training():
         SDARTrainModel(shape, dropout=1.0)
     with pytest.raises(ValueError, match="dropout"):
         TrainConfig(dropout=-0.1).check()
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("steps", 0), ("batch_size", 0), ("seq_len", 0), ("seq_len", -8), ("block_length", 0),
+    ("long_block_length", 0), ("long_block_length", -4), ("lr", 0.0), ("lr", -1e-3),
+    ("lr", math.nan), ("lr", math.inf), ("min_lr_ratio", -0.1), ("min_lr_ratio", 1.5),
+    ("warmup_steps", -1), ("weight_decay", -0.1), ("grad_clip", 0.0), ("grad_clip", -1.0),
+    ("long_block_share", -0.5), ("long_block_share", 1.5), ("eval_every", -1),
+    ("eval_windows", 0), ("max_minutes", 0.0), ("max_minutes", -1.0),
+    ("max_minutes", math.inf), ("max_minutes", math.nan), ("vocab_size", 100),
+    ("vocab_size", 258), ("hidden_size", 0), ("num_layers", 0), ("num_heads", 0),
+    ("num_kv_heads", 0), ("head_dim", 0), ("intermediate_size", 0), ("held_out_share", 0.0),
+    ("held_out_share", 1.0), ("held_out_share", -0.2), ("dropout", 1.0), ("dropout", -0.1),
+    ("device", "gpu"), ("device", "cuda:x"), ("device", "CPU"), ("save_dtype", "fp16"),
+])
+def test_check_names_the_flag_and_value(name, value):
+    """A setting that cannot run is refused by check() (before any corpus work) with a
+    message naming the flag as the CLI spells it and the bad value."""
+    with pytest.raises(ValueError) as info:
+        TrainConfig(**{name: value}).check()
+    message = str(info.value)
+    assert "--" + name.replace("_", "-") in message, message
+    assert str(value) in message, message
+    assert len(message) < 120 and "\n" not in message
+
+
+def test_check_accepts_the_edges():
+    TrainConfig().check()
+    TrainConfig(min_lr_ratio=0.0, warmup_steps=0, weight_decay=0.0, dropout=0.0,
+                long_block_share=1.0, eval_every=0, vocab_size=259, device="cpu").check()
+    TrainConfig(min_lr_ratio=1.0, long_block_share=0.0, held_out_share=0.99).check()
+
+
+def test_check_cuda_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device in ("cuda", "cuda:0"):
+        with pytest.raises(ValueError, match=f"--device {device}.*CUDA is not available"):
+            TrainConfig(device=device).check()
+    TrainConfig(device="auto").check()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    TrainConfig(device="cuda").check()
+    TrainConfig(device="cuda:1").check()
+    with pytest.raises(ValueError, match="--device cuda:2"):
+        TrainConfig(device="cuda:2").check()
+
+
+def test_block_flag_named():
+    with pytest.raises(ValueError, match="--block-length 0") as info:
+        TrainConfig(block_length=0).check()
+    assert "multiple" not in str(info.value)
+    with pytest.raises(ValueError, match="--seq-len 30.*--block-length 4"):
+        TrainConfig(seq_len=30).check()
+    with pytest.raises(ValueError, match="--seq-len 36.*--long-block-length 8"):
+        TrainConfig(seq_len=36).check()
+    with pytest.raises(ValueError, match="--num-kv-heads 3.*--num-heads 4"):
+        TrainConfig(num_kv_heads=3).check()
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--steps", "0"], "--steps 0"),
+    (["--lr", "nan"], "--lr nan"),
+    (["--block-length", "0"], "--block-length 0"),
+    (["--vocab-size", "10"], "--vocab-size 10"),
+])
+def test_tool_prints_one_error_line(argv, words, tmp_path, capsys):
+    """A user error: exit status 2 and one `error: ...` line on stderr, no traceback."""
+    with pytest.raises(SystemExit) as info:
+        _tool().main(["--out", str(tmp_path / "m"), "--device", "cpu",
+                      "--corpus-root", str(tmp_path / "no-corpus"), *argv])
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], lines
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert not (tmp_path / "m").exists()
+
+
+def test_tool_existing_folder_is_one_error_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        _tool().main(["--out", str(tmp_path), "--device", "cpu"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert "--overwrite" in err and "Traceback" not in err
+
+
+def test_tool_keeps_tracebacks_for_bugs(tmp_path, monkeypatch):
+    tool = _tool()
+
+    def broken(cfg):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(tool, "train", broken)
+    with pytest.raises(KeyError):
+        tool.main(["--out", str(tmp_path / "m")])
+
+
+def test_folder_permissions_follow_the_umask(run, tmp_path):
+    """The folder and its files get the modes a plain mkdir / open give (not mkdtemp's 700
+    nor safetensors' 600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder = run.folder
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o777 & ~umask
+    for path in folder.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path.name
