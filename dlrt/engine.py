@@ -79,6 +79,7 @@ class Engine:
                 folder.path)
         except ConfigError as e:
             raise ConfigError(f"{folder.path}: {e}") from e
+        folder.check_generation_config(mconfig.vocab_size)
         device = config.torch_device
         scheme = resolve_scheme(config.quantization, folder.hf_config, folder.path)
         config = dataclasses.replace(config, quantization=scheme.name if scheme else "none")

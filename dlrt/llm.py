@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import time
@@ -161,6 +162,28 @@ class LLM:
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) needs "
                 f"{need} positions{padding}, more than the context of {self.max_model_len}")
         return ids, params
+
+    def max_new_tokens_fit(self, prompt_len: int, **options: Any) -> int:
+        """The most new tokens a request with a prompt of `prompt_len` tokens and these options
+        (their max_new_tokens aside) may ask for within the context, by `check`'s measure
+        (decoder padding included); 0 when not even one fits.
+
+        Raises:
+            OptionError: a bad option (as `check`).
+        """
+        opts = DecodingOptions.from_kwargs(options)
+
+        def fits(n: int) -> bool:
+            params = self.resolve(dataclasses.replace(opts, max_new_tokens=n))
+            return self.decoder.max_positions(prompt_len, params) <= self.max_model_len
+
+        lo, hi = 0, self.max_model_len - prompt_len  # lo fits (0: trivially), hi is tried
+        if hi < 1 or fits(hi):
+            return max(hi, 0)
+        while hi - lo > 1:  # lo fits, hi does not
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
 
     def _stream(self, prompt: Prompt, chat: bool, options: dict[str, Any],
                 stats: dict[str, Any]) -> Iterator[BlockOutput]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,7 @@ from dlrt.checkpoint.hub import download, is_repo_id
 from dlrt.errors import CheckpointError, OptionError
 
 INDEX_NAME = "model.safetensors.index.json"
+GENERATION_CONFIG = "generation_config.json"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
@@ -61,10 +63,57 @@ class CheckpointFolder:
         if not (root / "config.json").is_file():
             raise CheckpointError(f"{root} has no config.json")
         hf_config = _read_json(root / "config.json")
-        gen_path = root / "generation_config.json"
+        gen_path = root / GENERATION_CONFIG
         generation = _read_json(gen_path) if gen_path.is_file() else {}
         files = _tensor_files(root) if require_weights else {}
         return CheckpointFolder(root, hf_config, generation, files)
+
+    def check_generation_config(self, vocab_size: int) -> None:
+        """Check the `generation_config.json` fields dlrt reads (null or absent: unset):
+        eos_token_id (a token id or a non-empty list of them), pad_token_id (a token id),
+        do_sample (true or false), and the sampling defaults temperature (a finite number
+        >= 0), top_k (an integer >= 0) and top_p (a number in (0, 1]); these three must be
+        numbers always and in range when do_sample is true (otherwise dlrt does not use
+        them). A token id is an integer in [0, vocab_size).
+
+        Raises:
+            CheckpointError: the file's path, the field and its value.
+        """
+        gen, path = self.generation_config, self.path / GENERATION_CONFIG
+
+        def check(key: str, ok: bool, want: str) -> None:
+            if not ok:
+                raise CheckpointError(f"{path}: {key}={gen[key]!r} must be {want}")
+
+        def token(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab_size
+
+        ids = f"a token id in [0, {vocab_size})"
+        eos = gen.get("eos_token_id")
+        if eos is not None:
+            check("eos_token_id", token(eos) or (isinstance(eos, list) and bool(eos)
+                                                 and all(token(v) for v in eos)),
+                  f"{ids} or a non-empty list of them")
+        if gen.get("pad_token_id") is not None:
+            check("pad_token_id", token(gen["pad_token_id"]), ids)
+        sample = gen.get("do_sample")
+        if sample is not None:
+            check("do_sample", isinstance(sample, bool), "true or false")
+        for key, kind, ok, want in (
+                ("temperature", float, lambda v: math.isfinite(v) and v >= 0,
+                 "a finite number >= 0 (0: greedy)"),
+                ("top_k", int, lambda v: v >= 0, "an integer >= 0 (0: off)"),
+                ("top_p", float, lambda v: 0 < v <= 1, "a number in (0, 1] (1: off)")):
+            value = gen.get(key)
+            if value is None:
+                continue
+            try:
+                good = not isinstance(value, bool) and isinstance(
+                    value, int if kind is int else (int, float)) and (
+                    not sample or ok(kind(value)))
+            except OverflowError:  # an integer too large for a float
+                good = False
+            check(key, good, want)
 
     def has_tokenizer(self) -> bool:
         return any((self.path / n).is_file()

@@ -159,7 +159,10 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     Raises:
         OptionError: a value out of range (the message names the option): threshold,
             low_threshold, credit_decay or editing_threshold outside [0, 1], credit_weight
-            outside [0, 100], a negative credit_boost or max_post_steps, ...
+            outside [0, 100], a negative credit_boost or max_post_steps, ...; a sampling
+            default of `generation_config.json` out of range (the message starts with
+            "generation_config.json:"; `CheckpointFolder.check_generation_config` refuses
+            such a file when the model loads).
     """
     gen = generation_config
     sample = bool(gen.get("do_sample", False))
@@ -193,13 +196,14 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     post = _pick(opts.max_post_steps, defaults.max_post_steps)
     _check(0 <= post <= MAX_POST_STEPS, "max_post_steps", post,
            f"must be in [0, {MAX_POST_STEPS}] (post passes a block may run while edits go on)")
-    temperature = float(_pick(opts.temperature, gen.get("temperature") if sample else 0.0, 0.0))
-    _check(math.isfinite(temperature) and temperature >= 0.0, "temperature", temperature,
-           "must be a finite number >= 0")
-    top_k = int(_pick(opts.top_k, gen.get("top_k") if sample else 0, 0))
-    _check(top_k >= 0, "top_k", top_k, "must be >= 0 (0 = off)")
-    top_p = float(_pick(opts.top_p, gen.get("top_p") if sample else 1.0, 1.0))
-    _check(0.0 < top_p <= 1.0, "top_p", top_p, "must be in (0, 1]")
+    file = {k: gen.get(k) for k in ("temperature", "top_k", "top_p")} if sample else {}
+    temperature = _sampling(opts.temperature, file, "temperature", 0.0, float,
+                            lambda v: math.isfinite(v) and v >= 0.0,
+                            "must be a finite number >= 0")
+    top_k = _sampling(opts.top_k, file, "top_k", 0, int, lambda v: v >= 0,
+                      "must be >= 0 (0 = off)")
+    top_p = _sampling(opts.top_p, file, "top_p", 1.0, float, lambda v: 0.0 < v <= 1.0,
+                      "must be in (0, 1]")
     seed = _pick(opts.seed, random_seed)
     _check(0 <= seed < 2**63, "seed", seed, "must be in [0, 2^63)")
     stop_ids = {s for s in opts.stop if isinstance(s, int)}
@@ -266,6 +270,32 @@ def _is_number(v: Any) -> bool:
     except OverflowError:
         return False
     return True
+
+
+def _sampling(given: Any, file: dict[str, Any], name: str, off: Any, kind: type, ok,
+              why: str) -> Any:
+    """A sampling option: the request's value, else `generation_config.json`'s (`file`: its
+    values when it sets do_sample), else `off`; checked with `ok`. A bad value from the file
+    says it comes from there (the request did not set it).
+
+    Raises:
+        OptionError: "temperature=-1.0 must be ...", or "generation_config.json: temperature=-3
+            must be ... (the checkpoint's default, used when a request does not set it)".
+    """
+    if given is not None:
+        value = kind(given)
+        _check(ok(value), name, value, why)
+        return value
+    raw = file.get(name)
+    if raw is None:
+        return off
+    if isinstance(raw, bool) or not isinstance(raw, int if kind is int else (int, float)) \
+            or (kind is float and not _is_number(raw)):
+        why = f"must be {'an integer' if kind is int else 'a number'}"
+    elif ok(kind(raw)):
+        return kind(raw)
+    raise OptionError(f"generation_config.json: {name}={raw!r} {why} (the checkpoint's "
+                      "default, used when a request does not set it)")
 
 
 def _pick(*values):

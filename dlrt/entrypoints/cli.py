@@ -311,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="larger request bodies get 413")
     sv.add_argument("--served-model-name", default=None, metavar="NAME",
                     help="the model name of the OpenAI endpoints: /v1/models lists it, requests "
-                         "naming another model get 404 (default: the model folder's name)")
+                         "naming another model get 404 (default: the --model folder's name; "
+                         "dlrt-default for the embedded default model)")
     sv.add_argument("--api-key", default=None, metavar="KEY",
                     help="ask for 'Authorization: Bearer KEY' on every endpoint but /health "
                          "(401 otherwise); default $DLRT_API_KEY, unset: no key")

@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from dlrt.decoding.options import option_name
+from dlrt.decoding.options import DecodingOptions, option_name
 from dlrt.errors import DlrtError, OptionError, PromptError
 from dlrt.server import protocol
 from dlrt.server.auth import RequireKey
@@ -147,32 +147,49 @@ def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | 
                 message = field + message[len(name):]  # max_tokens=0 must be >= 1
             raise HTTPError(400, message, field) from e
         except PromptError as e:
-            raise HTTPError(400, str(e), _prompt_blame(prompt, chat, options, fields, where)) from e
+            raise HTTPError(400, *_prompt_blame(e, prompt, chat, options, fields, where,
+                                                endpoint)) from e
         except DlrtError as e:
             raise HTTPError(400, str(e)) from e
         return Job(f"{endpoint[:4]}-{next(_ids)}", ids, options, endpoint)
 
-    def _prompt_blame(prompt, chat, options, fields, where: str) -> str:
-        """The field to name when `LLM.check` refused a request with a PromptError: the prompt
-        when it is bad or alone fills the context; else (prompt + generation do not fit) the
-        block_length the client sent if the request fits without it, else the client's
-        max tokens field (the prompt's field when it sent none)."""
+    def _prompt_blame(error: PromptError, prompt, chat, options, fields, where: str,
+                      endpoint: str) -> tuple[str, str]:
+        """The message and the field to name when `LLM.check` refused a request with `error`:
+        the prompt when it is bad or alone fills the context; else (prompt + generation do not
+        fit) the block_length the client sent if the request fits without it, else the
+        client's max tokens field; with none sent, the max tokens field as the server's
+        default (the message says so, and how many fit), or the prompt when not even one new
+        token fits after it."""
+        message = str(error)
         try:
             ids = llm.encode(prompt, chat)
         except DlrtError:
-            return where
+            return message, where
         if len(ids) >= llm.max_model_len:
-            return where
+            return message, where
         if "block_length" in fields:
             rest = {k: v for k, v in options.items() if k != "block_length"}
             if "block_length" in defaults:
                 rest["block_length"] = defaults["block_length"]
             try:
                 llm.check(ids, **rest)
-                return "block_length"
+                return message, "block_length"
             except DlrtError:
                 pass
-        return fields.get("max_new_tokens", where)
+        if "max_new_tokens" in fields:
+            return message, fields["max_new_tokens"]
+        try:
+            default = llm.resolve(DecodingOptions.from_kwargs(options)).max_new_tokens
+            fit = llm.max_new_tokens_fit(len(ids), **options)
+        except DlrtError:
+            return message, where
+        if fit < 1:
+            return message, where
+        field = "max_new_tokens" if endpoint == "generate" else "max_tokens"
+        return (f"{field} is not set and the server's default ({default}) does not fit: "
+                f"{message}; at most {fit} new tokens fit after this prompt: set {field} to at "
+                f"most {fit}"), field
 
     async def start(job: Job):
         """Enter the queue; the first event is awaited here so 503s stay HTTP errors."""

@@ -3,8 +3,9 @@
 process.
 
 Four servers, each started once for the tests that need its flags:
-- `server`: --max-model-len 64 --max-body-bytes 4096 (answers, OpenAI API, concurrency, fuzz,
-  soak; the small limits let the fuzz reach the context and body checks cheaply);
+- `server`: --max-model-len 64 --max-new-tokens 16 --max-body-bytes 4096 (answers, OpenAI
+  API, concurrency, fuzz, soak; the small limits let the fuzz reach the context and body checks
+  cheaply; the default of 128 new tokens would not fit the context, which serve refuses);
 - `long_server`: --max-queue 2 (long requests: queue overflow, client disconnect);
   both serve the model as MODEL (--served-model-name);
 - `timeout_server`: --request-timeout 1;
@@ -41,7 +42,7 @@ def llm(tiny_sdar) -> LLM:
 
 @pytest.fixture(scope="module")
 def server(start_server):
-    return start_server("main", "--max-model-len", str(MAX_MODEL_LEN),
+    return start_server("main", "--max-model-len", str(MAX_MODEL_LEN), "--max-new-tokens", "16",
                         "--max-body-bytes", str(MAX_BODY), "--served-model-name", MODEL)
 
 
@@ -410,8 +411,9 @@ def fuzz_cases(seed: int = 20240601) -> list[tuple[str, str, dict, int | None]]:
             cases.append((method, path, {}, 405))
 
     gen = ENDPOINTS["/generate"]
+    post("/generate", 200, json={"prompt": " "})  # a blank is a prompt (--max-new-tokens 16)
     for body in (
-        {"prompt": ""}, {"prompt": " "}, {"input_ids": []}, {},
+        {"prompt": ""}, {"input_ids": []}, {},
         {"prompt": "hi", "input_ids": [1, 2]}, {"prompt": "hi", "messages": MESSAGES},
         {"messages": []}, {"messages": [{"role": "user"}]},
         {"messages": [{"role": "user", "content": "hi", "extra": 1}]},

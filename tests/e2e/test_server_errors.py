@@ -1,7 +1,9 @@
 """Server answers to faults of the model and of the checkpoint, in process (FastAPI's test
 client over the real app and worker): non-finite logits are a 500 in the OpenAI error shape and
 the server keeps serving; a checkpoint without a tokenizer gets a 400 on the OpenAI endpoints
-(their answers are text) that says to send token ids to /generate."""
+(their answers are text) that says to send token ids to /generate; a request without max tokens
+whose prompt leaves too little room for the server's default gets a 400 naming the max tokens
+field, the default and how many fit."""
 
 from __future__ import annotations
 
@@ -15,14 +17,14 @@ from dlrt import LLM
 pytest.importorskip("fastapi")
 
 
-def client_of(llm: LLM, name: str):
+def client_of(llm: LLM, name: str, defaults: dict | None = None):
     from fastapi.testclient import TestClient
 
     from dlrt.distributed.ranks import Ranks
     from dlrt.server.app import create_app
     from dlrt.server.worker import Worker
 
-    return TestClient(create_app(llm, Worker(llm, Ranks()), name))
+    return TestClient(create_app(llm, Worker(llm, Ranks()), name, defaults))
 
 
 def test_non_finite_logits_are_a_500_and_the_server_keeps_serving(tiny_sdar):
@@ -66,3 +68,36 @@ def test_no_tokenizer_openai_endpoints_are_400_that_say_to_send_token_ids(tiny_l
                                                 "max_new_tokens": 4}) as s:
             rows = [json.loads(line) for line in s.iter_lines() if line]
         assert rows[-1]["type"] == "final" and len(rows[0]["token_ids"]) == 4
+
+
+def test_default_max_tokens_past_the_context_is_a_400_naming_max_tokens(tiny_sdar):
+    llm = LLM(tiny_sdar, dtype="float32", max_model_len=64)
+    ids = list(range(1, 31))  # 30 tokens: with block 4, at most 34 new tokens fit (64)
+    chat = [{"role": "user", "content": "word " * 40}]
+    chat_fit = 64 - len(llm.encode(chat))  # 64 is a multiple of the block (4): no padding
+    assert chat_fit >= 1
+    with client_of(llm, "sdar", {"max_new_tokens": 40}) as c:
+        for path, body, field, fit in (
+                ("/v1/completions", {"prompt": ids}, "max_tokens", 34),
+                ("/v1/chat/completions", {"messages": chat}, "max_tokens", chat_fit),
+                ("/generate", {"input_ids": ids}, "max_new_tokens", 34)):
+            r = c.post(path, json=body)
+            assert r.status_code == 400, (path, r.text)
+            err = r.json()["error"]
+            assert err["param"] == field, err
+            msg = err["message"]
+            assert msg.startswith(f"{field} is not set and the server's default (40) "), msg
+            assert "prompt (" in msg and "context of 64" in msg, msg
+            assert f"at most {fit} new tokens fit" in msg, msg
+        # the client's own max_tokens: named as before, without the default's words
+        r = c.post("/v1/completions", json={"prompt": ids, "max_tokens": 40})
+        err = r.json()["error"]
+        assert err["param"] == "max_tokens" and "default" not in err["message"], err
+        # the prompt alone fills the context: the prompt
+        r = c.post("/v1/completions", json={"prompt": list(range(1, 65))})
+        assert r.json()["error"]["param"] == "prompt", r.text
+        # as many as the message says fit
+        r = c.post("/v1/completions", json={"prompt": ids, "max_tokens": 34,
+                                            "ignore_eos": True, "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 34

@@ -1,6 +1,8 @@
 """`dlrt serve` refusing a bad setup before it serves: flag values argparse refuses (exit 2
-naming the flag, no model loaded), decoding defaults no request could use (exit 2 naming the
-flag, checked as `LLM.generate` checks them), and a port in use (no "serving" line)."""
+naming the flag, no model loaded), a host that does not resolve (exit 2 naming it, no model
+loaded), decoding defaults no request could use (exit 2 naming the flag, checked as
+`LLM.generate` checks them: a default max_new_tokens past the context after a one-token prompt
+too), and a port in use (no "serving" line)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import uvicorn
 import dlrt
 from dlrt import LLM
 from dlrt.entrypoints.cli import main as cli_main
-from dlrt.server.serve import check_defaults
+from dlrt.errors import OptionError
+from dlrt.server.serve import check_address, check_defaults
 
 pytestmark = pytest.mark.slow  # subprocesses: servers, torchrun, examples
 
@@ -23,6 +26,12 @@ pytestmark = pytest.mark.slow  # subprocesses: servers, torchrun, examples
 @pytest.fixture(scope="module")
 def llm(tiny_sdar) -> LLM:
     return LLM(tiny_sdar, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def short_llm(tiny_sdar) -> LLM:
+    """Context 64: a one-token prompt leaves room for 63 new tokens (block 4)."""
+    return LLM(tiny_sdar, dtype="float32", max_model_len=64)
 
 
 def error_line(capsys, argv: list[str], code: int = 2) -> str:
@@ -60,6 +69,46 @@ def test_bad_decoding_defaults_refused_at_startup(capsys, monkeypatch, llm, flag
     monkeypatch.setattr(uvicorn.Server, "run", lambda *a, **k: pytest.fail("served"))
     line = error_line(capsys, ["serve", flag, value])
     assert line.startswith(f"error: {flag}: {flag[2:].replace('-', '_')}"), line
+
+
+@pytest.mark.parametrize(("flags", "head", "words"), [
+    (["--max-new-tokens", "100"], "error: --max-new-tokens: max_new_tokens=100 does not fit",
+     "set --max-new-tokens 63 or less"),
+    (["--max-new-tokens", "64"], "error: --max-new-tokens: max_new_tokens=64 does not fit",
+     "set --max-new-tokens 63 or less"),
+    ([], "error: --max-new-tokens: the default max_new_tokens=128 does not fit",
+     "set --max-new-tokens 63 or less"),
+    (["--max-new-tokens", "8", "--block-length", "128"], "error: --block-length: ",
+     "not even one new token fits"),
+])
+def test_default_max_new_tokens_past_the_context_refused_at_startup(
+        capsys, monkeypatch, short_llm, flags, head, words):
+    monkeypatch.setattr(dlrt, "LLM", lambda *a, **k: short_llm)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda *a, **k: pytest.fail("served"))
+    line = error_line(capsys, ["serve", "--max-model-len", "64", *flags])
+    assert line.startswith(head), line
+    assert words in line and "context of 64" in line and "prompt (1 tokens)" in line, line
+
+
+def test_default_max_new_tokens_that_fits_passes(short_llm):
+    check_defaults(short_llm, {"max_new_tokens": 63})
+    check_defaults(short_llm, {"max_new_tokens": 60, "block_length": 8})  # 61 -> 64
+
+
+@pytest.mark.parametrize("host", ["999.1.1.1", "no-such-host.invalid", "a" * 300])
+def test_unresolvable_host_refused_before_the_model_loads(capsys, monkeypatch, host):
+    monkeypatch.setattr(dlrt, "LLM", lambda *a, **k: pytest.fail("loaded a model"))
+    line = error_line(capsys, ["serve", "--host", host])
+    assert line.startswith(f"error: --host: cannot resolve {host!r}"), line
+
+
+def test_check_address():
+    for host in ("127.0.0.1", "localhost", "0.0.0.0", ""):
+        check_address(host, 18080)
+    check_address("127.0.0.1", 0)
+    for port in (-1, 65536, True):
+        with pytest.raises(OptionError, match=rf"--port: {port!r}"):
+            check_address("127.0.0.1", port)
 
 
 def test_good_decoding_defaults_pass(llm):

@@ -24,6 +24,7 @@ from dlrt.checkpoint.folder import INDEX_NAME
 from dlrt.checkpoint.loader import random_tensor, weight_specs
 from dlrt.checkpoint.make import make_checkpoint
 from dlrt.checkpoint.presets import PRESETS
+from dlrt.decoding.options import DecodingOptions
 from dlrt.entrypoints.cli import main as cli_main
 from dlrt.models.registry import build_model, model_config
 from dlrt.ops import reference
@@ -471,6 +472,49 @@ def test_unknown_model_type(tiny_sdar, tmp_path):
         LLM(folder)
     edit_config(folder, model_type=None, architectures=["SDARForCausalLM"])
     assert LLM(folder).config.family == "sdar"  # no model_type: read by architectures
+
+
+def edit_generation_config(folder: Path, **changes) -> None:
+    """Set generation_config.json fields."""
+    path = folder / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+@pytest.mark.parametrize("changes", [
+    {"eos_token_id": "abc"}, {"eos_token_id": ["151645"]}, {"eos_token_id": []},
+    {"eos_token_id": [151645, 10**6]}, {"eos_token_id": -1}, {"eos_token_id": True},
+    {"eos_token_id": 1.0}, {"pad_token_id": "abc"}, {"pad_token_id": 151936},
+    {"do_sample": "yes"}, {"do_sample": True, "temperature": -3},
+    {"do_sample": True, "temperature": float("inf")}, {"temperature": "0.6"},
+    {"do_sample": True, "top_k": -1}, {"do_sample": True, "top_k": 20.5}, {"top_k": "20"},
+    {"do_sample": True, "top_p": 0}, {"do_sample": True, "top_p": 1.5}, {"top_p": [0.9]},
+], ids=lambda c: ",".join(f"{k}={v!r}" for k, v in c.items()))
+def test_bad_generation_config_values_name_the_file_field_and_value(tiny_sdar, tmp_path,
+                                                                    changes):
+    folder = clone(tiny_sdar, tmp_path / "c")
+    edit_generation_config(folder, **changes)
+    field, value = list(changes.items())[-1]
+    with pytest.raises(CheckpointError) as e:
+        LLM(folder, load_format="dummy")
+    msg = str(e.value)
+    assert str(folder / "generation_config.json") in msg, msg
+    assert f"{field}={json.loads(json.dumps(value))!r}" in msg, msg
+
+
+def test_generation_config_values_dlrt_reads(tiny_sdar, tmp_path):
+    folder = clone(tiny_sdar, tmp_path / "c")
+    # null: unset (config.json's eos ids); sampling values unused without do_sample
+    edit_generation_config(folder, eos_token_id=None, pad_token_id=None, temperature=-3,
+                           top_p=0)
+    llm = LLM(folder, load_format="dummy")
+    assert llm.eos_token_ids == (151643,)  # config.json's
+    assert llm.resolve(DecodingOptions()).sampling.temperature == 0.0
+    edit_generation_config(folder, eos_token_id=7, do_sample=True, temperature=0.5, top_k=3,
+                           top_p=0.9)
+    llm = LLM(folder, load_format="dummy")
+    assert llm.eos_token_ids == (7,)
+    sampling = llm.resolve(DecodingOptions()).sampling
+    assert (sampling.temperature, sampling.top_k, sampling.top_p) == (0.5, 3, 0.9)
 
 
 LLADA2_ATTENTION = ("query_key_value", "dense", "query_layernorm", "key_layernorm")

@@ -144,6 +144,21 @@ def test_readme_synopsis_lists_every_generate_flag():
     assert [f for f in flags if f != "--help" and f not in synopsis] == []
 
 
+def test_readme_and_help_say_the_default_served_model_name():
+    from dlrt.server.serve import served_name
+
+    assert served_name(None) == "dlrt-default"  # the embedded default model
+    assert served_name("/data/ckpts/SDAR-1.7B-Chat/") == "SDAR-1.7B-Chat"
+    assert served_name("JetLM/SDAR-1.7B-Chat") == "SDAR-1.7B-Chat"  # a hub repo id
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    bullet = readme[readme.index("- `--served-model-name NAME`"):]
+    bullet = " ".join(bullet[:bullet.index("\n- ")].split())
+    assert "`dlrt-default`" in bullet and "repo id" in bullet, bullet
+    sv = _subparsers(build_parser())["serve"]
+    help_text = next(a.help for a in sv._actions if "--served-model-name" in a.option_strings)
+    assert "dlrt-default" in help_text, help_text
+
+
 @pytest.mark.parametrize("flag,value", [("--temperature", "-1"), ("--top-p", "0"),
                                         ("--block-length", "0"), ("--max-new-tokens", "0"),
                                         ("--remasking-strategy", "foo"), ("--seed", "-1"),

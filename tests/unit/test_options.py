@@ -179,6 +179,20 @@ def test_generation_config_ignored_without_do_sample():
         assert (p.sampling.temperature, p.sampling.top_k, p.sampling.top_p) == (0.0, 0, 1.0)
 
 
+@pytest.mark.parametrize("name, value", [
+    ("temperature", -3), ("temperature", float("nan")), ("temperature", "0.6"),
+    ("top_k", -1), ("top_k", 2.5), ("top_p", 0), ("top_p", 1.5), ("top_p", True),
+])
+def test_bad_sampling_default_from_generation_config_says_so(name, value):
+    with pytest.raises(OptionError) as e:
+        params(gen={**SAMPLE_GEN, name: value})
+    msg = str(e.value)
+    assert msg.startswith(f"generation_config.json: {name}={value!r} "), msg
+    assert "default" in msg, msg
+    # a request that sets the option does not use the file's value
+    params(gen={**SAMPLE_GEN, name: value}, **{name: {"top_k": 1}.get(name, 0.5)})
+
+
 def test_block_steps_and_strategy_defaults():
     p = params(block_length=8)
     assert (p.block_length, p.denoising_steps) == (8, 8)
