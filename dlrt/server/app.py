@@ -330,8 +330,8 @@ def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | 
                 elif kind == "final" and include_usage:  # as the OpenAI API sends it
                     yield chunk(None, finish=payload["finish_reason"])
                     yield chunk(None, usage=_usage(payload), choices=False)
-                elif kind == "final":
-                    yield chunk(None, finish=payload["finish_reason"], usage=_usage(payload))
+                elif kind == "final":  # no usage unless asked for, as the OpenAI API does
+                    yield chunk(None, finish=payload["finish_reason"])
                 else:
                     yield f"data: {json.dumps({'error': {'message': payload}})}\n\n"
             yield "data: [DONE]\n\n"

@@ -6,6 +6,8 @@ of `stream_options.include_usage`, `/tokenize` and `/detokenize`, and Prometheus
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -139,6 +141,19 @@ def test_without_include_usage_every_chunk_has_a_choice(oai):
     chunks = list(oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8,
                                               stream=True))
     assert all(len(c.choices) == 1 for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": "hi"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})])
+def test_without_include_usage_no_chunk_has_usage(client, path, body):
+    with client.stream("POST", path, json={**body, "max_tokens": 4, "stream": True}) as r:
+        events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    rows = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    assert rows and all("usage" not in row for row in rows)
+    assert rows[-1]["choices"][0]["finish_reason"] == "length"
 
 
 def test_include_usage_raw_stream_ends_with_usage_then_done(client):
