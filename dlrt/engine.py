@@ -26,7 +26,7 @@ from dlrt.checkpoint.quant import QuantScheme, quantize_model, resolve_scheme
 from dlrt.config.engine import EngineConfig
 from dlrt.config.model import ModelConfig
 from dlrt.decoding.options import DecoderDefaults
-from dlrt.errors import ConfigError
+from dlrt.errors import ConfigError, OptionError
 from dlrt.layers.quant.fp8 import check_fused_input, set_activations
 from dlrt.models.registry import build_model, family, model_config
 from dlrt.ops import Ops, get_ops
@@ -80,6 +80,12 @@ class Engine:
         except ConfigError as e:
             raise ConfigError(f"{folder.path}: {e}") from e
         folder.check_generation_config(mconfig.vocab_size)
+        eos = _eos_ids(folder, mconfig)
+        if mconfig.mask_token_id in eos:
+            raise OptionError(
+                f"mask_token_id={mconfig.mask_token_id} is an end-of-text id of {folder.path} "
+                f"(eos ids {list(eos)}): the mask token is never committed, so a generation "
+                f"could not stop; pass another mask_token_id")
         device = config.torch_device
         scheme = resolve_scheme(config.quantization, folder.hf_config, folder.path)
         config = dataclasses.replace(config, quantization=scheme.name if scheme else "none")
@@ -95,7 +101,7 @@ class Engine:
         decoder = build_decoder(config.decoder, runner, mconfig.mask_token_id, defaults,
                                 executor)
         return Engine(config, folder, mconfig, defaults, tokenizer,
-                      _eos_ids(folder, mconfig), ops, model, plan, runner, executor, decoder)
+                      eos, ops, model, plan, runner, executor, decoder)
 
 
 def _load(config: ModelConfig, ops: Ops, folder: CheckpointFolder, engine: EngineConfig,

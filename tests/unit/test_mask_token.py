@@ -96,3 +96,14 @@ def test_non_finite_logits_raise_numerical_error_sdar(sdar, options):
 
 def test_non_finite_logits_raise_numerical_error_llada(llada):
     generate_with_a_nan_weight(llada, llada.model.model.transformer.ff_out)
+
+
+def test_mask_token_that_is_an_end_of_text_id_is_refused(tiny_sdar, tiny_llada):
+    """The mask token is never committed, so a mask id among the eos ids could never stop a
+    generation: a named OptionError before the weights load."""
+    from dlrt.errors import OptionError
+
+    for path in (tiny_sdar, tiny_llada):
+        eos = LLM(path, device="cpu", load_format="dummy").engine.eos_token_ids
+        with pytest.raises(OptionError, match=f"mask_token_id={eos[0]} is an end-of-text id"):
+            LLM(path, device="cpu", mask_token_id=eos[0])
