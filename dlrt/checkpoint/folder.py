@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dlrt.checkpoint.hub import download, is_repo_id
+from dlrt.decoding.options import SAMPLING, sampling_default_problem
 from dlrt.errors import CheckpointError, OptionError
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -71,10 +71,10 @@ class CheckpointFolder:
     def check_generation_config(self, vocab_size: int) -> None:
         """Check the `generation_config.json` fields dlrt reads (null or absent: unset):
         eos_token_id (a token id or a non-empty list of them), pad_token_id (a token id),
-        do_sample (true or false), and the sampling defaults temperature (a finite number
-        >= 0), top_k (an integer >= 0) and top_p (a number in (0, 1]); these three must be
-        numbers always and in range when do_sample is true (otherwise dlrt does not use
-        them). A token id is an integer in [0, vocab_size).
+        do_sample (true or false), and the sampling defaults temperature, top_k and top_p
+        (`dlrt.decoding.options.SAMPLING`): numbers always, and in the option's range when
+        do_sample is true (otherwise dlrt does not use them). A token id is an integer in
+        [0, vocab_size).
 
         Raises:
             CheckpointError: the file's path, the field and its value.
@@ -99,21 +99,11 @@ class CheckpointFolder:
         sample = gen.get("do_sample")
         if sample is not None:
             check("do_sample", isinstance(sample, bool), "true or false")
-        for key, kind, ok, want in (
-                ("temperature", float, lambda v: math.isfinite(v) and v >= 0,
-                 "a finite number >= 0 (0: greedy)"),
-                ("top_k", int, lambda v: v >= 0, "an integer >= 0 (0: off)"),
-                ("top_p", float, lambda v: 0 < v <= 1, "a number in (0, 1] (1: off)")):
-            value = gen.get(key)
-            if value is None:
-                continue
-            try:
-                good = not isinstance(value, bool) and isinstance(
-                    value, int if kind is int else (int, float)) and (
-                    not sample or ok(kind(value)))
-            except OverflowError:  # an integer too large for a float
-                good = False
-            check(key, good, want)
+        for key in SAMPLING:
+            if gen.get(key) is not None:
+                problem = sampling_default_problem(key, gen[key], in_range=bool(sample))
+                if problem is not None:
+                    raise CheckpointError(f"{path}: {key}={gen[key]!r} {problem}")
 
     def has_tokenizer(self) -> bool:
         return any((self.path / n).is_file()

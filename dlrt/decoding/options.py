@@ -196,14 +196,10 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     post = _pick(opts.max_post_steps, defaults.max_post_steps)
     _check(0 <= post <= MAX_POST_STEPS, "max_post_steps", post,
            f"must be in [0, {MAX_POST_STEPS}] (post passes a block may run while edits go on)")
-    file = {k: gen.get(k) for k in ("temperature", "top_k", "top_p")} if sample else {}
-    temperature = _sampling(opts.temperature, file, "temperature", 0.0, float,
-                            lambda v: math.isfinite(v) and v >= 0.0,
-                            "must be a finite number >= 0")
-    top_k = _sampling(opts.top_k, file, "top_k", 0, int, lambda v: v >= 0,
-                      "must be >= 0 (0 = off)")
-    top_p = _sampling(opts.top_p, file, "top_p", 1.0, float, lambda v: 0.0 < v <= 1.0,
-                      "must be in (0, 1]")
+    file = {k: gen.get(k) for k in SAMPLING} if sample else {}
+    temperature = _sampling(opts.temperature, file, "temperature")
+    top_k = _sampling(opts.top_k, file, "top_k")
+    top_p = _sampling(opts.top_p, file, "top_p")
     seed = _pick(opts.seed, random_seed)
     _check(0 <= seed < 2**63, "seed", seed, "must be in [0, 2^63)")
     stop_ids = {s for s in opts.stop if isinstance(s, int)}
@@ -272,16 +268,41 @@ def _is_number(v: Any) -> bool:
     return True
 
 
-def _sampling(given: Any, file: dict[str, Any], name: str, off: Any, kind: type, ok,
-              why: str) -> Any:
+# the sampling options that generation_config.json may default (with do_sample):
+# name -> (type, test of a value, what a good value is, the value that turns it off)
+SAMPLING: dict[str, tuple[type, Any, str, Any]] = {
+    "temperature": (float, lambda v: math.isfinite(v) and v >= 0.0,
+                    "must be a finite number >= 0", 0.0),
+    "top_k": (int, lambda v: v >= 0, "must be >= 0 (0 = off)", 0),
+    "top_p": (float, lambda v: 0.0 < v <= 1.0, "must be in (0, 1]", 1.0),
+}
+
+
+def sampling_default_problem(name: str, raw: Any, in_range: bool = True) -> str | None:
+    """Why `raw`, a `generation_config.json` value of the sampling option `name` (a key of
+    `SAMPLING`), cannot be used ("must be ..."), or None when it can: it must be an integer
+    (top_k) or a number, and with `in_range` also pass the option's range."""
+    kind, ok, why, _ = SAMPLING[name]
+    if isinstance(raw, bool) or not isinstance(raw, int if kind is int else (int, float)):
+        return f"must be {'an integer' if kind is int else 'a number'}"
+    if not in_range:
+        return None
+    if kind is float and not _is_number(raw):
+        return "must be a number"
+    return None if ok(kind(raw)) else why
+
+
+def _sampling(given: Any, file: dict[str, Any], name: str) -> Any:
     """A sampling option: the request's value, else `generation_config.json`'s (`file`: its
-    values when it sets do_sample), else `off`; checked with `ok`. A bad value from the file
-    says it comes from there (the request did not set it).
+    values when it sets do_sample), else the value that turns it off; checked against
+    `SAMPLING`. A bad value from the file says it comes from there (the request did not set
+    it).
 
     Raises:
         OptionError: "temperature=-1.0 must be ...", or "generation_config.json: temperature=-3
             must be ... (the checkpoint's default, used when a request does not set it)".
     """
+    kind, ok, why, off = SAMPLING[name]
     if given is not None:
         value = kind(given)
         _check(ok(value), name, value, why)
@@ -289,12 +310,10 @@ def _sampling(given: Any, file: dict[str, Any], name: str, off: Any, kind: type,
     raw = file.get(name)
     if raw is None:
         return off
-    if isinstance(raw, bool) or not isinstance(raw, int if kind is int else (int, float)) \
-            or (kind is float and not _is_number(raw)):
-        why = f"must be {'an integer' if kind is int else 'a number'}"
-    elif ok(kind(raw)):
+    problem = sampling_default_problem(name, raw)
+    if problem is None:
         return kind(raw)
-    raise OptionError(f"generation_config.json: {name}={raw!r} {why} (the checkpoint's "
+    raise OptionError(f"generation_config.json: {name}={raw!r} {problem} (the checkpoint's "
                       "default, used when a request does not set it)")
 
 
