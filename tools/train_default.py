@@ -17,20 +17,20 @@ import json
 import sys
 
 from dlrt.errors import DlrtError
-from dlrt.train.loop import TrainConfig, train
+from dlrt.train.loop import TrainConfig, flag, train
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
+        name = flag(f.name)
         if f.type in ("bool", bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
+            p.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default,
                            help=f.metadata["help"])
         else:
             kind = {"int": int, "float": float, "str": str}[str(f.type)]
-            p.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"])
+            p.add_argument(name, type=kind, default=f.default, help=f.metadata["help"])
     return p
 
 

@@ -88,18 +88,19 @@ class TrainConfig:
         for name, ok, want in _RULES:
             value = getattr(self, name)
             if not ok(value):
-                raise ValueError(f"{_flag(name)} {value}: {want}")
+                raise ValueError(f"{flag(name)} {value}: {want}")
         for name in ("block_length", "long_block_length"):
             if self.seq_len % getattr(self, name):
                 raise ValueError(f"--seq-len {self.seq_len} is not a multiple of "
-                                 f"{_flag(name)} {getattr(self, name)}")
+                                 f"{flag(name)} {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"--num-kv-heads {self.num_kv_heads} does not divide "
                              f"--num-heads {self.num_heads}")
         _check_device(self.device)
 
 
-def _flag(name: str) -> str:
+def flag(name: str) -> str:
+    """The command-line flag of the `TrainConfig` field `name` (`tools/train_default.py`)."""
     return "--" + name.replace("_", "-")
 
 
