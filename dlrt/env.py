@@ -36,3 +36,16 @@ def api_key() -> str | None:
     """DLRT_API_KEY: the key `dlrt serve` asks for (`Authorization: Bearer KEY` on every
     endpoint but /health) when `--api-key` is not given; unset = no key."""
     return os.environ.get("DLRT_API_KEY") or None
+
+
+SPLIT_K_REDUCE = ("fused", "kernel")
+
+
+def split_k_reduce() -> str:
+    """DLRT_SPLIT_K_REDUCE: how the split-K GEMMs sum their partials ('fused': the last split
+    of each output tile, in the GEMM; 'kernel': a second kernel; `dlrt.kernels.split_k`).
+    Default 'fused'. ValueError on another value."""
+    value = os.environ.get("DLRT_SPLIT_K_REDUCE") or "fused"
+    if value not in SPLIT_K_REDUCE:
+        raise ValueError(f"DLRT_SPLIT_K_REDUCE={value!r}: expected one of {SPLIT_K_REDUCE}")
+    return value

@@ -55,8 +55,8 @@ GEMV (`Fp8GemmConfig.kind` "fma"):
 Both "dot" variants: the N tile spans any number of scale rows (the scale is gathered per
 column), K need not be a multiple of 128 or of the K tile (the tail is masked), N any size
 (masked), rows of x padded to BLOCK_M = max(16, next power of two of M) with masks. With
-SPLIT_K > 1 the K tiles are dealt to SPLIT_K programs per N tile, whose fp32 partial sums a
-second kernel adds in a fixed order (deterministic; `skinny_gemm`'s reduction). PDL
+SPLIT_K > 1 the K tiles are dealt to SPLIT_K programs per N tile, whose fp32 partial sums the
+last of them to finish adds in a fixed order (deterministic; `dlrt.kernels.split_k`). PDL
 (`dlrt.kernels.pdl`): the kernel waits for its predecessor before its first load and releases
 its dependent after its main loop, as the BF16 "dot" kernel does.
 """
@@ -71,8 +71,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dlrt.kernels import pdl
-from dlrt.kernels.skinny_gemm import _fma, _reduce_kernel, _store_row, _x_load
+from dlrt.kernels import pdl, split_k
+from dlrt.kernels.skinny_gemm import _fma, _store_row, _x_load
 
 QBLOCK = 128  # the weight's scale block (both dims) and the W8A8 activation group
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -228,10 +228,10 @@ def _quant_x_kernel(x_ptr, q_ptr, xs_ptr, K: tl.constexpr, EXACT_CAST: tl.conste
 
 
 @triton.jit
-def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, M, N, K: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     SPLIT_K: tl.constexpr, W8A8: tl.constexpr, PRECISION: tl.constexpr,
-                     PDL: tl.constexpr):
+def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, count_ptr, M, N,
+                     K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED: tl.constexpr,
+                     W8A8: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -269,11 +269,8 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, M, N, K: tl.c
                           out_dtype=tl.float32)
             acc += part * ws[:, None]
     pdl.release(PDL)
-    ok = n_ok[:, None] & m_ok[None, :]
-    if SPLIT_K == 1:
-        tl.store(y_ptr + m[None, :] * N + n[:, None], acc.to(y_ptr.dtype.element_ty), mask=ok)
-    else:
-        tl.store(part_ptr + (pid_k * BLOCK_M + m[None, :]) * N + n[:, None], acc, mask=ok)
+    split_k.store_tile(acc, y_ptr, part_ptr, count_ptr, m[None, :] * N + n[:, None],
+                       n_ok[:, None] & m_ok[None, :], pid_n, pid_k, BLOCK_M * N, SPLIT_K, FUSED)
 
 
 @triton.jit
@@ -480,22 +477,16 @@ def fp8_gemm(x, w: torch.Tensor, scale_inv: torch.Tensor,
         return y
     bm = block_m(m)
     opts = pdl.launch_options(x)
-    part = y
-    if config.split_k > 1:
-        part = torch.empty((config.split_k, bm, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k)
+    part, count, fused = split_k.partials(y, config.split_k, bm, grid[0])
     xq, xs = x, y
     if codes:
         xq, xs = x, codes[1]
     elif config.w8a8:
         xq, xs = quantize_x(x)
-    _fp8_gemm_kernel[grid](xq, xs, w, scale_inv, y, part, m, n, K=k, BLOCK_M=bm,
+    _fp8_gemm_kernel[grid](xq, xs, w, scale_inv, y, part, count, m, n, K=k, BLOCK_M=bm,
                            BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                           SPLIT_K=config.split_k, W8A8=config.w8a8,
+                           SPLIT_K=config.split_k, FUSED=fused, W8A8=config.w8a8,
                            PRECISION="ieee" if dtype == torch.float32 else "tf32",
                            num_stages=config.stages, num_warps=config.warps, **opts)
-    if config.split_k > 1:
-        block = 1024
-        _reduce_kernel[(triton.cdiv(m * n, block),)](part, y, m, n, SPLIT_K=config.split_k,
-                                                     BLOCK_M=bm, BLOCK=block, **opts)
-    return y
+    return split_k.finish(part, y, config.split_k, bm, fused, opts)

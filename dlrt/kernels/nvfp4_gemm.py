@@ -45,8 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dlrt.kernels import pdl
-from dlrt.kernels.skinny_gemm import _reduce_kernel
+from dlrt.kernels import pdl, split_k
 
 GROUP = 16  # elements per w_scale entry
 MAX_ROWS = 64
@@ -141,10 +140,10 @@ def _e2m1(p):
 
 
 @triton.jit
-def _nvfp4_gemm_kernel(x_ptr, w_ptr, s_ptr, g_ptr, y_ptr, part_ptr, M, N, K: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       SPLIT_K: tl.constexpr, ROW_SCALE: tl.constexpr, PRECISION: tl.constexpr,
-                       PDL: tl.constexpr):
+def _nvfp4_gemm_kernel(x_ptr, w_ptr, s_ptr, g_ptr, y_ptr, part_ptr, count_ptr, M, N,
+                       K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED: tl.constexpr,
+                       ROW_SCALE: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -195,11 +194,8 @@ def _nvfp4_gemm_kernel(x_ptr, w_ptr, s_ptr, g_ptr, y_ptr, part_ptr, M, N, K: tl.
         acc = acc * tl.load(g_ptr + n, mask=n_ok, other=0.0)[:, None]
     else:
         acc = acc * tl.load(g_ptr)
-    ok = n_ok[:, None] & m_ok[None, :]
-    if SPLIT_K == 1:
-        tl.store(y_ptr + m[None, :] * N + n[:, None], acc.to(y_ptr.dtype.element_ty), mask=ok)
-    else:
-        tl.store(part_ptr + (pid_k * BLOCK_M + m[None, :]) * N + n[:, None], acc, mask=ok)
+    split_k.store_tile(acc, y_ptr, part_ptr, count_ptr, m[None, :] * N + n[:, None],
+                       n_ok[:, None] & m_ok[None, :], pid_n, pid_k, BLOCK_M * N, SPLIT_K, FUSED)
 
 
 def check_nvfp4_weight(w: torch.Tensor, w_scale: torch.Tensor, global_scale: torch.Tensor,
@@ -256,17 +252,12 @@ def nvfp4_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
         return y
     bm = max(16, triton.next_power_of_2(m))
     opts = pdl.launch_options(x)
-    part = y
-    if config.split_k > 1:
-        part = torch.empty((config.split_k, bm, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k)
-    _nvfp4_gemm_kernel[grid](x, w, w_scale, global_scale, y, part, m, n, K=k, BLOCK_M=bm,
-                             BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                             SPLIT_K=config.split_k, ROW_SCALE=global_scale.numel() != 1,
+    part, count, fused = split_k.partials(y, config.split_k, bm, grid[0])
+    _nvfp4_gemm_kernel[grid](x, w, w_scale, global_scale, y, part, count, m, n, K=k,
+                             BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                             SPLIT_K=config.split_k, FUSED=fused,
+                             ROW_SCALE=global_scale.numel() != 1,
                              PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                              num_stages=config.stages, num_warps=config.warps, **opts)
-    if config.split_k > 1:
-        block = 1024
-        _reduce_kernel[(triton.cdiv(m * n, block),)](part, y, m, n, SPLIT_K=config.split_k,
-                                                     BLOCK_M=bm, BLOCK=block, **opts)
-    return y
+    return split_k.finish(part, y, config.split_k, bm, fused, opts)

@@ -6,7 +6,8 @@ cuBLAS (`dlrt.tuning.linear`):
 
 - "dot": each program streams a [BLOCK_N, K / SPLIT_K] slab of `w` (software-pipelined by
   Triton) against x padded to 16 rows with tensor-core dots; with SPLIT_K > 1 the partial sums
-  go to a scratch buffer and a second kernel adds them in a fixed order (deterministic).
+  go to a scratch buffer and the last split of each output tile adds them in a fixed order
+  (deterministic; `dlrt.kernels.split_k`).
 - "fma" (M <= 4): a GEMV (`gemv`); each program owns BLOCK_N whole rows of `w`, keeps the
   next 1-4 [BLOCK_N, BLOCK_K] tiles in flight while it multiplies the current one into fp32
   accumulators (CUDA-core FMAs; runs of 8 adjacent products summed inside a thread), and
@@ -24,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dlrt.kernels import pdl
+from dlrt.kernels import pdl, split_k
 
 MAX_ROWS = 16
 FMA_ROWS = 4  # the "fma" kernel keeps one accumulator per row of x
@@ -62,9 +63,10 @@ class GemmConfig:
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, w_ptr, y_ptr, part_ptr, M, N, K: tl.constexpr,
+def _gemm_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+                 SPLIT_K: tl.constexpr, FUSED: tl.constexpr, PRECISION: tl.constexpr,
+                 PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -81,23 +83,8 @@ def _gemm_kernel(x_ptr, w_ptr, y_ptr, part_ptr, M, N, K: tl.constexpr,
         x = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None], other=0.0)
         acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
     pdl.release(PDL)
-    ok = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K == 1:
-        tl.store(y_ptr + m[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)
-    else:
-        tl.store(part_ptr + (pid_k * BLOCK_M + m[:, None]) * N + n[None, :], acc, mask=ok)
-
-
-@triton.jit
-def _reduce_kernel(part_ptr, y_ptr, M, N, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK: tl.constexpr, PDL: tl.constexpr):
-    pdl.begin(PDL)
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # flat (m, n) of y
-    ok = i < M * N
-    acc = tl.zeros([BLOCK], tl.float32)
-    for s in range(0, SPLIT_K):  # fixed order: deterministic
-        acc += tl.load(part_ptr + s * BLOCK_M * N + i, mask=ok, other=0.0)
-    tl.store(y_ptr + i, acc.to(y_ptr.dtype.element_ty), mask=ok)
+    split_k.store_tile(acc, y_ptr, part_ptr, count_ptr, m[:, None] * N + n[None, :],
+                       m_ok[:, None] & n_ok[None, :], pid_n, pid_k, BLOCK_M * N, SPLIT_K, FUSED)
 
 
 @triton.jit
@@ -266,16 +253,10 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, config: GemmConfig) -> torch.T
     if m == 0:
         return y
     opts = pdl.launch_options(x)
-    part = y
-    if config.split_k > 1:
-        part = torch.empty((config.split_k, MAX_ROWS, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k)
-    _gemm_kernel[grid](x, w, y, part, m, n, K=k, BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n,
-                       BLOCK_K=config.block_k, SPLIT_K=config.split_k,
-                       PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+    part, count, fused = split_k.partials(y, config.split_k, MAX_ROWS, grid[0])
+    _gemm_kernel[grid](x, w, y, part, count, m, n, K=k, BLOCK_M=MAX_ROWS,
+                       BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
+                       FUSED=fused, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                        num_stages=config.stages, num_warps=config.warps, **opts)
-    if config.split_k > 1:
-        block = 1024
-        _reduce_kernel[(triton.cdiv(m * n, block),)](part, y, m, n, SPLIT_K=config.split_k,
-                                                     BLOCK_M=MAX_ROWS, BLOCK=block, **opts)
-    return y
+    return split_k.finish(part, y, config.split_k, MAX_ROWS, fused, opts)

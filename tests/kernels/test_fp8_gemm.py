@@ -316,9 +316,10 @@ def _compile(out: Path) -> None:
 
     for name, w8a8 in (("weight_only", False), ("w8a8", True)):
         sig = dict(x_ptr="*fp8e4nv" if w8a8 else "*bf16", xs_ptr="*fp32", w_ptr="*fp8e4nv",
-                   s_ptr="*fp32", y_ptr="*bf16", part_ptr="*fp32", M="i32", N="i32")
-        consts = dict(K=4096, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, W8A8=w8a8,
-                      PRECISION="tf32", PDL=True)
+                   s_ptr="*fp32", y_ptr="*bf16", part_ptr="*fp32", count_ptr="*i32", M="i32",
+                   N="i32")
+        consts = dict(K=4096, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, FUSED=True,
+                      W8A8=w8a8, PRECISION="tf32", PDL=True)
         ptx = compile_sm90(_fp8_gemm_kernel, sig, consts, num_stages=4, num_warps=4)
         (out / f"{name}.ptx").write_text(ptx)
     sig = dict(x_ptr="*bf16", q_ptr="*fp8e4nv", xs_ptr="*fp32")

@@ -182,8 +182,9 @@ def _compile(out: Path) -> None:
     from dlrt.kernels.nvfp4_gemm import _nvfp4_gemm_kernel
 
     sig = dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*fp8e4nv", g_ptr="*fp32", y_ptr="*bf16",
-               part_ptr="*fp32", M="i32", N="i32")
-    consts = dict(K=4096, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, ROW_SCALE=True,
+               part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32")
+    consts = dict(K=4096, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, FUSED=True,
+                  ROW_SCALE=True,
                   PRECISION="tf32", PDL=True)
     ptx = compile_sm90(_nvfp4_gemm_kernel, sig, consts, num_stages=4, num_warps=4)
     (out / "nvfp4.ptx").write_text(ptx)

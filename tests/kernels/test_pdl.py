@@ -34,6 +34,7 @@ def _kernels() -> dict:
         rope,
         sampling,
         skinny_gemm,
+        split_k,
     )
     slices = dict(SLICE=2560, SLICES=64, BLOCK=512)
     moe_args = dict(in_ptr=P16, w_ptr=P16, s_ptr=P32, out_ptr=P16, table_ptr=I32, wt_ptr=P32,
@@ -91,8 +92,9 @@ def _kernels() -> dict:
         "greedy_merge": (greedy._merge_kernel, dict(part_ptr=P32, part_idx_ptr=I32, ids_ptr=I64,
                                                     conf_ptr=P32), dict(SLICES=32)),
         "gemm": (skinny_gemm._gemm_kernel, dict(x_ptr=P16, w_ptr=P16, y_ptr=P16, part_ptr=P32,
-                                                M="i32", N="i32"),
-                 dict(K=4096, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, SPLIT_K=4, PRECISION="tf32")),
+                                                count_ptr=I32, M="i32", N="i32"),
+                 dict(K=4096, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, SPLIT_K=4, FUSED=True,
+                      PRECISION="tf32")),
         "gemv": (skinny_gemm._gemv_kernel, GEMV_ARGS, GEMV_CONSTS),
         "gemv_row": (skinny_gemm._gemv_kernel, GEMV_ARGS,  # 4 warps along K: x as one row
                      dict(GEMV_CONSTS, BLOCK_N=4, BLOCK_K=1024, X_ROW=True)),
@@ -117,7 +119,7 @@ def _kernels() -> dict:
                                PRECISION="tf32", FP8=True)),
         "moe_combine": (moe._combine_kernel, dict(y_ptr=P32, out_ptr=P16, H="i32"),
                         dict(TOPK=8, BLOCK=1024)),
-        "gemm_reduce": (skinny_gemm._reduce_kernel, dict(part_ptr=P32, y_ptr=P16, M="i32",
+        "gemm_reduce": (split_k._reduce_kernel, dict(part_ptr=P32, y_ptr=P16, M="i32",
                                                          N="i32"),
                         dict(SPLIT_K=4, BLOCK_M=16, BLOCK=1024)),
     }
