@@ -22,6 +22,13 @@ GROUP = 128  # columns per activation scale of an Fp8Activation
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 
 
+def e4m3_scale(amax: torch.Tensor) -> torch.Tensor:
+    """The block scale amax / 448 (1 where amax is 0), an IEEE division on every device, as
+    the kernels compute it. (Dividing a CUDA tensor by a Python number multiplies by the
+    rounded reciprocal instead, which differs in the last bit for some amax.)"""
+    return torch.where(amax > 0, amax / torch.full_like(amax, E4M3_MAX), torch.ones_like(amax))
+
+
 @dataclass(frozen=True)
 class Fp8Activation:
     """An activation handed to an FP8 W8A8 linear layer already quantised, by the op that
@@ -49,7 +56,7 @@ class Fp8Activation:
         xf[..., :k] = x.float()
         groups = xf.view(*x.shape[:-1], kb, GROUP)
         amax = groups.abs().amax(dim=-1, keepdim=True)
-        scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+        scale = e4m3_scale(amax)
         q = (groups / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
         return cls(q.view(*x.shape[:-1], kb * GROUP)[..., :k].contiguous(),
                    scale[..., 0].contiguous(), x.dtype)

@@ -232,3 +232,23 @@ def test_model_shapes_gpu(n):
     assert_same_quant(rms_norm_fp8(x, weight, EPS), quantize_x(rms_norm(x, weight, EPS)))
     gate_up = (torch.randn(n, 2 * 12288, generator=gen) * 4).to(DEV, torch.bfloat16)
     assert_same_quant(silu_mul_fp8(gate_up), quantize_x(silu_mul(gate_up)))
+
+
+@pytest.mark.gpu
+def test_torch_quantisation_matches_the_kernels_gpu():
+    """The torch quantisations (`Fp8Activation.quantize`, the reference W8A8 path and the
+    fused-input check's expectation; `quantize_fp8_block`, online weight quantisation) divide
+    in IEEE on the GPU too: the same codes and scales as `quantize_x` and as on the CPU, for
+    amaxes spread over 12 decades."""
+    from dlrt.layers.quant.fp8 import quantize_fp8_block
+    from dlrt.ops import Fp8Activation
+
+    gen = torch.Generator().manual_seed(3)
+    spread = torch.logspace(-6, 6, 256)[:, None]
+    x = (torch.randn(256, 1000, generator=gen) * spread).to(DEV, torch.bfloat16)
+    got = Fp8Activation.quantize(x)
+    assert_same_quant((got.q, got.scale), quantize_x(x))
+    w = torch.randn(1000, 1000, generator=gen) * spread.repeat_interleave(4, 0)[:1000]
+    q, s = quantize_fp8_block(w.to(DEV))
+    want_q, want_s = quantize_fp8_block(w)
+    assert_same_quant((q.cpu(), s.cpu()), (want_q, want_s))

@@ -24,12 +24,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlrt.layers.quant import LinearMethod, QuantFormat
-from dlrt.ops import Fp8Activation, Ops
+from dlrt.ops import E4M3_MAX, Fp8Activation, Ops, e4m3_scale
 
 log = logging.getLogger(__name__)
 
 BLOCK = 128
-E4M3_MAX = 448.0
 FP8 = torch.float8_e4m3fn
 
 # The kernel seam of `Fp8Linear`: (x [M, K] in the model dtype, contiguous; weight
@@ -65,7 +64,7 @@ def quantize_fp8_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     padded[:n, :k] = w.float()
     tiles = padded.view(nb, BLOCK, kb, BLOCK)
     amax = tiles.abs().amax(dim=(1, 3))  # [nb, kb]
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    scale = e4m3_scale(amax)
     q = (tiles / scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
     q = q.view(nb * BLOCK, kb * BLOCK)[:n, :k].to(FP8)
     return q, scale
