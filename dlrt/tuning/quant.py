@@ -225,7 +225,7 @@ def tune_quant(model: nn.Module, dtype: torch.dtype, rows: int = 4, policy: str 
     for name, (fmt, m) in layers.items():
         rec = records[_shape_key(fmt, m)]
         cls = Fp8Linear if fmt == "fp8" else Nvfp4Linear
-        mode = dict(activations=m.method.activations) if fmt == "fp8" else {}
+        mode = m.method.mode() if fmt == "fp8" else {}
         if rec["chosen"] == REFERENCE:
             methods[name] = cls(max_rows=m.method.max_rows, **mode)
             continue

@@ -112,8 +112,13 @@ def test_planned_layers_and_the_cache(quantised, fmt, tmp_path):
     cands = list(tq.candidates(fmt, n, k, rows=4, activations=mode))
     target = next((lb for lb in cands if lb.startswith("fma")), cands[-1])
     cache = tmp_path / "q.json"
+    unfused = next(iter(layers)) if fmt == "fp8" else None  # a failed fused-input check
+    if unfused:
+        model.get_submodule(unfused).method.fused_input = False
     methods, records = tq.tune_quant(model, torch.float32, rows=4, time=time, check=check,
                                      cache_file=cache)
+    if unfused:
+        model.get_submodule(unfused).method.fused_input = True
     assert set(records) == shapes and all(k.startswith(fmt + ",") for k in records)
     assert set(methods) == set(layers) and set(calls) == {4}
     assert records[key]["chosen"] == target
@@ -122,8 +127,9 @@ def test_planned_layers_and_the_cache(quantised, fmt, tmp_path):
         assert (methods[name].kernel is None) == (chosen == tq.REFERENCE)
         if chosen == target:
             assert label_of(methods[name].kernel) == target
-        if fmt == "fp8":  # the plan keeps the layer's activation mode
+        if fmt == "fp8":  # the plan keeps the layer's activation mode and fused input
             assert methods[name].activations == mode
+            assert methods[name].fused_input == (name != unfused)
     # a 4-row GEMV keeps a tensor-core kernel for 5..64 rows (the folded phase's 2B rows)
     gemv = {n: m for n, m in methods.items() if m.kernel and label_of(m.kernel).startswith("fma")}
     assert bool(gemv) == target.startswith("fma")

@@ -139,12 +139,17 @@ class Fp8Linear(LinearMethod):
 
     def __init__(self, kernel: Fp8Kernel | None = None, max_rows: int = 64,
                  wide: Fp8Kernel | None = None, wide_rows: int = 64,
-                 activations: str = "dynamic"):
+                 activations: str = "dynamic", fused_input: bool = True):
         _check_activations(activations)
         self.kernel, self.max_rows = kernel, max_rows
         self.wide, self.wide_rows = wide, wide_rows
         self.activations = activations
-        self.fused_input = True  # off when `check_fused_input` fails at load
+        self.fused_input = fused_input  # off when `check_fused_input` fails at load
+
+    def mode(self) -> dict:
+        """The settings a load-time plan must keep when it gives the layer a kernel (as
+        keyword arguments of the constructor)."""
+        return dict(activations=self.activations, fused_input=self.fused_input)
 
     def kernel_for(self, rows: int) -> Fp8Kernel | None:
         """The kernel serving `rows` rows on the GPU (None: the reference path)."""
