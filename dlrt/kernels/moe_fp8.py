@@ -15,7 +15,12 @@ gathered per output column (row r of the weight) and step.
   "tiles" form: the e4m3 tile is converted to x's dtype (exact: every e4m3 value is a bf16 /
       fp16 / fp32 value), multiplied with the gathered rows into a fresh fp32 partial sum
       (`tl.dot`), which is scaled per column by the step's block scale and added to the fp32
-      accumulator (as `dlrt.kernels.fp8_gemm`).
+      accumulator (as `dlrt.kernels.fp8_gemm`). For bf16 x the dot runs on fp16 operands
+      instead: the e4m3 tile converts to fp16 with one packed instruction per two values
+      (to bf16 it takes three: e4m3 -> fp16 -> bf16, and the conversions bound the loop), and
+      each gathered row of the step is scaled by a power of two into fp16's range
+      (`_f16_rows`; exact for all but values below 2^-28 of the row's largest), the partial
+      sum scaled back: the same exact products, fp32 sums.
 Numerics against `ReferenceMoE` on the dequantised experts: fp32 x: fp32 summation order only;
 bf16 x: the kernels keep the dequantised weight in fp32 (rows) or scale exact products (tiles)
 where the reference rounds the dequantised weight to bf16 first.
@@ -49,19 +54,49 @@ def _scale_rows(s_ptr, expert, n, N_OUT, K: tl.constexpr, GATED: tl.constexpr):
 
 
 @triton.jit
+def _f16_rows(a):
+    """bf16 rows a [BLOCK_M, BLOCK_K] -> (a * 2^s in fp16, 2^-s fp32 [BLOCK_M]), s per row
+    (|s| <= 126) putting the row's largest magnitude in [2^14, 2^15): a power-of-two scaling,
+    so every value of the row at least 2^-28 of its largest is exact in fp16 (11 significant
+    bits hold bf16's 8; smaller ones are rounded to a multiple of 2^-38 of the largest)."""
+    af = a.to(tl.float32)
+    amax = tl.max(tl.abs(af), axis=1)
+    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2(amax)); 0: -127
+    s = tl.minimum(tl.maximum(14 - e, -126), 126)
+    up = ((s + 127) << 23).to(tl.float32, bitcast=True)
+    down = ((127 - s) << 23).to(tl.float32, bitcast=True)
+    return (af * up[:, None]).to(tl.float16), down
+
+
+@triton.jit
+def _fp8_dot(a, a16, down, w_ptrs, PRECISION: tl.constexpr):
+    """The fp32 partial sum a @ w^T of one K step, w the e4m3 tile at w_ptrs: for bf16 a, the
+    fp16 dot of `_f16_rows`' rows with the tile converted to fp16 (one packed conversion per
+    two values; e4m3 -> bf16 goes through fp16 and costs three), scaled back by 2^-s."""
+    if a.dtype == tl.bfloat16:
+        w = tl.load(w_ptrs).to(tl.float16)
+        part = tl.dot(a16, tl.trans(w), out_dtype=tl.float32) * down[:, None]
+    else:
+        w = tl.load(w_ptrs).to(a.dtype)
+        part = tl.dot(a, tl.trans(w), input_precision=PRECISION, out_dtype=tl.float32)
+    return part
+
+
+@triton.jit
 def _fp8_tiles(acc, acc_up, rows, slab, s_ptr, expert, n, N_OUT, K: tl.constexpr,
                GATED: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
     """The tiles form's main loop on an FP8 slab (see the module docstring)."""
     s_w, s_v = _scale_rows(s_ptr, expert, n, N_OUT, K, GATED)
     for t in range(0, K // BLOCK_K):
         a = tl.load(rows + t * BLOCK_K)
+        a16, down = a, tl.zeros([a.shape[0]], tl.float32)
+        if a.dtype == tl.bfloat16:
+            a16, down = _f16_rows(a)
         kb = (t * BLOCK_K) // 128
-        w = tl.load(slab + t * BLOCK_K).to(a.dtype)
-        part = tl.dot(a, tl.trans(w), input_precision=PRECISION, out_dtype=tl.float32)
+        part = _fp8_dot(a, a16, down, slab + t * BLOCK_K, PRECISION)
         acc += part * tl.load(s_w + kb)[None, :]
         if GATED:
-            v = tl.load(slab + N_OUT * K + t * BLOCK_K).to(a.dtype)
-            part = tl.dot(a, tl.trans(v), input_precision=PRECISION, out_dtype=tl.float32)
+            part = _fp8_dot(a, a16, down, slab + N_OUT * K + t * BLOCK_K, PRECISION)
             acc_up += part * tl.load(s_v + kb)[None, :]
     return acc, acc_up
 

@@ -14,14 +14,27 @@ LLaDA2.0-mini shapes in bf16, and a CUDA-graph replay bit-identical to eager.
 
 from __future__ import annotations
 
+import re
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from kernel_checks import assert_replay_matches_eager  # noqa: E402
+from kernel_checks import (  # noqa: E402
+    assert_replay_matches_eager,
+    body,
+    compile_sm90,
+    ptx_folder,
+)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from dlrt.kernels.moe import MoEConfig, fused_experts  # noqa: E402
+from dlrt.kernels.moe_fp8 import _f16_rows, _fp8_dot  # noqa: E402
 from dlrt.layers.moe import FusedMoE  # noqa: E402
 from dlrt.layers.moe.base import RouterSpec  # noqa: E402
 from dlrt.layers.moe.reference import ReferenceMoE  # noqa: E402
@@ -168,3 +181,64 @@ def test_fp8_graph_replay_bit_identical_gpu(n):
         return method.apply(layer, x, *method.route(layer, x))
 
     assert_replay_matches_eager(moe, (n, 2048))
+
+
+# --- the fp16 operands of the tiles form for bf16 x -------------------------------------------
+
+@triton.jit
+def _dot_kernel(a_ptr, w_ptr, out_ptr, M: tl.constexpr, N: tl.constexpr, KK: tl.constexpr):
+    m, n, kk = tl.arange(0, M), tl.arange(0, N), tl.arange(0, KK)
+    a = tl.load(a_ptr + m[:, None] * KK + kk[None, :])
+    a16, down = _f16_rows(a)
+    part = _fp8_dot(a, a16, down, w_ptr + n[:, None] * KK + kk[None, :], "tf32")
+    tl.store(out_ptr + m[:, None] * N + n[None, :], part)
+
+
+def test_bf16_rows_dot_on_fp16_operands():
+    """One K step of the tiles form for bf16 rows (`_f16_rows`, `_fp8_dot`): rows of every
+    magnitude from 1e-30 to 1e30, an all-zero row, a row of ones holding one 1e20 (its ones
+    fall below 2^-28 of the largest: rounded, as documented) against the exact float64
+    product of the bf16 and e4m3 values: relative error (to the row's largest output) below
+    1e-6, the fp32 summation's."""
+    gen = torch.Generator().manual_seed(0)
+    m, n, kk = 16, 32, 128
+    mags = torch.tensor([1e-30, 1e-8, 1e-3, 1, 1e3, 1e8, 1e30, 0] + [1] * 8)
+    a = (torch.randn(m, kk, generator=gen) * mags[:, None]).bfloat16().to(DEV)
+    a[8, 5] = 1e20
+    w = (torch.randn(n, kk, generator=gen) * 100).to(torch.float8_e4m3fn).to(DEV)
+    out = torch.empty(m, n, device=DEV)
+    _dot_kernel[(1,)](a, w, out, M=m, N=n, KK=kk)
+    exact = a.double() @ w.double().T
+    scale = exact.abs().amax(dim=1, keepdim=True)
+    err = (out.double() - exact).abs() / scale.clamp_min(1e-300)
+    assert not out[7].any() and err.max() < 1e-6, err.amax(dim=1)
+
+
+def _compile(out: Path) -> None:
+    from dlrt.kernels.moe import _tiles_kernel
+
+    sig = dict(in_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", out_ptr="*bf16",
+               table_ptr="*i32", wt_ptr="*fp32", T="i32", N_OUT="i32")
+    consts = dict(K=2048, TOPK=8, GATED=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
+                  PRECISION="tf32", FP8=True, PDL=True)
+    (out / "tiles_fp8.ptx").write_text(compile_sm90(_tiles_kernel, sig, consts, num_warps=4,
+                                                    num_stages=3))
+
+
+@pytest.fixture(scope="module")
+def ptx(tmp_path_factory) -> list[str]:
+    return body((ptx_folder(tmp_path_factory, __file__, "moefp8ptx") / "tiles_fp8.ptx")
+                .read_text())
+
+
+def test_sm90_tiles_convert_e4m3_to_fp16_only(ptx):
+    """bf16 x: the gate-up tiles form converts the e4m3 tiles with packed e4m3x2 -> f16x2
+    instructions only (no fp16 -> bf16 step) and multiplies on fp16 tensor-core operands."""
+    assert any(re.match(r"cvt\.rn\.f16x2\.e4m3x2", ln) for ln in ptx)
+    assert not any(re.match(r"cvt\.(rn\.)?bf16\.f16", ln) for ln in ptx)
+    mma = [ln for ln in ptx if re.match(r"(mma|wgmma)", ln)]
+    assert mma and all(".f16.f16" in ln for ln in mma), mma[:2]
+
+
+if __name__ == "__main__":
+    _compile(Path(sys.argv[1]))
