@@ -23,15 +23,14 @@ import torch
 
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from kernel_checks import (  # noqa: E402
     assert_replay_matches_eager,
     body,
     compile_sm90,
     ptx_folder,
 )
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 from dlrt.kernels.moe import MoEConfig, fused_experts  # noqa: E402
 from dlrt.kernels.moe_fp8 import _f16_rows, _fp8_dot  # noqa: E402
