@@ -10,6 +10,9 @@ e4m3 (bias 7, no infinities): a normal code holds exponent e in 1..15 and 3 mant
 value 2^(e-7) * (1 + m/8) for |x| >= 2^-6; codes 0..7 are the subnormals k * 2^-9, and code 8
 is 2^-6, so for |x| < 2^-6 the code is the integer k = round(|x| * 2^9).
 
+`f16_rows` prepares the other operand of a dot with e4m3 tiles kept in fp16 (e4m3 -> fp16 is one
+packed instruction per two values; e4m3 -> bf16 goes through fp16 and costs three per value).
+
 `store_fp8_groups` is the W8A8 activation quantisation of `dlrt.kernels.fp8_gemm.quantize_x`
 (per row and 128-column group) applied to values a kernel holds in registers, so the kernel
 that produces an FP8 GEMM's input writes its codes and scales itself.
@@ -69,3 +72,18 @@ def store_fp8_groups(v, q_ptr, s_ptr, row, start, n):
     n_groups = (n + GROUP - 1) // GROUP
     g = start // GROUP + tl.arange(0, G)
     tl.store(s_ptr + row * n_groups + g, scale, mask=g < n_groups)
+
+
+@triton.jit
+def f16_rows(a):
+    """bf16 rows a [BLOCK_M, BLOCK_K] -> (a * 2^s in fp16, 2^-s fp32 [BLOCK_M]), s per row
+    (|s| <= 126) putting the row's largest magnitude in [2^14, 2^15): a power-of-two scaling,
+    so every value of the row at least 2^-28 of its largest is exact in fp16 (11 significant
+    bits hold bf16's 8; smaller ones are rounded to a multiple of 2^-38 of the largest)."""
+    af = a.to(tl.float32)
+    amax = tl.max(tl.abs(af), axis=1)
+    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2(amax)); 0: -127
+    s = tl.minimum(tl.maximum(14 - e, -126), 126)
+    up = ((s + 127) << 23).to(tl.float32, bitcast=True)
+    down = ((127 - s) << 23).to(tl.float32, bitcast=True)
+    return (af * up[:, None]).to(tl.float16), down

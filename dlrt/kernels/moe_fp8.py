@@ -19,8 +19,8 @@ gathered per output column (row r of the weight) and step.
       instead: the e4m3 tile converts to fp16 with one packed instruction per two values
       (to bf16 it takes three: e4m3 -> fp16 -> bf16, and the conversions bound the loop), and
       each gathered row of the step is scaled by a power of two into fp16's range
-      (`_f16_rows`; exact for all but values below 2^-28 of the row's largest), the partial
-      sum scaled back: the same exact products, fp32 sums.
+      (`dlrt.kernels.e4m3.f16_rows`; exact for all but values below 2^-28 of the row's
+      largest), the partial sum scaled back: the same exact products, fp32 sums.
 Numerics against `ReferenceMoE` on the dequantised experts: fp32 x: fp32 summation order only;
 bf16 x: the kernels keep the dequantised weight in fp32 (rows) or scale exact products (tiles)
 where the reference rounds the dequantised weight to bf16 first.
@@ -33,6 +33,8 @@ import dataclasses
 import torch
 import triton
 import triton.language as tl
+
+from dlrt.kernels.e4m3 import f16_rows
 
 FP8 = torch.float8_e4m3fn
 QBLOCK = 128
@@ -54,25 +56,11 @@ def _scale_rows(s_ptr, expert, n, N_OUT, K: tl.constexpr, GATED: tl.constexpr):
 
 
 @triton.jit
-def _f16_rows(a):
-    """bf16 rows a [BLOCK_M, BLOCK_K] -> (a * 2^s in fp16, 2^-s fp32 [BLOCK_M]), s per row
-    (|s| <= 126) putting the row's largest magnitude in [2^14, 2^15): a power-of-two scaling,
-    so every value of the row at least 2^-28 of its largest is exact in fp16 (11 significant
-    bits hold bf16's 8; smaller ones are rounded to a multiple of 2^-38 of the largest)."""
-    af = a.to(tl.float32)
-    amax = tl.max(tl.abs(af), axis=1)
-    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2(amax)); 0: -127
-    s = tl.minimum(tl.maximum(14 - e, -126), 126)
-    up = ((s + 127) << 23).to(tl.float32, bitcast=True)
-    down = ((127 - s) << 23).to(tl.float32, bitcast=True)
-    return (af * up[:, None]).to(tl.float16), down
-
-
-@triton.jit
 def _fp8_dot(a, a16, down, w_ptrs, PRECISION: tl.constexpr):
     """The fp32 partial sum a @ w^T of one K step, w the e4m3 tile at w_ptrs: for bf16 a, the
-    fp16 dot of `_f16_rows`' rows with the tile converted to fp16 (one packed conversion per
-    two values; e4m3 -> bf16 goes through fp16 and costs three), scaled back by 2^-s."""
+    fp16 dot of `dlrt.kernels.e4m3.f16_rows`' rows (a16, down) with the tile converted to
+    fp16 (one packed conversion per two values; e4m3 -> bf16 goes through fp16 and costs
+    three), scaled back by 2^-s."""
     if a.dtype == tl.bfloat16:
         w = tl.load(w_ptrs).to(tl.float16)
         part = tl.dot(a16, tl.trans(w), out_dtype=tl.float32) * down[:, None]
@@ -91,7 +79,7 @@ def _fp8_tiles(acc, acc_up, rows, slab, s_ptr, expert, n, N_OUT, K: tl.constexpr
         a = tl.load(rows + t * BLOCK_K)
         a16, down = a, tl.zeros([a.shape[0]], tl.float32)
         if a.dtype == tl.bfloat16:
-            a16, down = _f16_rows(a)
+            a16, down = f16_rows(a)
         kb = (t * BLOCK_K) // 128
         part = _fp8_dot(a, a16, down, slab + t * BLOCK_K, PRECISION)
         acc += part * tl.load(s_w + kb)[None, :]

@@ -17,7 +17,13 @@ online softmax (Dao et al., 2022) with split-K merging as in Flash-Decoding (Dao
 An FP8 cache (float8_e4m3fn, K and V stored divided by the layer's k_scale / v_scale): tiles
 are loaded in FP8 (half the bytes of BF16) and converted to q's dtype in registers (exact);
 k_scale is folded into the softmax scale and v_scale into each split's output, both read from
-device memory, so one captured graph serves any scale.
+device memory, so one captured graph serves any scale. With bf16 q both dots run on fp16
+operands instead, since e4m3 -> fp16 is one packed instruction per two values and e4m3 ->
+bf16 three per value: each query row is scaled by a power of two into fp16's range
+(`dlrt.kernels.e4m3.f16_rows`, exact for all but values below 2^-28 of the row's largest;
+the factor is taken out of the row's softmax scale), and p (in [0, 1]) enters the PV dot as
+p * 2^14 in fp16 (11 significant bits where bf16 has 8; values down to 2^-38 kept), the
+split's output scaled back by 2^-14.
 """
 
 from __future__ import annotations
@@ -29,13 +35,16 @@ import triton
 import triton.language as tl
 
 from dlrt.kernels import pdl
+from dlrt.kernels.e4m3 import f16_rows
 
 
 @triton.jit
 def _tile(q, k_ptr, v_ptr, page_table_ptr, j0, hi, start, i, row_ok, kvh, m, s_sum, acc, scale,
           H_KV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, CHUNK_BLOCK: tl.constexpr,
-          BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    """One tile of BLOCK_N keys from j0: the online-softmax update of (m, s_sum, acc)."""
+          BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, P_UP: tl.constexpr):
+    """One tile of BLOCK_N keys from j0: the online-softmax update of (m, s_sum, acc). scale:
+    the softmax scale of each row [BLOCK_M]; P_UP: p's factor in the PV dot (a
+    power of two; acc holds sum p v times it)."""
     d = tl.arange(0, D)
     j = j0 + tl.arange(0, BLOCK_N)
     j_ok = j < hi
@@ -45,7 +54,7 @@ def _tile(q, k_ptr, v_ptr, page_table_ptr, j0, hi, start, i, row_ok, kvh, m, s_s
     # NOTE: a no-op unless the cache is FP8: e4m3 converts exactly to bf16/fp16/fp32
     k = tl.load(k_ptr + kv_off, mask=j_ok[:, None], other=0.0).to(q.dtype)
     v = tl.load(v_ptr + kv_off, mask=j_ok[:, None], other=0.0).to(q.dtype)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale[:, None]
     visible = j_ok[None, :] & row_ok[:, None]
     if CHUNK_BLOCK > 0:
         inner = (j[None, :] - start) // CHUNK_BLOCK <= i[:, None] // CHUNK_BLOCK
@@ -56,6 +65,8 @@ def _tile(q, k_ptr, v_ptr, page_table_ptr, j0, hi, start, i, row_ok, kvh, m, s_s
     p = tl.exp(s - m_safe[:, None])
     alpha = tl.exp(m - m_safe)
     s_sum = s_sum * alpha + tl.sum(p, axis=1)
+    if P_UP != 1.0:
+        p = p * P_UP
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v,
                                         input_precision=PRECISION).to(tl.float32)
     return m_new, s_sum, acc
@@ -98,6 +109,11 @@ def _attn_split_kernel(
     d = tl.arange(0, D)
     q = tl.load(q_ptr + (i[:, None] * H_Q + head[:, None]) * D + d[None, :],
                 mask=row_ok[:, None], other=0.0)
+    P_UP: tl.constexpr = 16384.0 if KV_SCALED and q.dtype == tl.bfloat16 else 1.0
+    scale = tl.zeros([BLOCK_M], tl.float32) + scale  # one per row
+    if KV_SCALED and q.dtype == tl.bfloat16:  # fp16 operands (module docstring)
+        q, down = f16_rows(q)
+        scale = scale * down
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     s_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -108,14 +124,14 @@ def _attn_split_kernel(
         for t in range(0, tl.cdiv(hi - lo, BLOCK_N)):
             m, s_sum, acc = _tile(q, k_ptr, v_ptr, page_table_ptr, lo + t * BLOCK_N, hi, start,
                                   i, row_ok, kvh, m, s_sum, acc, scale, H_KV, D, PAGE,
-                                  CHUNK_BLOCK, BLOCK_N, PRECISION)
+                                  CHUNK_BLOCK, BLOCK_N, PRECISION, P_UP)
     else:
         for t in range(0, MAX_TILES):
             m, s_sum, acc = _tile(q, k_ptr, v_ptr, page_table_ptr, lo + t * BLOCK_N, hi, start,
                                   i, row_ok, kvh, m, s_sum, acc, scale, H_KV, D, PAGE,
-                                  CHUNK_BLOCK, BLOCK_N, PRECISION)
+                                  CHUNK_BLOCK, BLOCK_N, PRECISION, P_UP)
     if KV_SCALED:  # sum_j p_j v_j = v_scale * sum_j p_j v_stored_j
-        acc = acc * tl.load(v_scale_ptr)
+        acc = acc * (tl.load(v_scale_ptr) * (1.0 / P_UP))
     out_row = (split * N * H_Q + i * H_Q + head)
     tl.store(part_o_ptr + out_row[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
     tl.store(part_ml_ptr + out_row * 2, m, mask=row_ok)

@@ -32,8 +32,9 @@ from kernel_checks import (  # noqa: E402
     ptx_folder,
 )
 
+from dlrt.kernels.e4m3 import f16_rows  # noqa: E402
 from dlrt.kernels.moe import MoEConfig, fused_experts  # noqa: E402
-from dlrt.kernels.moe_fp8 import _f16_rows, _fp8_dot  # noqa: E402
+from dlrt.kernels.moe_fp8 import _fp8_dot  # noqa: E402
 from dlrt.layers.moe import FusedMoE  # noqa: E402
 from dlrt.layers.moe.base import RouterSpec  # noqa: E402
 from dlrt.layers.moe.reference import ReferenceMoE  # noqa: E402
@@ -188,13 +189,13 @@ def test_fp8_graph_replay_bit_identical_gpu(n):
 def _dot_kernel(a_ptr, w_ptr, out_ptr, M: tl.constexpr, N: tl.constexpr, KK: tl.constexpr):
     m, n, kk = tl.arange(0, M), tl.arange(0, N), tl.arange(0, KK)
     a = tl.load(a_ptr + m[:, None] * KK + kk[None, :])
-    a16, down = _f16_rows(a)
+    a16, down = f16_rows(a)
     part = _fp8_dot(a, a16, down, w_ptr + n[:, None] * KK + kk[None, :], "tf32")
     tl.store(out_ptr + m[:, None] * N + n[None, :], part)
 
 
 def test_bf16_rows_dot_on_fp16_operands():
-    """One K step of the tiles form for bf16 rows (`_f16_rows`, `_fp8_dot`): rows of every
+    """One K step of the tiles form for bf16 rows (`f16_rows`, `_fp8_dot`): rows of every
     magnitude from 1e-30 to 1e30, an all-zero row, a row of ones holding one 1e20 (its ones
     fall below 2^-28 of the largest: rounded, as documented) against the exact float64
     product of the bf16 and e4m3 values: relative error (to the row's largest output) below
