@@ -25,7 +25,11 @@ GEMV (`Fp8GemmConfig.kind` "fma"):
   registers to x's dtype (exact: every e4m3 value is a bf16 / fp16 / fp32 value) and multiplied
   with the x tile on tensor cores (fp32 x: full-fp32 "ieee" dot) into a fresh fp32 partial sum;
   the partial sum of each K tile is scaled by its block's `scale_inv` (one value per column n,
-  gathered from [BLOCK_N] scale entries) and added to the fp32 accumulator. Numerics: products
+  gathered from [BLOCK_N] scale entries) and added to the fp32 accumulator. For bf16 x the
+  dot runs on fp16 operands instead (e4m3 -> fp16 is one packed instruction per two values,
+  e4m3 -> bf16 three per value): each row of the x tile is scaled by a power of two into
+  fp16's range (`dlrt.kernels.e4m3.f16_rows`: exact for all but values below 2^-28 of the
+  row's largest in the tile) and the partial sum scaled back. Numerics: products
   are exact, sums are fp32, the scale is applied once per (K tile, n) in fp32 - the reference
   "dequantise to fp32, then matmul in fp32" differs by fp32 summation order only (relative
   ~1e-6 of the largest output in fp32; the bf16 output rounding dominates otherwise).
@@ -72,6 +76,7 @@ import triton
 import triton.language as tl
 
 from dlrt.kernels import pdl, split_k
+from dlrt.kernels.e4m3 import f16_rows
 from dlrt.kernels.skinny_gemm import _fma, _store_row, _x_load
 
 QBLOCK = 128  # the weight's scale block (both dims) and the W8A8 activation group
@@ -264,6 +269,10 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, count_ptr, M,
             xs = tl.load(xs_ptr + m * KB + kb, mask=m_ok, other=1.0)
             part = tl.dot(w, tl.trans(x), out_dtype=tl.float32)
             acc += part * ws[:, None] * xs[None, :]
+        elif x.dtype == tl.bfloat16:  # fp16 operands: see the module docstring
+            x16, down = f16_rows(x)
+            part = tl.dot(w.to(tl.float16), tl.trans(x16), out_dtype=tl.float32)
+            acc += part * ws[:, None] * down[None, :]
         else:
             part = tl.dot(w.to(x.dtype), tl.trans(x), input_precision=PRECISION,
                           out_dtype=tl.float32)
