@@ -24,6 +24,12 @@ registers by bit moves: its sign and 3 magnitude bits placed into an fp16 bit pa
 e2m1 * 2^-14 exactly (code 1, 0.5, becomes the fp16 subnormal 2^-15; no lookup, no branch),
 widened to fp32 and multiplied by w_scale * 2^14. That product (a 2-bit by a 4-bit
 significand) is exact in bf16 / fp16 / fp32, so the dequantised tile in x's dtype is exact.
+For bf16 x the tile stays in fp16 instead: e2m1 * 2^-14 times w_scale (converted by packed
+e4m3x2 -> f16x2 instructions) is exact in fp16 too (a multiple of 2^-24, below 0.17), so no
+value is widened or narrowed; x's even and odd columns are scaled per row by powers of two
+into fp16's range (`dlrt.kernels.e4m3.f16_rows`: exact for all but values below 2^-28 of
+the row's largest in the tile), and the fp16 dots' sums scaled back by 2^14 and those
+powers.
 The even elements (low nibbles) and odd elements (high nibbles) form two [BLOCK_N,
 BLOCK_K / 2] tiles, multiplied with the even and odd columns of x on tensor cores (transposed,
 as in `dlrt.kernels.fp8_gemm`: the weight is the A operand; fp32 x: full-fp32 dot), summed
@@ -46,6 +52,7 @@ import triton
 import triton.language as tl
 
 from dlrt.kernels import pdl, split_k
+from dlrt.kernels.e4m3 import f16_rows
 
 GROUP = 16  # elements per w_scale entry
 MAX_ROWS = 64
@@ -128,15 +135,14 @@ def nvfp4_candidates(n: int, k: int, device: torch.device | None = None
 
 @triton.jit
 def _e2m1(p):
-    """Packed bytes (uint8) -> the values * 2^-14 in fp32 of their low and high nibbles'
+    """Packed bytes (uint8) -> the values * 2^-14 in fp16 of their low and high nibbles'
     e2m1 codes, exactly. Each code's sign goes to fp16 bit 15, its exponent and mantissa to
     fp16 bits 9-11 (exponent field e, mantissa's top bit m: 2^(e-15) * (1 + m/2), or the
     subnormal m * 2^-15 for e = 0), straight from the byte: no nibble is extracted first."""
     v = p.to(tl.uint16)
     lo = ((v & 0x08) << 12) | ((v & 0x07) << 9)
     hi = ((v & 0x80) << 8) | ((v & 0x70) << 5)
-    return (lo.to(tl.float16, bitcast=True).to(tl.float32),
-            hi.to(tl.float16, bitcast=True).to(tl.float32))
+    return lo.to(tl.float16, bitcast=True), hi.to(tl.float16, bitcast=True)
 
 
 @triton.jit
@@ -183,12 +189,23 @@ def _nvfp4_gemm_kernel(x_ptr, w_ptr, s_ptr, g_ptr, y_ptr, part_ptr, count_ptr, M
             x_ok = m_ok[:, None] & (xc < K)[None, :]  # K is even: the odd column too
             x_even = tl.load(x_rows + xc[None, :], mask=x_ok, other=0.0)
             x_odd = tl.load(x_rows + xc[None, :] + 1, mask=x_ok, other=0.0)
-        scale = (sc.to(tl.float32) * 16384.0)[:, :, None]  # undoes _e2m1's 2^-14
         lo, hi = _e2m1(p)
-        lo = tl.reshape(lo * scale, [BLOCK_N, HALF]).to(x_even.dtype)
-        hi = tl.reshape(hi * scale, [BLOCK_N, HALF]).to(x_even.dtype)
-        acc += tl.dot(lo, tl.trans(x_even), input_precision=PRECISION, out_dtype=tl.float32)
-        acc += tl.dot(hi, tl.trans(x_odd), input_precision=PRECISION, out_dtype=tl.float32)
+        if x_even.dtype == tl.bfloat16:  # fp16 operands (module docstring)
+            s16 = sc.to(tl.float16)[:, :, None]
+            lo = tl.reshape(lo * s16, [BLOCK_N, HALF])  # e2m1 * w_scale * 2^-14, exact
+            hi = tl.reshape(hi * s16, [BLOCK_N, HALF])
+            xe, de = f16_rows(x_even)
+            xo, do = f16_rows(x_odd)
+            acc += tl.dot(lo, tl.trans(xe), out_dtype=tl.float32) * (de * 16384.0)[None, :]
+            acc += tl.dot(hi, tl.trans(xo), out_dtype=tl.float32) * (do * 16384.0)[None, :]
+        else:
+            scale = (sc.to(tl.float32) * 16384.0)[:, :, None]  # undoes _e2m1's 2^-14
+            lo = tl.reshape(lo.to(tl.float32) * scale, [BLOCK_N, HALF]).to(x_even.dtype)
+            hi = tl.reshape(hi.to(tl.float32) * scale, [BLOCK_N, HALF]).to(x_even.dtype)
+            acc += tl.dot(lo, tl.trans(x_even), input_precision=PRECISION,
+                          out_dtype=tl.float32)
+            acc += tl.dot(hi, tl.trans(x_odd), input_precision=PRECISION,
+                          out_dtype=tl.float32)
     pdl.release(PDL)
     if ROW_SCALE:  # one global scale per weight row
         acc = acc * tl.load(g_ptr + n, mask=n_ok, other=0.0)[:, None]

@@ -6,13 +6,14 @@ and the global scale (one, or one per row) in float64, then matmul in float64. T
 dequantised tile is exact, so only fp32 summation order and the global scale's fp32 product
 differ.
 
-CPU (TRITON_INTERPRET=1, fp32 x): awkward shapes (M = 1, 3, 5, 16, 40; N odd or below a
-tile; K not a multiple of the tile, and not of 16), split-K with uneven splits, every code in
-both nibbles, the nibble order. bf16 x runs on the GPU only (the interpreter's bf16 dot is not
-usable). Tolerance: relative error (max abs difference over max abs reference) < 1e-5 for
-fp32 output, < 1e-2 for bf16 output. GPU: SDAR-8B shapes (K = 4096; N = 6144, 4096, 24576,
-12288; M = 1, 4, 16) with PDL on, and a CUDA-graph capture replayed bit-identical to eager
-calls. sm_90 compile test (CPU): the PDL protocol, tensor-core dots, no lookup loads.
+CPU (TRITON_INTERPRET=1, fp32 and bf16 x): awkward shapes (M = 1, 3, 5, 16, 40; N odd or below
+a tile; K not a multiple of the tile, and not of 16), split-K with uneven splits, every code in
+both nibbles, the nibble order. bf16 x runs through fp16 operands, whose dots the interpreter
+computes in fp32; each output row is checked against its own scale. Tolerance: relative error
+(max abs difference over max abs reference) < 1e-5 for fp32 output, < 1e-2 for bf16 output.
+GPU: SDAR-8B shapes (K = 4096; N = 6144, 4096, 24576, 12288; M = 1, 4, 16) with PDL on, and a
+CUDA-graph capture replayed bit-identical to eager calls. sm_90 compile test (CPU): the PDL
+protocol, tensor-core dots on fp16 operands for bf16 x, no lookup loads.
 """
 
 from __future__ import annotations
@@ -85,17 +86,24 @@ CASES = [  # m, n, k, block_n, block_k, split_k
 ]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_against_reference(case):
+def test_against_reference(case, dtype):
+    """bf16 x takes the fp16-operand dots (computed in fp32 by the interpreter, so they run
+    on the CPU too), checked row by row; one row is a million times the others."""
     m, n, k, bn, bk, split = case
-    x, w, s, g = make(m, n, k, torch.float32, seed=m * n + k)
+    x, w, s, g = make(m, n, k, dtype, seed=m * n + k)
+    if m > 2:
+        x[2] *= 1e6
     cfg = Nvfp4GemmConfig(bn, bk, split, stages=2)
     out = nvfp4_gemm(x, w, s, g, cfg)
-    check(out, reference(x, w, s, g), torch.float32)
+    for r, want in enumerate(reference(x, w, s, g)):
+        check(out[r:r + 1], want[None], dtype)
     assert torch.equal(out, nvfp4_gemm(x, w, s, g, cfg))
     # one global scale per row (merged projections)
     rows = torch.linspace(0.001, 0.1, n, device=DEV)
-    check(nvfp4_gemm(x, w, s, rows, cfg), reference(x, w, s, rows), torch.float32)
+    for r, want in enumerate(reference(x, w, s, rows)):
+        check(nvfp4_gemm(x, w, s, rows, cfg)[r:r + 1], want[None], dtype)
 
 
 def test_codes_and_nibble_order():
@@ -109,9 +117,11 @@ def test_codes_and_nibble_order():
     x = torch.zeros(2, k)
     x[0, 6] = 1.0  # element 6: the low nibble of byte 3
     x[1, 7] = 1.0  # element 7: its high nibble
-    y = nvfp4_gemm(x.to(DEV), w.to(DEV), s.to(DEV), g.to(DEV), Nvfp4GemmConfig(16, 32))
-    assert torch.equal(y[0].cpu(), LUT.float())  # 2 * 0.5 * e2m1(code r)
-    assert torch.equal(y[1].cpu(), LUT.flip(0).float())
+    for dtype in (torch.float32, torch.bfloat16):  # bf16: the fp16-operand path
+        y = nvfp4_gemm(x.to(DEV, dtype), w.to(DEV), s.to(DEV), g.to(DEV),
+                       Nvfp4GemmConfig(16, 32))
+        assert torch.equal(y[0].cpu().float(), LUT.float())  # 2 * 0.5 * e2m1(code r)
+        assert torch.equal(y[1].cpu().float(), LUT.flip(0).float())
 
 
 def test_no_rows_and_default_config():
@@ -203,6 +213,10 @@ def test_sm90_code(ptx):
     assert loads and min(loads) > wait, "a global load before the PDL wait"
     assert math and max(math) < release, "the dependent is released inside the main loop"
     assert not [ln for ln in ptx if ln.startswith("ld.const")]  # decoded, not looked up
+    # bf16 x: fp16 operands; the tile is never widened to fp32 nor narrowed to bf16
+    mma = [ptx[i] for i in math if re.match(r"(wgmma\.mma_async|mma\.sync)", ptx[i])]
+    assert mma and all(".f16.f16" in ln for ln in mma), mma[:2]
+    assert not [ln for ln in ptx if re.match(r"cvt\.(rn\.)?(f32\.f16|bf16\.f16)", ln)]
 
 
 if __name__ == "__main__":
