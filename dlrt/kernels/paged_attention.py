@@ -109,9 +109,10 @@ def _attn_split_kernel(
     d = tl.arange(0, D)
     q = tl.load(q_ptr + (i[:, None] * H_Q + head[:, None]) * D + d[None, :],
                 mask=row_ok[:, None], other=0.0)
-    P_UP: tl.constexpr = 16384.0 if KV_SCALED and q.dtype == tl.bfloat16 else 1.0
+    F16: tl.constexpr = KV_SCALED and q.dtype == tl.bfloat16  # fp16 operands (docstring)
+    P_UP: tl.constexpr = 16384.0 if F16 else 1.0
     scale = tl.zeros([BLOCK_M], tl.float32) + scale  # one per row
-    if KV_SCALED and q.dtype == tl.bfloat16:  # fp16 operands (module docstring)
+    if F16:
         q, down = f16_rows(q)
         scale = scale * down
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
