@@ -44,7 +44,7 @@ import triton.language as tl
 
 from dlrt.kernels import pdl
 from dlrt.kernels.moe_align import align_pairs, max_tiles
-from dlrt.kernels.moe_fp8 import _fp8_tiles, _scale_rows, check_fp8_experts, fp8_steps
+from dlrt.kernels.moe_fp8 import _fp8_tiles, _scale_rows, check_fp8_experts, fp8_steps, unroll_for
 
 # The form rule. Measured on an H200 (bf16, SDAR-30B-A3B and LLaDA2.0-mini experts): the
 # tiles form at BLOCK_M = 16 streams the touched experts at 0.87-0.99 of the copy bandwidth
@@ -73,6 +73,7 @@ class MoEConfig:
     down_k: int = 128  # down: I per step
     warps: int = 4
     stages: int = 3  # tiles form: Triton's pipeline depth
+    unroll: int | None = None  # FP8 tiles form: K steps per loop iteration (None: FP8_UNROLL)
 
 
 def _block_k(size: int, cap: int) -> int:
@@ -214,7 +215,7 @@ def _rows_kernel(in_ptr, w_ptr, s_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K: 
 def _tiles_kernel(in_ptr, w_ptr, s_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K: tl.constexpr,
                   TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-                  FP8: tl.constexpr, PDL: tl.constexpr):
+                  FP8: tl.constexpr, PDL: tl.constexpr, UNROLL: tl.constexpr = 1):
     tile = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
@@ -235,7 +236,7 @@ def _tiles_kernel(in_ptr, w_ptr, s_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K:
     acc_up = acc
     if FP8:
         acc, acc_up = _fp8_tiles(acc, acc_up, rows, slab, s_ptr, expert, n, N_OUT, K, GATED,
-                                 BLOCK_K, PRECISION)
+                                 BLOCK_K, UNROLL, PRECISION)
     else:
         for t in range(0, K // BLOCK_K):
             a = tl.load(rows + t * BLOCK_K)
@@ -322,7 +323,9 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
                                 TOPK=k, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=block_n,
                                 BLOCK_K=block_k,
                                 PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                                FP8=fp8, num_warps=cfg.warps, num_stages=cfg.stages, **opts)
+                                FP8=fp8, UNROLL=unroll_for(kdim, block_k, cfg.unroll or 1)
+                                if fp8 else 1,
+                                num_warps=cfg.warps, num_stages=cfg.stages, **opts)
     block = min(1024, triton.next_power_of_2(h))
     _combine_kernel[(n, triton.cdiv(h, block))](y, out, h, TOPK=k, BLOCK=block, num_warps=4,
                                                 **opts)

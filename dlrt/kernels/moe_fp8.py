@@ -38,6 +38,9 @@ from dlrt.kernels.e4m3 import f16_rows
 
 FP8 = torch.float8_e4m3fn
 QBLOCK = 128
+# Tiles form: 128-column K steps per loop iteration. FP8 steps are 128 columns (one scale
+# column) where BF16 takes 256, so one iteration of one step holds half the bytes in flight.
+FP8_UNROLL = 2
 
 
 @triton.jit
@@ -72,27 +75,40 @@ def _fp8_dot(a, a16, down, w_ptrs, PRECISION: tl.constexpr):
 
 @triton.jit
 def _fp8_tiles(acc, acc_up, rows, slab, s_ptr, expert, n, N_OUT, K: tl.constexpr,
-               GATED: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    """The tiles form's main loop on an FP8 slab (see the module docstring)."""
+               GATED: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """The tiles form's main loop on an FP8 slab (see the module docstring): UNROLL K steps
+    of BLOCK_K per iteration (K a multiple of BLOCK_K * UNROLL), so each pipeline stage
+    holds UNROLL steps' loads; the steps are summed in the same order whatever UNROLL is."""
     s_w, s_v = _scale_rows(s_ptr, expert, n, N_OUT, K, GATED)
-    for t in range(0, K // BLOCK_K):
-        a = tl.load(rows + t * BLOCK_K)
-        a16, down = a, tl.zeros([a.shape[0]], tl.float32)
-        if a.dtype == tl.bfloat16:
-            a16, down = f16_rows(a)
-        kb = (t * BLOCK_K) // 128
-        part = _fp8_dot(a, a16, down, slab + t * BLOCK_K, PRECISION)
-        acc += part * tl.load(s_w + kb)[None, :]
-        if GATED:
-            part = _fp8_dot(a, a16, down, slab + N_OUT * K + t * BLOCK_K, PRECISION)
-            acc_up += part * tl.load(s_v + kb)[None, :]
+    for t in range(0, K // (BLOCK_K * UNROLL)):
+        for u in tl.static_range(UNROLL):
+            k0 = (t * UNROLL + u) * BLOCK_K
+            a = tl.load(rows + k0)
+            a16, down = a, tl.zeros([a.shape[0]], tl.float32)
+            if a.dtype == tl.bfloat16:
+                a16, down = f16_rows(a)
+            kb = k0 // 128
+            part = _fp8_dot(a, a16, down, slab + k0, PRECISION)
+            acc += part * tl.load(s_w + kb)[None, :]
+            if GATED:
+                part = _fp8_dot(a, a16, down, slab + N_OUT * K + k0, PRECISION)
+                acc_up += part * tl.load(s_v + kb)[None, :]
     return acc, acc_up
 
 
 def fp8_steps(cfg):
     """The config with K steps of at most 128 (a step in one scale column; the steps are
-    powers of two, so they divide 128)."""
-    return dataclasses.replace(cfg, up_k=min(cfg.up_k, QBLOCK), down_k=min(cfg.down_k, QBLOCK))
+    powers of two, so they divide 128) and the tiles form's steps per loop iteration
+    (`unroll`; None: `FP8_UNROLL`)."""
+    return dataclasses.replace(cfg, up_k=min(cfg.up_k, QBLOCK), down_k=min(cfg.down_k, QBLOCK),
+                               unroll=cfg.unroll or FP8_UNROLL)
+
+
+def unroll_for(k: int, block_k: int, want: int) -> int:
+    """The most K steps per iteration, at most `want`, that divide the K // block_k steps."""
+    steps = k // block_k
+    return max(u for u in range(1, max(want, 1) + 1) if steps % u == 0)
 
 
 def check_fp8_experts(w13: torch.Tensor, w2: torch.Tensor, s13: torch.Tensor,

@@ -39,21 +39,31 @@ from dlrt.kernels.e4m3 import f16_rows
 
 
 @triton.jit
-def _tile(q, k_ptr, v_ptr, page_table_ptr, j0, hi, start, i, row_ok, kvh, m, s_sum, acc, scale,
-          H_KV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, CHUNK_BLOCK: tl.constexpr,
-          BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, P_UP: tl.constexpr):
-    """One tile of BLOCK_N keys from j0: the online-softmax update of (m, s_sum, acc). scale:
-    the softmax scale of each row [BLOCK_M]; P_UP: p's factor in the PV dot (a
-    power of two; acc holds sum p v times it)."""
+def _load_kv(k_ptr, v_ptr, page_table_ptr, j0, hi, kvh, H_KV: tl.constexpr, D: tl.constexpr,
+             PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The stored K and V tiles [BLOCK_N, D] of keys j0.. (zeros at keys >= hi: no reads)."""
     d = tl.arange(0, D)
     j = j0 + tl.arange(0, BLOCK_N)
     j_ok = j < hi
     page = tl.load(page_table_ptr + j // PAGE, mask=j_ok, other=0)
     slot = page.to(tl.int64) * PAGE + j % PAGE
     kv_off = (slot[:, None] * H_KV + kvh) * D + d[None, :]
+    k = tl.load(k_ptr + kv_off, mask=j_ok[:, None], other=0.0)
+    v = tl.load(v_ptr + kv_off, mask=j_ok[:, None], other=0.0)
+    return k, v
+
+
+@triton.jit
+def _tile(q, k, v, j0, hi, start, i, row_ok, m, s_sum, acc, scale, CHUNK_BLOCK: tl.constexpr,
+          BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, P_UP: tl.constexpr):
+    """One tile of BLOCK_N keys from j0 (k, v: `_load_kv`'s tiles): the online-softmax update
+    of (m, s_sum, acc). scale: the softmax scale of each row [BLOCK_M]; P_UP: p's factor in the
+    PV dot (a power of two; acc holds sum p v times it)."""
+    j = j0 + tl.arange(0, BLOCK_N)
+    j_ok = j < hi
     # NOTE: a no-op unless the cache is FP8: e4m3 converts exactly to bf16/fp16/fp32
-    k = tl.load(k_ptr + kv_off, mask=j_ok[:, None], other=0.0).to(q.dtype)
-    v = tl.load(v_ptr + kv_off, mask=j_ok[:, None], other=0.0).to(q.dtype)
+    k = k.to(q.dtype)
+    v = v.to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale[:, None]
     visible = j_ok[None, :] & row_ok[:, None]
     if CHUNK_BLOCK > 0:
@@ -121,16 +131,12 @@ def _attn_split_kernel(
     # NOTE: on the GPU the trip count follows the context (read from device memory); the
     # interpreter needs a static count (MAX_TILES: the split length at the largest context).
     # Keys past `hi` are masked either way.
-    if DYNAMIC_TRIPS:
-        for t in range(0, tl.cdiv(hi - lo, BLOCK_N)):
-            m, s_sum, acc = _tile(q, k_ptr, v_ptr, page_table_ptr, lo + t * BLOCK_N, hi, start,
-                                  i, row_ok, kvh, m, s_sum, acc, scale, H_KV, D, PAGE,
-                                  CHUNK_BLOCK, BLOCK_N, PRECISION, P_UP)
-    else:
-        for t in range(0, MAX_TILES):
-            m, s_sum, acc = _tile(q, k_ptr, v_ptr, page_table_ptr, lo + t * BLOCK_N, hi, start,
-                                  i, row_ok, kvh, m, s_sum, acc, scale, H_KV, D, PAGE,
-                                  CHUNK_BLOCK, BLOCK_N, PRECISION, P_UP)
+    trips = tl.cdiv(hi - lo, BLOCK_N) if DYNAMIC_TRIPS else MAX_TILES
+    for t in range(0, trips):  # the loads feed the dots (Triton pipelines them in smem)
+        j0 = lo + t * BLOCK_N
+        k, v = _load_kv(k_ptr, v_ptr, page_table_ptr, j0, hi, kvh, H_KV, D, PAGE, BLOCK_N)
+        m, s_sum, acc = _tile(q, k, v, j0, hi, start, i, row_ok, m, s_sum, acc, scale,
+                              CHUNK_BLOCK, BLOCK_N, PRECISION, P_UP)
     if KV_SCALED:  # sum_j p_j v_j = v_scale * sum_j p_j v_stored_j
         acc = acc * (tl.load(v_scale_ptr) * (1.0 / P_UP))
     out_row = (split * N * H_Q + i * H_Q + head)
@@ -168,8 +174,17 @@ def block_keys(max_kv: int, splits: int) -> int:
     return max(16, min(64, triton.next_power_of_2(triton.cdiv(max_kv, splits))))
 
 
+def split_warps(fp8: bool) -> int:
+    """Warps per split program. Measured on an H200 (SDAR-8B heads, 4 queries, 32k keys,
+    `benchmarks/device/sweep_fp8.py`): an FP8 cache takes 39.8 us a layer with 2 warps
+    against 52.5 us with 4; BF16 44.6 us with 4, 42.6 with 2 (kept at 4)."""
+    return 2 if fp8 else 4
+
+
 def _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, splits,
-            out, scratch, k_scale, v_scale):
+            out, scratch, k_scale, v_scale, block_n=None, warps=None, stages=3):
+    """block_n (None: `block_keys`), warps (None: `split_warps`), stages: the split kernel's
+    launch (arguments for the benchmarks' sweeps)."""
     n, h_q, d = q.shape
     _, page, h_kv, _ = k_cache.shape
     assert q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
@@ -180,7 +195,8 @@ def _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, s
     assert h_q % h_kv == 0 and d in (16, 32, 64, 128, 256), (h_q, h_kv, d)
     g = h_q // h_kv
     block_m = _block_rows(n * g)
-    block_n = block_keys(max_kv, splits)
+    block_n = block_n or block_keys(max_kv, splits)
+    warps = warps or split_warps(scaled)
     part_o, part_ml = scratch
     assert part_o.numel() >= splits * n * h_q * d
     assert part_ml.numel() >= splits * n * h_q * 2
@@ -193,7 +209,8 @@ def _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, s
                              MAX_TILES=triton.cdiv(triton.cdiv(max_kv, splits), block_n),
                              PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                              KV_SCALED=scaled,
-                             DYNAMIC_TRIPS=os.environ.get("TRITON_INTERPRET") != "1", **opts)
+                             DYNAMIC_TRIPS=os.environ.get("TRITON_INTERPRET") != "1",
+                             num_warps=warps, num_stages=stages, **opts)
     _attn_merge_kernel[(n * h_q,)](part_o, part_ml, lens, out, n * h_q, D=d, SPLITS=splits,
                                    SPLITS_P2=triton.next_power_of_2(splits), BLOCK_N=block_n,
                                    **opts)
