@@ -1,0 +1,156 @@
+"""A round plan run task by task in PyTorch: the reference of what the persistent kernel
+computes, on the model's own weights and KV cache.
+
+`run_plan(plan, model, cache, tokens, lens, chunk_block)` executes `plan.tasks` in the order
+`simulate` completes them (so a task reads only what its waits guarantee), with the numerics of
+the layer path on the reference ops (`dlrt.ops.reference`): RMSNorm statistics in fp32, each
+projection's output rounded to the model dtype, the residual adds in the model dtype, SiLU-and-
+mul as `silu_and_mul`, q/k norm and RoPE as `qk_norm_rope_write`. Attention differs from the
+layer path only in fp32 summation order: each split keeps an online-softmax state (max, sum,
+fp32 output) of its keys and the merge rescales them, as the paged kernel does; a split holds
+ceil(kv_len / splits) keys of the context read at run time.
+Dense SDAR models with an unquantised model-dtype or FP8 KV cache.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from dlrt.attention.kv_cache import PagedKVCache
+from dlrt.attention.sdpa import chunk_mask
+from dlrt.ops import reference as ref
+from dlrt.runtime.persistent.plan import RoundPlan, simulate
+
+
+class _Round:
+    """The buffers one round's tasks read and write."""
+
+    def __init__(self, plan: RoundPlan, model, cache: PagedKVCache, tokens: torch.Tensor,
+                 lens: torch.Tensor, chunk_block: int | None):
+        c = plan.config
+        self.plan, self.model, self.cache, self.c = plan, model, cache, c
+        self.params = dict(model.named_parameters())
+        inner = model.model
+        self.dtype = inner.embed_tokens.weight.dtype
+        self.start, self.kv_len = (int(x) for x in lens.tolist())
+        b = tokens.shape[0]
+        self.positions = self.start + torch.arange(b, device=tokens.device)
+        self.cos, self.sin = inner.rotary_emb.cos_sin(self.positions)
+        self.mask = chunk_mask(b, self.start, self.kv_len, chunk_block, tokens.device)
+        self.stream = inner.embed_tokens(tokens)  # [B, H], the residual stream
+        d, hq, hkv = c.head_dim, c.num_heads, c.num_kv_heads
+        new = lambda n: torch.empty(b, n, dtype=self.dtype, device=tokens.device)  # noqa: E731
+        self.qkv = new((hq + 2 * hkv) * d)
+        self.q = torch.empty(b, hq, d, dtype=self.dtype, device=tokens.device)
+        self.attn_out = new(hq * d)
+        self.act = new(c.intermediate_size)
+        self.logits = new(c.vocab_size)
+        self.parts: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+
+    def norm(self, name: str) -> torch.Tensor:
+        w = self.params[name]
+        return ref.rms_norm(self.stream, w, self.c.rms_norm_eps)
+
+    def linear(self, x: torch.Tensor, weight: str, lo: int, hi: int) -> torch.Tensor:
+        return F.linear(x, self.params[weight][lo:hi])
+
+    def run(self, t) -> None:
+        getattr(self, "_" + t.kind)(t)
+
+    def _layer(self, t):
+        return self.model.model.layers[t.layer]
+
+    def _qkv(self, t) -> None:
+        h = self.norm(f"model.layers.{t.layer}.input_layernorm.weight")
+        self.qkv[:, t.lo:t.hi] = self.linear(h, t.weight, t.lo, t.hi)
+
+    def _rope(self, t) -> None:
+        c, g = self.c, t.head
+        d, hq, hkv = c.head_dim, c.num_heads, c.num_kv_heads
+        group = hq // hkv
+        attn = self._layer(t).self_attn
+        q = self.qkv[:, g * group * d:(g + 1) * group * d].reshape(-1, group, d)
+        k = self.qkv[:, (hq + g) * d:(hq + g + 1) * d].reshape(-1, 1, d)
+        v = self.qkv[:, (hq + hkv + g) * d:(hq + hkv + g + 1) * d].reshape(-1, 1, d)
+        q = ref.rms_norm(q, attn.q_norm.weight, attn.q_norm.eps)
+        k = ref.rms_norm(k, attn.k_norm.weight, attn.k_norm.eps)
+        full = self.model.model.rotary_emb.full_precision
+        self.q[:, g * group:(g + 1) * group] = ref.rope_rotate(q, self.cos, self.sin, full)
+        k = ref.rope_rotate(k, self.cos, self.sin, full)
+        slots = self.cache.slots(self.positions)
+        k_scale, v_scale = self.cache.scales(t.layer)
+        for store, x, scale in ((self.cache.k[t.layer], k, k_scale),
+                                (self.cache.v[t.layer], v, v_scale)):
+            flat = store.view(-1, hkv, d)
+            if store.dtype == ref.KV_FP8:
+                flat, x = flat.view(torch.uint8), ref.quantize_kv(x, scale).view(torch.uint8)
+            flat[slots, g] = x[:, 0]
+
+    def _attn(self, t) -> None:
+        c, g = self.c, t.head
+        group = c.num_heads // c.num_kv_heads
+        span = max(-(-self.kv_len // self.plan.splits), 1)
+        lo, hi = t.split * span, min((t.split + 1) * span, self.kv_len)
+        q = self.q[:, g * group:(g + 1) * group].float()  # [B, G, D]
+        b = q.shape[0]
+        if lo >= hi:
+            self.parts[(g, t.split)] = (torch.full((b, group), float("-inf")),
+                                        torch.zeros(b, group), torch.zeros(b, group, c.head_dim))
+            return
+        keys, values = self.cache.read(t.layer, hi, torch.float32)
+        k, v = keys[lo:hi, g], values[lo:hi, g]  # [n, D]
+        s = torch.einsum("bgd,nd->bgn", q, k) * c.head_dim ** -0.5
+        if self.mask is not None:
+            s = s.masked_fill(~self.mask[:, None, lo:hi], float("-inf"))
+        m = s.amax(dim=-1)
+        m_safe = torch.where(m == float("-inf"), 0.0, m)
+        p = torch.exp(s - m_safe[..., None])
+        self.parts[(g, t.split)] = (m, p.sum(-1), torch.einsum("bgn,nd->bgd", p, v))
+
+    def _merge(self, t) -> None:
+        c, g = self.c, t.head
+        group, d = c.num_heads // c.num_kv_heads, c.head_dim
+        ms, ls, accs = zip(*(self.parts[(g, s)] for s in range(self.plan.splits)), strict=True)
+        m = torch.stack(ms)  # [S, B, G]
+        w = torch.exp(m - m.amax(dim=0))
+        w = torch.where(torch.isnan(w), 0.0, w)  # splits with no visible key
+        out = (w[..., None] * torch.stack(accs)).sum(0) / (w * torch.stack(ls)).sum(0)[..., None]
+        self.attn_out[:, g * group * d:(g + 1) * group * d] = out.reshape(-1, group * d)
+
+    def _residual(self, t, y: torch.Tensor) -> None:
+        self.stream[:, t.lo:t.hi] = y + self.stream[:, t.lo:t.hi]
+
+    def _o(self, t) -> None:
+        self._residual(t, self.linear(self.attn_out, t.weight, t.lo, t.hi))
+
+    def _gate_up(self, t) -> None:
+        h = self.norm(f"model.layers.{t.layer}.post_attention_layernorm.weight")
+        inter = self.c.intermediate_size
+        gate = self.linear(h, t.weight, t.lo, t.hi)
+        up = self.linear(h, t.weight, inter + t.lo, inter + t.hi)
+        self.act[:, t.lo:t.hi] = ref.silu_and_mul(torch.cat([gate, up], dim=-1))
+
+    def _down(self, t) -> None:
+        self._residual(t, self.linear(self.act, t.weight, t.lo, t.hi))
+
+    def _lm_head(self, t) -> None:
+        h = self.norm("model.norm.weight")
+        self.logits[:, t.lo:t.hi] = self.linear(h, t.weight, t.lo, t.hi)
+
+
+@torch.inference_mode()
+def run_plan(plan: RoundPlan, model, cache: PagedKVCache, tokens: torch.Tensor,
+             lens: torch.Tensor, chunk_block: int | None) -> torch.Tensor:
+    """The logits [B, V] (model dtype) of a block's round: tokens [B] at positions
+    lens[0]..lens[0]+B-1 over cache keys < lens[1] (the block's K/V written into the cache),
+    as `ModelRunner.forward(tokens, lens, chunk_block, rows=slice(None))` computes them.
+
+    Raises ValueError when tokens do not have the plan's block length."""
+    if tokens.shape[0] != plan.block:
+        raise ValueError(f"run_plan: {tokens.shape[0]} tokens for a plan of block "
+                         f"{plan.block}")
+    r = _Round(plan, model, cache, tokens, lens, chunk_block)
+    for i in simulate(plan, rounds=1):
+        r.run(plan.tasks[i])
+    return r.logits

@@ -1,0 +1,163 @@
+"""The persistent round's plan (`dlrt.runtime.persistent`): coverage, counters, deadlock
+freedom, the counters' reset between rounds, and the plan run task by task in PyTorch against
+the layer-by-layer forward (fp32, CPU; tolerance: relative error 1e-5 of the logits, the split
+softmax's fp32 summation order, and 1e-6 of the K/V the round writes into the cache: a
+projection's row tile may sum in another order than the whole GEMM)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from dlrt.attention.kv_cache import PagedKVCache
+from dlrt.attention.sdpa import SDPABackend
+from dlrt.checkpoint.presets import preset
+from dlrt.models.sdar.config import sdar_config
+from dlrt.models.sdar.model import SDARForCausalLM
+from dlrt.ops import get_ops
+from dlrt.resources import data_path
+from dlrt.runtime.persistent.interpret import run_plan
+from dlrt.runtime.persistent.plan import (
+    PlanError,
+    RoundPlan,
+    build_plan,
+    check_plan,
+    simulate,
+)
+from dlrt.runtime.runner import ModelRunner
+
+
+def tiny(**over):
+    hf = preset("tiny-sdar")[0]
+    hf.update(over)
+    return sdar_config(hf, "sdar")
+
+
+# head counts that group by 3, a hidden size and intermediate size off every tile multiple
+AWKWARD = dict(hidden_size=80, intermediate_size=72, num_attention_heads=6,
+               num_key_value_heads=2, head_dim=16, vocab_size=1000, mask_token_id=999,
+               bos_token_id=998, eos_token_id=998, num_hidden_layers=3)
+
+
+def real(name: str):
+    hf = json.loads((data_path("configs") / name / "config.json").read_text())
+    return sdar_config(hf, hf["model_type"])
+
+
+@pytest.mark.parametrize("name,workers,splits", [("SDAR-1.7B-Chat", 132, 4),
+                                                 ("SDAR-8B-Chat", 132, 16)])
+def test_real_configs_plan(name, workers, splits):
+    c = real(name)
+    plan = build_plan(c, 4, workers, splits)
+    check_plan(plan)
+    order = simulate(plan)
+    assert sorted(order) == list(range(len(plan.tasks)))
+    per_layer = {k: sum(1 for t in plan.tasks if t.kind == k and t.layer == 0)
+                 for k in ("qkv", "rope", "attn", "merge", "o", "gate_up", "down")}
+    assert per_layer["rope"] == per_layer["merge"] == c.num_kv_heads
+    assert per_layer["attn"] == c.num_kv_heads * splits
+    assert all(per_layer[k] >= workers // 2 for k in ("qkv", "o", "gate_up", "down"))
+    # the weight bytes spread evenly: no worker streams 15% more than the mean
+    load = [sum(plan.tasks[i].weight_bytes for i in q) for q in plan.queues]
+    assert max(load) < 1.15 * sum(load) / len(load)
+
+
+@pytest.mark.parametrize("over,block,workers,splits", [({}, 4, 8, 3), (AWKWARD, 4, 5, 2),
+                                                       (AWKWARD, 1, 1, 1), (AWKWARD, 7, 64, 8)])
+def test_small_plans(over, block, workers, splits):
+    plan = build_plan(tiny(**over), block, workers, splits)
+    check_plan(plan)
+    simulate(plan, rounds=3)
+
+
+def _replace(plan: RoundPlan, tasks) -> RoundPlan:
+    return dataclasses.replace(plan, tasks=tasks)
+
+
+def test_check_plan_finds_holes_repeats_and_bad_counts():
+    plan = build_plan(tiny(**AWKWARD), 4, 4, 2)
+    t = plan.tasks
+    o = next(i for i, x in enumerate(t) if x.kind == "o" and x.hi - x.lo > 1)
+    short = dataclasses.replace(t[o], hi=t[o].hi - 1)
+    with pytest.raises(PlanError, match="rows"):
+        check_plan(_replace(plan, t[:o] + [short] + t[o + 1:]))
+    rope = next(i for i, x in enumerate(t) if x.kind == "rope")
+    (cnt, need), = t[rope].waits
+    with pytest.raises(PlanError, match="waits for"):
+        check_plan(_replace(plan, t[:rope] + [dataclasses.replace(t[rope],
+                                                                  waits=((cnt, need - 1),))]
+                            + t[rope + 1:]))
+    with pytest.raises(PlanError, match="exactly once"):
+        check_plan(dataclasses.replace(plan, queues=[plan.queues[0] * 2] + plan.queues[1:]))
+    merge = next(i for i, x in enumerate(t) if x.kind == "merge")
+    with pytest.raises(PlanError, match="merge tasks"):
+        check_plan(_replace(plan, t[:merge] + [dataclasses.replace(t[merge], head=5)]
+                            + t[merge + 1:]))
+
+
+def test_deadlock_and_stale_counters_are_found():
+    plan = build_plan(tiny(), 4, 2, 2)
+    with pytest.raises(PlanError, match="deadlock"):  # worker 0 runs the lm_head first
+        simulate(dataclasses.replace(plan, queues=[[len(plan.tasks) - 1] + [
+            i for q in plan.queues for i in q if i != len(plan.tasks) - 1]]))
+    plan = build_plan(tiny(), 4, 8, 3)  # enough workers that a task can run ahead
+    simulate(plan, rounds=2, reset=True)
+    with pytest.raises(PlanError, match="earlier round"):
+        simulate(plan, rounds=2, reset=False)
+
+
+def test_moe_models_keep_the_layer_path():
+    hf = preset("tiny-sdar-moe")[0]
+    with pytest.raises(ValueError, match="dense"):
+        build_plan(sdar_config(hf, "sdar_moe"), 4, 8)
+
+
+def _model(config, seed):
+    torch.manual_seed(seed)
+    model = SDARForCausalLM(config, get_ops("reference"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if "norm" in name else 0.08) +
+                    (1.0 if "norm" in name else 0.0))
+    return model.eval()
+
+
+@pytest.mark.parametrize("over,block,context,splits", [({}, 4, 0, 2), (AWKWARD, 4, 1, 3),
+                                                       (AWKWARD, 4, 13, 4), (AWKWARD, 5, 37, 8),
+                                                       (AWKWARD, 2, 6, 1)])
+def test_plan_run_equals_layer_forward(over, block, context, splits):
+    config = tiny(**over)
+    model = _model(config, seed=context)
+    ops = get_ops("reference")
+    caches = [PagedKVCache(config.num_layers, config.num_kv_heads, config.head_dim, 128,
+                           torch.float32, "cpu") for _ in range(2)]
+    runner = ModelRunner(model, ops, SDPABackend(caches[0], config.num_heads), caches[0],
+                         torch.device("cpu"))
+    gen = torch.Generator().manual_seed(context)
+    prompt = torch.randint(0, config.vocab_size, (context,), generator=gen)
+    if context:
+        runner.forward_at(prompt, 0, block, rows=None)
+        for name in ("k", "v"):
+            getattr(caches[1], name).copy_(getattr(caches[0], name))
+    tokens = torch.randint(0, config.vocab_size, (block,), generator=gen)
+    lens = torch.tensor([context, context + block], dtype=torch.int32)
+    want = runner.forward(tokens, lens, block, rows=slice(None))
+    plan = build_plan(config, block, workers=3, splits=splits)
+    got = run_plan(plan, model, caches[1], tokens, lens, block)
+    err = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    assert err < 1e-5, err
+    for a, b in ((caches[0].k, caches[1].k), (caches[0].v, caches[1].v)):
+        assert ((a - b).norm() / a.norm()).item() < 1e-6
+
+
+def test_run_plan_checks_the_block():
+    config = tiny()
+    plan = build_plan(config, 4, 2)
+    cache = PagedKVCache(config.num_layers, config.num_kv_heads, config.head_dim, 16,
+                         torch.float32, "cpu")
+    with pytest.raises(ValueError, match="plan of block 4"):
+        run_plan(plan, _model(config, 0), cache, torch.zeros(3, dtype=torch.long),
+                 torch.tensor([0, 3], dtype=torch.int32), 4)
