@@ -16,80 +16,28 @@ capture mechanics live in this module.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-from dlrt import env
-from dlrt.errors import DlrtError
-from dlrt.resources import csrc_path
+from dlrt.runtime.cubin import Kernel
+from dlrt.runtime.cubin import check as _check
 
-_SRC = csrc_path("graph_cond.cu")
-_KERNEL = b"dlrt_set_condition"
 _cond_kernel = None
 
 
-def _check(result):
-    err = result[0] if isinstance(result, tuple) else result
-    if int(err) != 0:
-        raise RuntimeError(f"CUDA call failed: {err!r}")
-    if isinstance(result, tuple):
-        return result[1] if len(result) == 2 else result[1:]
-    return None
-
-
-def _nvcc() -> str:
-    cands = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
-    for home in cands:
-        if home and (Path(home) / "bin" / "nvcc").is_file():
-            return str(Path(home) / "bin" / "nvcc")
-    found = shutil.which("nvcc")
-    if found is None:
-        raise DlrtError("the device loop needs nvcc (CUDA >= 12.4) to build csrc/graph_cond.cu; "
-                        "set CUDA_HOME or use execution_mode='host_loop'")
-    return found
-
-
-def build_cubin(arch: str) -> Path:
-    """Compile csrc/graph_cond.cu for `arch` (e.g. 'sm_90') once; cached by source hash."""
-    src = _SRC.read_bytes()
-    tag = hashlib.sha256(src + arch.encode()).hexdigest()[:16]
-    out = env.cache_dir() / "kernels" / f"graph_cond-{arch}-{tag}.cubin"
-    if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [_nvcc(), "-cubin", f"-arch={arch}", "-O3", "-o", str(tmp), str(_SRC)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise DlrtError(f"building {_SRC.name} failed: {proc.stderr.strip()}")
-        os.replace(tmp, out)
-    return out
-
-
 class _CondKernel:
-    """The loaded `dlrt_set_condition(handle, flag)` kernel."""
+    """The loaded `dlrt_set_condition(handle, flag)` kernel (csrc/graph_cond.cu)."""
 
     def __init__(self):
-        from cuda.bindings import driver
-
-        major, minor = torch.cuda.get_device_capability()
-        data = build_cubin(f"sm_{major}{minor}").read_bytes()
-        torch.cuda.init()
-        self._driver = driver
-        self._module = _check(driver.cuModuleLoadData(data))
-        self._func = _check(driver.cuModuleGetFunction(self._module, _KERNEL))
+        self._kernel = Kernel("graph_cond.cu", "dlrt_set_condition", "the device loop",
+                              "set CUDA_HOME or use execution_mode='host_loop'")
 
     def launch(self, handle, flag: torch.Tensor) -> None:
         """Enqueue on torch's current stream (captured when a capture is running)."""
         assert flag.dtype == torch.int32 and flag.is_cuda
-        stream = self._driver.CUstream(torch.cuda.current_stream().cuda_stream)
-        args = ((int(handle), flag.data_ptr()), (ctypes.c_uint64, ctypes.c_void_p))
-        _check(self._driver.cuLaunchKernel(self._func, 1, 1, 1, 1, 1, 1, 0, stream, args, 0))
+        self._kernel.launch(1, 1, (int(handle), flag.data_ptr()),
+                            (ctypes.c_uint64, ctypes.c_void_p))
 
 
 def cond_kernel() -> _CondKernel:

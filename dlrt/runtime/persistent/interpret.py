@@ -95,11 +95,12 @@ class _Round:
         q = self.q[:, g * group:(g + 1) * group].float()  # [B, G, D]
         b = q.shape[0]
         if lo >= hi:
-            self.parts[(g, t.split)] = (torch.full((b, group), float("-inf")),
-                                        torch.zeros(b, group), torch.zeros(b, group, c.head_dim))
+            dev = q.device
+            self.parts[(g, t.split)] = (torch.full((b, group), float("-inf"), device=dev),
+                                        torch.zeros(b, group, device=dev),
+                                        torch.zeros(b, group, c.head_dim, device=dev))
             return
-        keys, values = self.cache.read(t.layer, hi, torch.float32)
-        k, v = keys[lo:hi, g], values[lo:hi, g]  # [n, D]
+        k, v = self._keys(t.layer, g, lo, hi)  # [n, D] fp32
         s = torch.einsum("bgd,nd->bgn", q, k) * c.head_dim ** -0.5
         if self.mask is not None:
             s = s.masked_fill(~self.mask[:, None, lo:hi], float("-inf"))
@@ -107,6 +108,20 @@ class _Round:
         m_safe = torch.where(m == float("-inf"), 0.0, m)
         p = torch.exp(s - m_safe[..., None])
         self.parts[(g, t.split)] = (m, p.sum(-1), torch.einsum("bgn,nd->bgd", p, v))
+
+    def _keys(self, layer: int, g: int, lo: int, hi: int) -> tuple[torch.Tensor, ...]:
+        """K and V of KV head g at positions lo..hi-1, fp32 (an FP8 cache's dequantised)."""
+        cache, d = self.cache, self.c.head_dim
+        slots = cache.slots(torch.arange(lo, hi, device=cache.page_table.device))
+        out = []
+        for store, scale in zip((cache.k[layer], cache.v[layer]), cache.scales(layer),
+                                strict=True):
+            if store.dtype == ref.KV_FP8:
+                x = store.view(torch.uint8).view(-1, self.c.num_kv_heads, d)[slots, g]
+                out.append(ref.dequantize_kv(x.view(ref.KV_FP8), scale, torch.float32))
+            else:
+                out.append(store.view(-1, self.c.num_kv_heads, d)[slots, g].float())
+        return tuple(out)
 
     def _merge(self, t) -> None:
         c, g = self.c, t.head

@@ -1,0 +1,388 @@
+// The persistent round: one resident CTA per SM runs every task of a block round of a dense
+// SDAR model, in the order of its queue (`dlrt/runtime/persistent/plan.py`: task kinds,
+// counters, queues; the host encodes the plan and fills `Params`,
+// `dlrt/runtime/persistent/kernel.py`). Dependencies are counters in global memory: thread 0
+// spins until each counter the task waits for reaches its count (acquire), the CTA runs the
+// task, and thread 0 adds one to each counter the task signals (after a fence: release).
+// Data written by other CTAs in this round (activations, the block's K/V) is read with
+// ld.global.cg (L2, never a stale L1 line); weights with the read-only path. The last CTA to
+// finish zeroes the counters for the next round.
+//
+// Numerics follow `dlrt/runtime/persistent/interpret.py` (the layer path on the reference
+// ops): RMSNorm statistics in fp32, the normalised value rounded to T before the weight
+// multiply (rounded again); each projection output rounded to T, the residual add in T;
+// SiLU(gate) rounded, times up rounded; q/k RMSNorm and neox RoPE as `rope_rotate`; attention
+// split over the context with fp32 online-softmax states merged per KV head.
+// Element type T: __nv_bfloat16 or float (the fp32 kernel serves the CPU-equivalent tests).
+// Built with nvcc on first use (sm_90; CUDA >= 12).
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int THREADS = 256;
+constexpr int WARPS = THREADS / 32;
+constexpr int MAX_B = 16;     // block rows
+constexpr int MAX_DL = 8;     // head_dim / 32 (head_dim <= 256)
+
+enum Kind { QKV = 0, ROPE = 1, ATTN = 2, MERGE = 3, O_PROJ = 4, GATE_UP = 5, DOWN = 6,
+            LM_HEAD = 7 };
+
+struct Params {
+  // the plan
+  const int* task;       // [T, 8]: kind, layer, lo, hi, head, split, weight index, 0
+  const int* wait_off;   // [T + 1]
+  const int* waits;      // [NW, 2]: counter, count
+  const int* sig_off;    // [T + 1]
+  const int* sigs;       // [NS]
+  const int* queue_off;  // [W + 1]
+  const int* queue;      // [T]
+  int* counters;         // [C + 1]: the plan's counters, then the finished-CTA count
+  int num_counters;
+  // sizes
+  int B, H, Hq, Hkv, D, I, V, L, splits, chunk_block, rot_half, full_rope, page_size;
+  float eps;
+  // weights (element type T): the plan's weight list; per-layer norm weights
+  const void* const* weights;
+  const void* const* in_norm;
+  const void* const* post_norm;
+  const void* const* q_norm;
+  const void* const* k_norm;
+  const void* final_norm;
+  // the KV cache of each layer [pages, page_size, Hkv, D] and the request's lengths
+  void* const* k_cache;
+  void* const* v_cache;
+  const int* page_table;
+  const int* lens;  // (start, kv_len)
+  const float* cos;  // [B, rot_half]
+  const float* sin;
+  // activations (T) and split states (fp32)
+  void* stream;    // [B, H]
+  void* qkv;       // [B, (Hq + 2 Hkv) D]
+  void* q;         // [B, Hq, D]
+  void* attn_out;  // [B, Hq D]
+  void* act;       // [B, I]
+  void* logits;    // [B, V]
+  float* part_ml;  // [Hkv, splits, B G, 2]
+  float* part_o;   // [Hkv, splits, B G, D]
+};
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+// x rounded to T and back: the value torch holds after an op in T
+template <typename T> __device__ __forceinline__ float rnd(float x) { return to_f(from_f<T>(x)); }
+
+// loads of data another CTA wrote this round: L2 only
+__device__ __forceinline__ float ldcg(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ float ldcg(const __nv_bfloat16* p) {
+  unsigned short v = __ldcg(reinterpret_cast<const unsigned short*>(p));
+  return __bfloat162float(__ushort_as_bfloat16(v));
+}
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// 16 bytes of weights as floats
+template <typename T> struct Vec;
+template <> struct Vec<float> {
+  static constexpr int N = 4;
+  __device__ static void load(const float* p, float* out) {
+    float4 v = __ldg(reinterpret_cast<const float4*>(p));
+    out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+  }
+};
+template <> struct Vec<__nv_bfloat16> {
+  static constexpr int N = 8;
+  __device__ static void load(const __nv_bfloat16* p, float* out) {
+    int4 v = __ldg(reinterpret_cast<const int4*>(p));
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float2 f = __bfloat1622float2(h[i]);
+      out[2 * i] = f.x; out[2 * i + 1] = f.y;
+    }
+  }
+};
+
+// The input rows of a projection into shared memory as floats holding T values:
+// norm_w == nullptr: x as it is; else RMSNorm(x) * norm_w with the reference's roundings.
+template <typename T>
+__device__ void stage_input(const Params& p, const T* x, int K, const T* norm_w, float* xs) {
+  __shared__ float rstd[MAX_B];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (norm_w != nullptr) {
+    for (int b = warp; b < p.B; b += WARPS) {
+      float s = 0.f;
+      for (int k = lane; k < K; k += 32) {
+        float v = ldcg(x + (size_t)b * K + k);
+        s += v * v;
+      }
+      s = warp_sum(s);
+      if (lane == 0) rstd[b] = rsqrtf(s / K + p.eps);
+    }
+    __syncthreads();
+  }
+  for (int i = threadIdx.x; i < p.B * K; i += THREADS) {
+    float v = ldcg(x + i);
+    if (norm_w != nullptr) {
+      int b = i / K, k = i % K;
+      v = rnd<T>(to_f(norm_w[k]) * rnd<T>(v * rstd[b]));
+    }
+    xs[i] = v;
+  }
+  __syncthreads();
+}
+
+// acc[b] = sum_k w[row, k] * xs[b, k] for the B rows (warp-wide; every lane gets the sums)
+template <typename T>
+__device__ __forceinline__ void row_dot(const T* w, const float* xs, int K, int B,
+                                        float* acc) {
+  constexpr int N = Vec<T>::N;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int b = 0; b < MAX_B; ++b) acc[b] = 0.f;
+  for (int k0 = lane * N; k0 < K; k0 += 32 * N) {
+    float wv[N];
+    Vec<T>::load(w + k0, wv);
+#pragma unroll
+    for (int b = 0; b < MAX_B; ++b) {
+      if (b < B) {
+        const float* xb = xs + (size_t)b * K + k0;
+#pragma unroll
+        for (int j = 0; j < N; ++j) acc[b] = fmaf(wv[j], xb[j], acc[b]);
+      }
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < MAX_B; ++b)
+    if (b < B) acc[b] = warp_sum(acc[b]);
+}
+
+template <typename T>
+__device__ void gemv_task(const Params& p, int kind, int layer, int lo, int hi, int widx,
+                          float* xs) {
+  const T* w = static_cast<const T*>(p.weights[widx]);
+  T* stream = static_cast<T*>(p.stream);
+  int K = p.H;
+  const T* x = stream;
+  const T* norm_w = nullptr;
+  if (kind == QKV) norm_w = static_cast<const T*>(p.in_norm[layer]);
+  if (kind == GATE_UP) norm_w = static_cast<const T*>(p.post_norm[layer]);
+  if (kind == LM_HEAD) norm_w = static_cast<const T*>(p.final_norm);
+  if (kind == O_PROJ) { x = static_cast<const T*>(p.attn_out); K = p.Hq * p.D; }
+  if (kind == DOWN) { x = static_cast<const T*>(p.act); K = p.I; }
+  stage_input<T>(p, x, K, norm_w, xs);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float acc[MAX_B], up[MAX_B];
+  for (int r = lo + warp; r < hi; r += WARPS) {
+    row_dot<T>(w + (size_t)r * K, xs, K, p.B, acc);
+    if (kind == GATE_UP) row_dot<T>(w + (size_t)(p.I + r) * K, xs, K, p.B, up);
+    if (lane == 0) {
+      for (int b = 0; b < p.B; ++b) {
+        float y = rnd<T>(acc[b]);
+        switch (kind) {
+          case QKV: {
+            int n = (p.Hq + 2 * p.Hkv) * p.D;
+            static_cast<T*>(p.qkv)[(size_t)b * n + r] = from_f<T>(y);
+            break;
+          }
+          case O_PROJ:
+          case DOWN: {
+            T* s = stream + (size_t)b * p.H + r;
+            *s = from_f<T>(y + ldcg(s));
+            break;
+          }
+          case GATE_UP: {
+            float u = rnd<T>(up[b]);
+            float silu = rnd<T>(y / (1.f + expf(-y)));
+            static_cast<T*>(p.act)[(size_t)b * p.I + r] = from_f<T>(silu * u);
+            break;
+          }
+          case LM_HEAD:
+            static_cast<T*>(p.logits)[(size_t)b * p.V + r] = from_f<T>(y);
+            break;
+        }
+      }
+    }
+  }
+}
+
+// q/k RMSNorm over D and neox RoPE of one head vector (lane holds dims lane + 32 i)
+template <typename T>
+__device__ void norm_rope(const Params& p, float* v, const T* norm_w, int b) {
+  const int lane = threadIdx.x % 32, nd = p.D / 32;
+  float s = 0.f;
+  for (int i = 0; i < nd; ++i) s += v[i] * v[i];
+  float r = rsqrtf(warp_sum(s) / p.D + p.eps);
+  for (int i = 0; i < nd; ++i) v[i] = rnd<T>(to_f(norm_w[lane + 32 * i]) * rnd<T>(v[i] * r));
+  // neox: dims d < R/2 pair with d + R/2; dims >= R pass through
+  __shared__ float buf[WARPS][256];
+  float* row = buf[threadIdx.x / 32];
+  for (int i = 0; i < nd; ++i) row[lane + 32 * i] = v[i];
+  __syncwarp();
+  const int half = p.rot_half;
+  for (int i = 0; i < nd; ++i) {
+    int d = lane + 32 * i;
+    if (d >= 2 * half) continue;
+    int f = d % half;
+    float c = p.cos[b * half + f], sn = p.sin[b * half + f];
+    float other = d < half ? -row[d + half] : row[d - half];
+    if (p.full_rope) {
+      v[i] = rnd<T>(row[d] * c + other * sn);
+    } else {
+      c = rnd<T>(c); sn = rnd<T>(sn);
+      v[i] = rnd<T>(rnd<T>(row[d] * c) + rnd<T>(other * sn));
+    }
+  }
+  __syncwarp();
+}
+
+template <typename T>
+__device__ void rope_task(const Params& p, int layer, int g) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nd = p.D / 32;
+  const int G = p.Hq / p.Hkv, n = (p.Hq + 2 * p.Hkv) * p.D;
+  const T* qkv = static_cast<const T*>(p.qkv);
+  const int start = p.lens[0];
+  // per block row: G query heads, then k, then v
+  for (int item = warp; item < p.B * (G + 2); item += WARPS) {
+    int b = item / (G + 2), h = item % (G + 2);
+    int col = h < G ? (g * G + h) * p.D : h == G ? (p.Hq + g) * p.D : (p.Hq + p.Hkv + g) * p.D;
+    float v[MAX_DL];
+    for (int i = 0; i < nd; ++i) v[i] = ldcg(qkv + (size_t)b * n + col + lane + 32 * i);
+    if (h < G) {
+      norm_rope<T>(p, v, static_cast<const T*>(p.q_norm[layer]), b);
+      T* q = static_cast<T*>(p.q) + ((size_t)b * p.Hq + g * G + h) * p.D;
+      for (int i = 0; i < nd; ++i) q[lane + 32 * i] = from_f<T>(v[i]);
+    } else {
+      if (h == G) norm_rope<T>(p, v, static_cast<const T*>(p.k_norm[layer]), b);
+      int pos = start + b;
+      long slot = (long)p.page_table[pos / p.page_size] * p.page_size + pos % p.page_size;
+      T* cache = static_cast<T*>(h == G ? p.k_cache[layer] : p.v_cache[layer]);
+      T* dst = cache + (slot * p.Hkv + g) * p.D;
+      for (int i = 0; i < nd; ++i) dst[lane + 32 * i] = from_f<T>(v[i]);
+    }
+  }
+}
+
+template <typename T>
+__device__ void attn_task(const Params& p, int layer, int g, int split) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nd = p.D / 32;
+  const int G = p.Hq / p.Hkv, rows = p.B * G;
+  const int start = p.lens[0], kv_len = p.lens[1];
+  int span = (kv_len + p.splits - 1) / p.splits;
+  span = span < 1 ? 1 : span;
+  const int lo = split * span, hi = min(lo + span, kv_len);
+  const T* kc = static_cast<const T*>(p.k_cache[layer]);
+  const T* vc = static_cast<const T*>(p.v_cache[layer]);
+  const float scale = rsqrtf((float)p.D);
+  for (int row = warp; row < rows; row += WARPS) {
+    int b = row / G, h = row % G;
+    const T* qp = static_cast<const T*>(p.q) + ((size_t)b * p.Hq + g * G + h) * p.D;
+    float q[MAX_DL], acc[MAX_DL];
+    for (int i = 0; i < nd; ++i) { q[i] = ldcg(qp + lane + 32 * i); acc[i] = 0.f; }
+    float m = -INFINITY, l = 0.f;
+    for (int j = lo; j < hi; ++j) {
+      bool vis = p.chunk_block == 0 || j < start ||
+                 (j - start) / p.chunk_block <= b / p.chunk_block;
+      if (!vis) continue;
+      long slot = (long)p.page_table[j / p.page_size] * p.page_size + j % p.page_size;
+      const T* kj = kc + (slot * p.Hkv + g) * p.D;
+      const T* vj = vc + (slot * p.Hkv + g) * p.D;
+      float s = 0.f;
+      for (int i = 0; i < nd; ++i) s = fmaf(q[i], ldcg(kj + lane + 32 * i), s);
+      s = warp_sum(s) * scale;
+      float m_new = fmaxf(m, s);
+      float alpha = expf(m - m_new), e = expf(s - m_new);
+      l = l * alpha + e;
+      for (int i = 0; i < nd; ++i) acc[i] = acc[i] * alpha + e * ldcg(vj + lane + 32 * i);
+      m = m_new;
+    }
+    size_t idx = ((size_t)g * p.splits + split) * rows + row;
+    if (lane == 0) { p.part_ml[2 * idx] = m; p.part_ml[2 * idx + 1] = l; }
+    for (int i = 0; i < nd; ++i) p.part_o[idx * p.D + lane + 32 * i] = acc[i];
+  }
+}
+
+template <typename T>
+__device__ void merge_task(const Params& p, int g) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nd = p.D / 32;
+  const int G = p.Hq / p.Hkv, rows = p.B * G;
+  for (int row = warp; row < rows; row += WARPS) {
+    int b = row / G, h = row % G;
+    float m_all = -INFINITY;
+    for (int s = 0; s < p.splits; ++s)
+      m_all = fmaxf(m_all, ldcg(p.part_ml + 2 * (((size_t)g * p.splits + s) * rows + row)));
+    float den = 0.f, num[MAX_DL];
+    for (int i = 0; i < nd; ++i) num[i] = 0.f;
+    for (int s = 0; s < p.splits; ++s) {
+      size_t idx = ((size_t)g * p.splits + s) * rows + row;
+      float m = ldcg(p.part_ml + 2 * idx);
+      if (m == -INFINITY) continue;
+      float w = expf(m - m_all);
+      den += w * ldcg(p.part_ml + 2 * idx + 1);
+      for (int i = 0; i < nd; ++i) num[i] += w * ldcg(p.part_o + idx * p.D + lane + 32 * i);
+    }
+    T* out = static_cast<T*>(p.attn_out) + (size_t)b * p.Hq * p.D + (g * G + h) * p.D;
+    for (int i = 0; i < nd; ++i) out[lane + 32 * i] = from_f<T>(num[i] / den);
+  }
+}
+
+template <typename T>
+__device__ void round_kernel(const Params* pp) {
+  const Params& p = *pp;
+  extern __shared__ float xs[];
+  __shared__ int s_task[8];
+  const int cta = blockIdx.x;
+  for (int qi = p.queue_off[cta]; qi < p.queue_off[cta + 1]; ++qi) {
+    const int t = p.queue[qi];
+    if (threadIdx.x == 0) {
+      for (int i = p.wait_off[t]; i < p.wait_off[t + 1]; ++i) {
+        const int* c = p.counters + p.waits[2 * i];
+        const int need = p.waits[2 * i + 1];
+        while (ld_acquire(c) < need) __nanosleep(64);
+      }
+      for (int i = 0; i < 8; ++i) s_task[i] = p.task[8 * t + i];
+    }
+    __syncthreads();
+    const int kind = s_task[0], layer = s_task[1], lo = s_task[2], hi = s_task[3];
+    const int head = s_task[4], split = s_task[5], widx = s_task[6];
+    switch (kind) {
+      case ROPE: rope_task<T>(p, layer, head); break;
+      case ATTN: attn_task<T>(p, layer, head, split); break;
+      case MERGE: merge_task<T>(p, head); break;
+      default: gemv_task<T>(p, kind, layer, lo, hi, widx, xs); break;
+    }
+    __syncthreads();  // every thread's stores are issued before the signal
+    if (threadIdx.x == 0) {
+      __threadfence();
+      for (int i = p.sig_off[t]; i < p.sig_off[t + 1]; ++i) atomicAdd(p.counters + p.sigs[i], 1);
+    }
+  }
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(p.counters + p.num_counters, 1) == (int)gridDim.x - 1) {
+      for (int c = 0; c <= p.num_counters; ++c) atomicExch(p.counters + c, 0);
+      __threadfence();
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+dlrt_persistent_round_bf16(const Params* p) { round_kernel<__nv_bfloat16>(p); }
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+dlrt_persistent_round_f32(const Params* p) { round_kernel<float>(p); }

@@ -1,0 +1,200 @@
+"""The persistent round kernel (`csrc/persistent_round.cu`) on a model, its KV cache and a
+round plan: the plan encoded as int32 tensors, the kernel's parameters in one device buffer,
+one launch of `plan.workers` resident CTAs per round.
+
+    rnd = PersistentRound(plan, model, cache, lens, chunk_block)
+    logits = rnd.forward(tokens)      # [B, V]; the block's K/V written into the cache
+
+`lens` is a static int32 [2] device buffer (start, kv_len) the caller fills before each round,
+so one captured launch serves every context. forward() is capturable (a CUDA graph, or the
+body of the block graph's WHILE node): the kernel zeroes its counters at the end of a round.
+Dense SDAR models in bf16 or fp32 with a cache of the model dtype; block rows <= 16, head_dim a
+multiple of 32 up to 256, every projection's K a multiple of 16 bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+
+from dlrt.attention.kv_cache import PagedKVCache
+from dlrt.runtime.cubin import VOID_P, Kernel
+from dlrt.runtime.persistent.plan import RoundPlan
+
+KINDS = {"qkv": 0, "rope": 1, "attn": 2, "merge": 3, "o": 4, "gate_up": 5, "down": 6,
+         "lm_head": 7}
+THREADS = 256
+MAX_B = 16
+STATIC_SHARED = 8 * 1024 + 256  # norm_rope's per-warp rows, the norm statistics, the task
+_KERNELS: dict[torch.dtype, Kernel] = {}
+
+
+class _Params(ctypes.Structure):
+    """`Params` of csrc/persistent_round.cu, field for field."""
+
+    _fields_ = ([(n, VOID_P) for n in ("task", "wait_off", "waits", "sig_off", "sigs",
+                                        "queue_off", "queue", "counters")]
+                + [(n, ctypes.c_int) for n in ("num_counters", "B", "H", "Hq", "Hkv", "D", "I",
+                                                "V", "L", "splits", "chunk_block", "rot_half",
+                                                "full_rope", "page_size")]
+                + [("eps", ctypes.c_float)]
+                + [(n, VOID_P) for n in ("weights", "in_norm", "post_norm", "q_norm", "k_norm",
+                                          "final_norm", "k_cache", "v_cache", "page_table",
+                                          "lens", "cos", "sin", "stream", "qkv", "q",
+                                          "attn_out", "act", "logits", "part_ml", "part_o")])
+
+
+def encode(plan: RoundPlan, device) -> dict[str, torch.Tensor]:
+    """The plan as the kernel reads it: task [T, 8] (kind, layer, lo, hi, head, split, weight
+    index, 0), wait_off / sig_off [T + 1] with waits [NW, 2] (counter, count) and sigs [NS],
+    queue_off [W + 1] with queue [T]; int32 on `device`. Also `weights`: the weight names in
+    index order (a list, not a tensor)."""
+    names: list[str] = []
+    rows, wait_off, waits, sig_off, sigs = [], [0], [], [0], []
+    for t in plan.tasks:
+        widx = -1
+        if t.weight is not None:
+            if t.weight not in names:
+                names.append(t.weight)
+            widx = names.index(t.weight)
+        rows.append([KINDS[t.kind], t.layer, t.lo, t.hi, t.head, t.split, widx, 0])
+        waits += [list(w) for w in t.waits]
+        wait_off.append(len(waits))
+        sigs += list(t.signals)
+        sig_off.append(len(sigs))
+    queue_off = [0]
+    for q in plan.queues:
+        queue_off.append(queue_off[-1] + len(q))
+
+    def i32(x):
+        return torch.tensor(x, dtype=torch.int32, device=device)
+
+    return dict(task=i32(rows), wait_off=i32(wait_off),
+                waits=i32(waits or [[0, 0]]), sig_off=i32(sig_off), sigs=i32(sigs or [0]),
+                queue_off=i32(queue_off), queue=i32([i for q in plan.queues for i in q]),
+                weights=names)
+
+
+def shared_bytes(plan: RoundPlan) -> int:
+    """Dynamic shared memory of a CTA: the staged input rows of the widest projection (fp32)."""
+    c = plan.config
+    return plan.block * max(c.hidden_size, c.num_heads * c.head_dim, c.intermediate_size) * 4
+
+
+def check_supported(plan: RoundPlan, dtype: torch.dtype, device: torch.device) -> None:
+    """ValueError naming what the kernel does not serve (module docstring)."""
+    c = plan.config
+    item = torch.tensor([], dtype=dtype).element_size()
+    problems = []
+    if dtype not in (torch.bfloat16, torch.float32):
+        problems.append(f"dtype {dtype} (bfloat16 or float32)")
+    if not 1 <= plan.block <= MAX_B:
+        problems.append(f"block {plan.block} (1..{MAX_B})")
+    if c.head_dim % 32 or c.head_dim > 256:
+        problems.append(f"head_dim {c.head_dim} (a multiple of 32 up to 256)")
+    for name, k in (("hidden_size", c.hidden_size), ("heads * head_dim",
+                                                     c.num_heads * c.head_dim),
+                    ("intermediate_size", c.intermediate_size)):
+        if (k * item) % 16:
+            problems.append(f"{name} {k} ({16 // item}-element multiples)")
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        limit = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
+        if shared_bytes(plan) + STATIC_SHARED > limit:
+            problems.append(f"{shared_bytes(plan)} bytes of staged input rows (at most "
+                            f"{limit - STATIC_SHARED} a CTA)")
+        if plan.workers > props.multi_processor_count:
+            problems.append(f"{plan.workers} workers on {props.multi_processor_count} SMs")
+    if problems:
+        raise ValueError("the persistent round kernel does not serve: " + "; ".join(problems))
+
+
+def _ptrs(tensors, device) -> torch.Tensor:
+    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=device)
+
+
+class PersistentRound:
+    """The kernel bound to one model, cache, plan and lens buffer (module docstring).
+
+    Raises ValueError when the kernel does not serve the plan (`check_supported`), the model's
+    weights are not plain tensors of one dtype, or the cache is not of that dtype."""
+
+    def __init__(self, plan: RoundPlan, model, cache: PagedKVCache, lens: torch.Tensor,
+                 chunk_block: int | None):
+        c, inner = plan.config, model.model
+        dtype, dev = inner.embed_tokens.weight.dtype, inner.embed_tokens.weight.device
+        check_supported(plan, dtype, dev)
+        if cache.dtype != dtype or lens.dtype != torch.int32 or lens.device != dev:
+            raise ValueError(f"PersistentRound: a {cache.dtype} cache and {lens.dtype} lens "
+                             f"for a {dtype} model on {dev}")
+        self.plan, self.model, self.cache, self.lens = plan, model, cache, lens
+        self.dtype, self.device = dtype, dev
+        enc = encode(plan, dev)
+        params = dict(model.named_parameters())
+        weights = [params[n] for n in enc.pop("weights")]
+        if any(w.dtype != dtype or not w.is_contiguous() for w in weights):
+            raise ValueError("PersistentRound: the projections must be plain contiguous "
+                             f"{dtype} weights (quantised layers keep the layer path)")
+        layers = inner.layers
+        self._keep = [enc, weights]
+        b, d = plan.block, c.head_dim
+        new = lambda *shape: torch.zeros(*shape, dtype=dtype, device=dev)  # noqa: E731
+        self.stream, self.qkv = new(b, c.hidden_size), new(b, (c.num_heads + 2 *
+                                                                c.num_kv_heads) * d)
+        self.q, self.attn_out = new(b, c.num_heads, d), new(b, c.num_heads * d)
+        self.act, self.logits = new(b, c.intermediate_size), new(b, c.vocab_size)
+        rows = b * (c.num_heads // c.num_kv_heads)
+        self.part_ml = torch.zeros(c.num_kv_heads * plan.splits * rows * 2, device=dev)
+        self.part_o = torch.zeros(c.num_kv_heads * plan.splits * rows * d, device=dev)
+        self.counters = torch.zeros(len(plan.counter_names) + 1, dtype=torch.int32,
+                                    device=dev)
+        half = inner.rotary_emb.inv_freq.numel()
+        self.cos = torch.zeros(b, half, device=dev)
+        self.sin = torch.zeros(b, half, device=dev)
+        self.arange = torch.arange(b, device=dev)
+        ptr_lists = dict(
+            weights=weights, in_norm=[ly.input_layernorm.weight for ly in layers],
+            post_norm=[ly.post_attention_layernorm.weight for ly in layers],
+            q_norm=[ly.self_attn.q_norm.weight for ly in layers],
+            k_norm=[ly.self_attn.k_norm.weight for ly in layers],
+            k_cache=list(cache.k), v_cache=list(cache.v))
+        ptrs = {k: _ptrs(v, dev) for k, v in ptr_lists.items()}
+        self._keep.append(ptrs)
+        p = _Params(num_counters=len(plan.counter_names), B=b, H=c.hidden_size,
+                    Hq=c.num_heads, Hkv=c.num_kv_heads, D=d, I=c.intermediate_size,
+                    V=c.vocab_size, L=c.num_layers, splits=plan.splits,
+                    chunk_block=chunk_block or 0, rot_half=half,
+                    full_rope=int(inner.rotary_emb.full_precision), page_size=cache.page_size,
+                    eps=c.rms_norm_eps, final_norm=inner.norm.weight.data_ptr(),
+                    page_table=cache.page_table.data_ptr(), lens=lens.data_ptr(),
+                    counters=self.counters.data_ptr())
+        for k in ("task", "wait_off", "waits", "sig_off", "sigs", "queue_off", "queue"):
+            setattr(p, k, enc[k].data_ptr())
+        for k, v in ptrs.items():
+            setattr(p, k, v.data_ptr())
+        for k in ("cos", "sin", "stream", "qkv", "q", "attn_out", "act", "logits", "part_ml",
+                  "part_o"):
+            setattr(p, k, getattr(self, k).data_ptr())
+        raw = bytes(p)
+        self.params = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(dev)
+        if dtype not in _KERNELS:
+            name = "dlrt_persistent_round_" + ("bf16" if dtype == torch.bfloat16 else "f32")
+            _KERNELS[dtype] = Kernel("persistent_round.cu", name, "the persistent round")
+        self.kernel = _KERNELS[dtype]
+        self.smem = shared_bytes(plan)
+        self.kernel.set_shared_bytes(self.smem)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B] int64 at positions lens[0].. -> logits [B, V] (a buffer the next call
+        overwrites); writes the block's K/V into the cache. No host sync."""
+        inner = self.model.model
+        self.stream.copy_(F.embedding(tokens, inner.embed_tokens.weight))
+        positions = self.lens[0].long() + self.arange
+        cos, sin = inner.rotary_emb.cos_sin(positions)
+        self.cos.copy_(cos)
+        self.sin.copy_(sin)
+        self.kernel.launch(self.plan.workers, THREADS, (self.params.data_ptr(),), (VOID_P,),
+                           self.smem)
+        return self.logits
