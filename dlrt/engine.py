@@ -97,6 +97,8 @@ class Engine:
         cache = _kv_cache(mconfig, config, model, folder)
         backend = get_backend(config.attention_backend, cache, mconfig.num_heads)
         runner = ModelRunner(model, ops, backend, cache, device)
+        if config.round_kernel == "persistent":
+            runner.persistent = _persistent_rounds(model, mconfig, config, cache, defaults)
         executor = Executor(config.execution_mode, device, backend)
         decoder = build_decoder(config.decoder, runner, mconfig.mask_token_id, defaults,
                                 executor)
@@ -176,6 +178,30 @@ def _plan_linears(model: nn.Module, config: EngineConfig,
     plan.methods.update(methods)
     plan.records.update(records)
     return plan
+
+
+def _persistent_rounds(model: nn.Module, mconfig: ModelConfig, config: EngineConfig,
+                       cache: PagedKVCache, defaults: DecoderDefaults):
+    """The persistent round kernel for the block decoder's rounds (round_kernel='persistent').
+
+    Raises:
+        OptionError: a model, decoder, precision or size the kernel does not serve (named)."""
+    from dlrt.runtime.persistent.kernel import PersistentRounds
+
+    why = []
+    if mconfig.family != "sdar" or mconfig.moe_layers:
+        why.append(f"model family {mconfig.family} (dense SDAR only)")
+    if config.decoder != "block":
+        why.append(f"decoder {config.decoder} (block only)")
+    if config.quantization != "none" or cache.dtype != config.torch_dtype:
+        why.append(f"quantization {config.quantization}, KV cache {cache.dtype} (unquantised "
+                   "weights and a cache of the model dtype only)")
+    if why:
+        raise OptionError("round_kernel 'persistent' does not serve: " + "; ".join(why))
+    try:
+        return PersistentRounds(model, cache, defaults.block_length or 4)
+    except ValueError as e:
+        raise OptionError(f"round_kernel 'persistent': {e}") from e
 
 
 def _eos_ids(folder: CheckpointFolder, config: ModelConfig) -> tuple[int, ...]:

@@ -101,6 +101,12 @@ class EngineConfig:
         "auto", "the small ops of a forward and a round: auto (triton on CUDA, reference on the "
         "CPU), triton (Triton kernels; on the CPU only under TRITON_INTERPRET=1), reference "
         "(plain PyTorch)", ("auto", *KERNELS))
+    round_kernel: str = _option(
+        "auto", "the forward of a block's round: layers (a kernel per op; auto), persistent "
+        "(csrc/persistent_round.cu: one resident CTA per SM runs the whole round; CUDA, dense "
+        "SDAR models with the block decoder, bfloat16 / float32 weights and KV cache; it does "
+        "not yet match the layer path's speed and is chosen only when asked for)",
+        ("auto", "layers", "persistent"))
     linear_kernels: str = _option(
         "auto", "projections on CUDA with Triton kernels: auto (per weight shape, cuBLAS or the "
         "skinny Triton GEMM, whichever was timed faster at load), cublas, triton (the fastest "
@@ -170,9 +176,12 @@ class EngineConfig:
                 raise OptionError(f"{e} (DLRT_ATTENTION_BACKEND={attention})") from e
         elif attention != "auto":
             check_backend(attention, device, DTYPES[dtype], mode, kv_cache_dtype=kv_torch)
+        round_kernel = "layers" if self.round_kernel == "auto" else self.round_kernel
+        if round_kernel == "persistent" and device.type != "cuda":
+            raise OptionError("round_kernel 'persistent' needs a CUDA device; use 'layers'")
         return dataclasses.replace(self, device=str(device), dtype=dtype, execution_mode=mode,
                                    kernels=kernels, attention_backend=attention,
-                                   kv_cache_dtype=kv)
+                                   kv_cache_dtype=kv, round_kernel=round_kernel)
 
     def resolve(self, config: ModelConfig, tokenizer_mask_id: int | None = None,
                 path: str | Path | None = None

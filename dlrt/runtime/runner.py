@@ -22,6 +22,9 @@ class ModelRunner:
         self.cache = cache
         self.device = device
         self._aranges: dict[int, torch.Tensor] = {}
+        # the persistent round kernel (`dlrt.runtime.persistent.kernel.PersistentRounds`):
+        # serves the forwards it was built for, the layers serve the rest
+        self.persistent = None
 
     def arange(self, n: int) -> torch.Tensor:
         """A static [n] int64 0..n-1 on the device (made before any capture uses it)."""
@@ -42,6 +45,10 @@ class ModelRunner:
         an index tensor of chunk rows), or None when `rows` is None (no LM head).
         Pure tensor code: no host sync unless the backend needs one (SDPA).
         """
+        if self.persistent is not None and rows is not None:
+            logits = self.persistent.forward(tokens, lens, chunk_block)
+            if logits is not None:
+                return logits[rows] if isinstance(rows, slice) else logits.index_select(0, rows)
         positions = lens[0].long() + self.arange(tokens.shape[0])
         meta = ForwardMeta(positions, lens, chunk_block)
         hidden = self.model(tokens, positions, ForwardContext(self.backend, meta, self.cache))

@@ -25,6 +25,7 @@ from dlrt.errors import OptionError
     ({"linear_kernels": "fast"}, "linear_kernels 'fast': unknown linear kernels"),
     ({"quantization": "int4"}, "quantization 'int4': unknown quantization"),
     ({"execution_mode": "loop"}, "unknown execution mode"),
+    ({"round_kernel": "mega"}, "round_kernel 'mega': unknown round kernel"),
     ({"dtype": True}, "dtype must be a string"),
 ])
 def test_bad_options_fail_before_anything_is_read(kw, message):
@@ -43,6 +44,7 @@ def test_resolved_config_has_no_auto(tiny_sdar):
     assert "auto" not in values.values(), values
     assert values["model"] == str(tiny_sdar) and values["load_format"] == "safetensors"
     assert values["linear_kernels"] == "cublas"  # the CPU: nothing is timed
+    assert values["round_kernel"] == "layers"
     assert values["mask_token_id"] == llm.config.mask_token_id == 151669
 
 
@@ -59,3 +61,8 @@ def test_cli_flags_come_from_the_fields():
     assert kw["seed"] == 3 and kw["kernels"] == "reference" and set(kw) == \
         {f.name for f in dataclasses.fields(EngineConfig)}
     assert args.seed is None  # --seed is the decoding option; the load seed is --load-seed
+
+
+def test_persistent_round_needs_cuda():
+    with pytest.raises(OptionError, match="round_kernel 'persistent' needs a CUDA device"):
+        EngineConfig.from_kwargs(device="cpu", round_kernel="persistent").resolve_device()

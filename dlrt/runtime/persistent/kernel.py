@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.runtime.cubin import VOID_P, Kernel
-from dlrt.runtime.persistent.plan import RoundPlan
+from dlrt.runtime.persistent.plan import RoundPlan, build_plan
 
 KINDS = {"qkv": 0, "rope": 1, "attn": 2, "merge": 3, "o": 4, "gate_up": 5, "down": 6,
          "lm_head": 7}
@@ -198,3 +198,31 @@ class PersistentRound:
         self.kernel.launch(self.plan.workers, THREADS, (self.params.data_ptr(),), (VOID_P,),
                            self.smem)
         return self.logits
+
+
+class PersistentRounds:
+    """The kernel for the forwards of the block decoder: its rounds (B tokens) and the folded
+    round 0 of a block ([previous block + block], 2B tokens; while 2B <= 16), chunk_block = B,
+    each with its own plan (one worker per SM; KV-head x split attention tasks about one per
+    SM) and lens buffer. `forward` returns None for any other forward (the layers serve it)."""
+
+    def __init__(self, model, cache: PagedKVCache, block: int):
+        c = model.config
+        dev = model.model.embed_tokens.weight.device
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        splits = max(1, min(64, sms // c.num_kv_heads))
+        self.block = block
+        self.rounds = {}
+        for n in (block, 2 * block):
+            if n <= MAX_B:
+                lens = torch.zeros(2, dtype=torch.int32, device=dev)
+                self.rounds[n] = PersistentRound(build_plan(c, n, sms, splits), model, cache,
+                                                 lens, block)
+
+    def forward(self, tokens: torch.Tensor, lens: torch.Tensor,
+                chunk_block: int | None) -> torch.Tensor | None:
+        rnd = self.rounds.get(tokens.shape[0])
+        if rnd is None or chunk_block != self.block:
+            return None
+        rnd.lens.copy_(lens)
+        return rnd.forward(tokens)
