@@ -25,6 +25,10 @@ constexpr int WARPS = THREADS / 32;
 constexpr int MAX_B = 16;     // block rows
 constexpr int MAX_DL = 8;     // head_dim / 32 (head_dim <= 256)
 
+// a loop over a lane's head dims (lane + 32 i, i < nd) unrolled, so per-lane arrays stay in
+// registers
+#define FOR_DL(i) _Pragma("unroll") for (int i = 0; i < MAX_DL; ++i) if (i < nd)
+
 enum Kind { QKV = 0, ROPE = 1, ATTN = 2, MERGE = 3, O_PROJ = 4, GATE_UP = 5, DOWN = 6,
             LM_HEAD = 7 };
 
@@ -65,6 +69,7 @@ struct Params {
   void* logits;    // [B, V]
   float* part_ml;  // [Hkv, splits, B G, 2]
   float* part_o;   // [Hkv, splits, B G, D]
+  long long* timeline;  // nullptr, or [T, 3] ns: task picked, its waits done, its work done
 };
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -87,6 +92,12 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+
+__device__ __forceinline__ long long now_ns() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -116,10 +127,10 @@ template <> struct Vec<__nv_bfloat16> {
   }
 };
 
-// The input rows of a projection into shared memory as floats holding T values:
-// norm_w == nullptr: x as it is; else RMSNorm(x) * norm_w with the reference's roundings.
+// The input rows of a projection into shared memory (T): norm_w == nullptr: x as it is;
+// else RMSNorm(x) * norm_w with the reference's roundings.
 template <typename T>
-__device__ void stage_input(const Params& p, const T* x, int K, const T* norm_w, float* xs) {
+__device__ void stage_input(const Params& p, const T* x, int K, const T* norm_w, T* xs) {
   __shared__ float rstd[MAX_B];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (norm_w != nullptr) {
@@ -140,28 +151,36 @@ __device__ void stage_input(const Params& p, const T* x, int K, const T* norm_w,
       int b = i / K, k = i % K;
       v = rnd<T>(to_f(norm_w[k]) * rnd<T>(v * rstd[b]));
     }
-    xs[i] = v;
+    xs[i] = from_f<T>(v);
   }
   __syncthreads();
 }
 
-// acc[b] = sum_k w[row, k] * xs[b, k] for the B rows (warp-wide; every lane gets the sums)
+// acc[b] = sum_k w[row, k] * xs[b, k] for the B rows (warp-wide; every lane gets the sums).
+// UNROLL 16-byte weight loads per lane are issued before their products.
+constexpr int UNROLL = 4;
 template <typename T>
-__device__ __forceinline__ void row_dot(const T* w, const float* xs, int K, int B,
-                                        float* acc) {
+__device__ __forceinline__ void row_dot(const T* w, const T* xs, int K, int B, float* acc) {
   constexpr int N = Vec<T>::N;
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int b = 0; b < MAX_B; ++b) acc[b] = 0.f;
-  for (int k0 = lane * N; k0 < K; k0 += 32 * N) {
-    float wv[N];
-    Vec<T>::load(w + k0, wv);
+  for (int k0 = lane * N; k0 < K; k0 += 32 * N * UNROLL) {
+    float wv[UNROLL][N];
 #pragma unroll
-    for (int b = 0; b < MAX_B; ++b) {
-      if (b < B) {
-        const float* xb = xs + (size_t)b * K + k0;
+    for (int u = 0; u < UNROLL; ++u)
+      if (k0 + u * 32 * N < K) Vec<T>::load(w + k0 + u * 32 * N, wv[u]);
 #pragma unroll
-        for (int j = 0; j < N; ++j) acc[b] = fmaf(wv[j], xb[j], acc[b]);
+    for (int u = 0; u < UNROLL; ++u) {
+      const int k = k0 + u * 32 * N;
+      if (k >= K) break;
+#pragma unroll
+      for (int b = 0; b < MAX_B; ++b) {
+        if (b < B) {
+          const T* xb = xs + (size_t)b * K + k;
+#pragma unroll
+          for (int j = 0; j < N; ++j) acc[b] = fmaf(wv[u][j], to_f(xb[j]), acc[b]);
+        }
       }
     }
   }
@@ -172,7 +191,7 @@ __device__ __forceinline__ void row_dot(const T* w, const float* xs, int K, int 
 
 template <typename T>
 __device__ void gemv_task(const Params& p, int kind, int layer, int lo, int hi, int widx,
-                          float* xs) {
+                          T* xs) {
   const T* w = static_cast<const T*>(p.weights[widx]);
   T* stream = static_cast<T*>(p.stream);
   int K = p.H;
@@ -190,7 +209,9 @@ __device__ void gemv_task(const Params& p, int kind, int layer, int lo, int hi, 
     row_dot<T>(w + (size_t)r * K, xs, K, p.B, acc);
     if (kind == GATE_UP) row_dot<T>(w + (size_t)(p.I + r) * K, xs, K, p.B, up);
     if (lane == 0) {
-      for (int b = 0; b < p.B; ++b) {
+#pragma unroll
+      for (int b = 0; b < MAX_B; ++b) {
+        if (b >= p.B) break;
         float y = rnd<T>(acc[b]);
         switch (kind) {
           case QKV: {
@@ -224,16 +245,16 @@ template <typename T>
 __device__ void norm_rope(const Params& p, float* v, const T* norm_w, int b) {
   const int lane = threadIdx.x % 32, nd = p.D / 32;
   float s = 0.f;
-  for (int i = 0; i < nd; ++i) s += v[i] * v[i];
+  FOR_DL(i) s += v[i] * v[i];
   float r = rsqrtf(warp_sum(s) / p.D + p.eps);
-  for (int i = 0; i < nd; ++i) v[i] = rnd<T>(to_f(norm_w[lane + 32 * i]) * rnd<T>(v[i] * r));
+  FOR_DL(i) v[i] = rnd<T>(to_f(norm_w[lane + 32 * i]) * rnd<T>(v[i] * r));
   // neox: dims d < R/2 pair with d + R/2; dims >= R pass through
   __shared__ float buf[WARPS][256];
   float* row = buf[threadIdx.x / 32];
-  for (int i = 0; i < nd; ++i) row[lane + 32 * i] = v[i];
+  FOR_DL(i) row[lane + 32 * i] = v[i];
   __syncwarp();
   const int half = p.rot_half;
-  for (int i = 0; i < nd; ++i) {
+  FOR_DL(i) {
     int d = lane + 32 * i;
     if (d >= 2 * half) continue;
     int f = d % half;
@@ -260,18 +281,18 @@ __device__ void rope_task(const Params& p, int layer, int g) {
     int b = item / (G + 2), h = item % (G + 2);
     int col = h < G ? (g * G + h) * p.D : h == G ? (p.Hq + g) * p.D : (p.Hq + p.Hkv + g) * p.D;
     float v[MAX_DL];
-    for (int i = 0; i < nd; ++i) v[i] = ldcg(qkv + (size_t)b * n + col + lane + 32 * i);
+    FOR_DL(i) v[i] = ldcg(qkv + (size_t)b * n + col + lane + 32 * i);
     if (h < G) {
       norm_rope<T>(p, v, static_cast<const T*>(p.q_norm[layer]), b);
       T* q = static_cast<T*>(p.q) + ((size_t)b * p.Hq + g * G + h) * p.D;
-      for (int i = 0; i < nd; ++i) q[lane + 32 * i] = from_f<T>(v[i]);
+      FOR_DL(i) q[lane + 32 * i] = from_f<T>(v[i]);
     } else {
       if (h == G) norm_rope<T>(p, v, static_cast<const T*>(p.k_norm[layer]), b);
       int pos = start + b;
       long slot = (long)p.page_table[pos / p.page_size] * p.page_size + pos % p.page_size;
       T* cache = static_cast<T*>(h == G ? p.k_cache[layer] : p.v_cache[layer]);
       T* dst = cache + (slot * p.Hkv + g) * p.D;
-      for (int i = 0; i < nd; ++i) dst[lane + 32 * i] = from_f<T>(v[i]);
+      FOR_DL(i) dst[lane + 32 * i] = from_f<T>(v[i]);
     }
   }
 }
@@ -291,7 +312,7 @@ __device__ void attn_task(const Params& p, int layer, int g, int split) {
     int b = row / G, h = row % G;
     const T* qp = static_cast<const T*>(p.q) + ((size_t)b * p.Hq + g * G + h) * p.D;
     float q[MAX_DL], acc[MAX_DL];
-    for (int i = 0; i < nd; ++i) { q[i] = ldcg(qp + lane + 32 * i); acc[i] = 0.f; }
+    FOR_DL(i) { q[i] = ldcg(qp + lane + 32 * i); acc[i] = 0.f; }
     float m = -INFINITY, l = 0.f;
     for (int j = lo; j < hi; ++j) {
       bool vis = p.chunk_block == 0 || j < start ||
@@ -301,17 +322,17 @@ __device__ void attn_task(const Params& p, int layer, int g, int split) {
       const T* kj = kc + (slot * p.Hkv + g) * p.D;
       const T* vj = vc + (slot * p.Hkv + g) * p.D;
       float s = 0.f;
-      for (int i = 0; i < nd; ++i) s = fmaf(q[i], ldcg(kj + lane + 32 * i), s);
+      FOR_DL(i) s = fmaf(q[i], ldcg(kj + lane + 32 * i), s);
       s = warp_sum(s) * scale;
       float m_new = fmaxf(m, s);
       float alpha = expf(m - m_new), e = expf(s - m_new);
       l = l * alpha + e;
-      for (int i = 0; i < nd; ++i) acc[i] = acc[i] * alpha + e * ldcg(vj + lane + 32 * i);
+      FOR_DL(i) acc[i] = acc[i] * alpha + e * ldcg(vj + lane + 32 * i);
       m = m_new;
     }
     size_t idx = ((size_t)g * p.splits + split) * rows + row;
     if (lane == 0) { p.part_ml[2 * idx] = m; p.part_ml[2 * idx + 1] = l; }
-    for (int i = 0; i < nd; ++i) p.part_o[idx * p.D + lane + 32 * i] = acc[i];
+    FOR_DL(i) p.part_o[idx * p.D + lane + 32 * i] = acc[i];
   }
 }
 
@@ -325,35 +346,38 @@ __device__ void merge_task(const Params& p, int g) {
     for (int s = 0; s < p.splits; ++s)
       m_all = fmaxf(m_all, ldcg(p.part_ml + 2 * (((size_t)g * p.splits + s) * rows + row)));
     float den = 0.f, num[MAX_DL];
-    for (int i = 0; i < nd; ++i) num[i] = 0.f;
+    FOR_DL(i) num[i] = 0.f;
     for (int s = 0; s < p.splits; ++s) {
       size_t idx = ((size_t)g * p.splits + s) * rows + row;
       float m = ldcg(p.part_ml + 2 * idx);
       if (m == -INFINITY) continue;
       float w = expf(m - m_all);
       den += w * ldcg(p.part_ml + 2 * idx + 1);
-      for (int i = 0; i < nd; ++i) num[i] += w * ldcg(p.part_o + idx * p.D + lane + 32 * i);
+      FOR_DL(i) num[i] += w * ldcg(p.part_o + idx * p.D + lane + 32 * i);
     }
     T* out = static_cast<T*>(p.attn_out) + (size_t)b * p.Hq * p.D + (g * G + h) * p.D;
-    for (int i = 0; i < nd; ++i) out[lane + 32 * i] = from_f<T>(num[i] / den);
+    FOR_DL(i) out[lane + 32 * i] = from_f<T>(num[i] / den);
   }
 }
 
 template <typename T>
 __device__ void round_kernel(const Params* pp) {
   const Params& p = *pp;
-  extern __shared__ float xs[];
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* xs = reinterpret_cast<T*>(smem);
   __shared__ int s_task[8];
   const int cta = blockIdx.x;
   for (int qi = p.queue_off[cta]; qi < p.queue_off[cta + 1]; ++qi) {
     const int t = p.queue[qi];
     if (threadIdx.x == 0) {
+      if (p.timeline != nullptr) p.timeline[3 * t] = now_ns();
       for (int i = p.wait_off[t]; i < p.wait_off[t + 1]; ++i) {
         const int* c = p.counters + p.waits[2 * i];
         const int need = p.waits[2 * i + 1];
         while (ld_acquire(c) < need) __nanosleep(64);
       }
       for (int i = 0; i < 8; ++i) s_task[i] = p.task[8 * t + i];
+      if (p.timeline != nullptr) p.timeline[3 * t + 1] = now_ns();
     }
     __syncthreads();
     const int kind = s_task[0], layer = s_task[1], lo = s_task[2], hi = s_task[3];
@@ -368,6 +392,7 @@ __device__ void round_kernel(const Params* pp) {
     if (threadIdx.x == 0) {
       __threadfence();
       for (int i = p.sig_off[t]; i < p.sig_off[t + 1]; ++i) atomicAdd(p.counters + p.sigs[i], 1);
+      if (p.timeline != nullptr) p.timeline[3 * t + 2] = now_ns();
     }
   }
   if (threadIdx.x == 0) {

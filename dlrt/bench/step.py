@@ -19,7 +19,10 @@ cache write, activations, embedding, state updates). The HBM floor is the bytes 
 read (weights it touches, the KV cache of the context at the cache's element size: 1 byte with
 `--kv-cache-dtype fp8`) over the device-to-device copy bandwidth measured in the same run; a MoE
 layer counts the most experts the block's rows can touch, min(E, k * B), each read once. The
-summary and the JSON record name the KV cache dtype.
+summary and the JSON record name the KV cache dtype. With `--round-kernel persistent` the round
+is the persistent kernel's (the stage variants then measure nothing of it), and each context
+adds one stamped round's timeline: its span, the mean busy and waiting microseconds per SM, and
+busy microseconds by task kind.
 """
 
 from __future__ import annotations
@@ -256,6 +259,7 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
                 us = event_us(lambda g=graph: [g.replay() for _ in range(rounds)]) / rounds
                 extra[f"{stage}_us"] = us - rep_us if how == "repeat" else rep_us - us
             extra["other_us"] = rep_us - sum(extra.values())
+            extra.update(_timeline(llm, bench))
             parts = round_bytes(llm, ctx, program.b)
             nbytes = parts["total"]
             floor_us = nbytes / bw * 1e6
@@ -273,6 +277,29 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
                       block_length=program.b, body_nodes=_body_nodes(wg),
                       kernels=llm.engine_config.kernels,
                       kv_cache_dtype=llm.engine_config.kv_cache_dtype)
+
+
+def _timeline(llm, bench) -> dict[str, Any]:
+    """With round_kernel='persistent': one round of the kernel with its task stamps
+    (`dlrt.runtime.persistent.kernel.timeline_summary`): the round's span and the mean busy
+    and waiting microseconds per SM, busy microseconds by task kind; {} otherwise."""
+    rounds = getattr(llm.runner.persistent, "rounds", None)
+    if not rounds or bench.p.b not in rounds:
+        return {}
+    from dlrt.runtime.persistent.kernel import PersistentRound, timeline_summary
+
+    rnd = rounds[bench.p.b]
+    stamped = PersistentRound(rnd.plan, rnd.model, rnd.cache, rnd.lens, rnd.chunk_block,
+                              timeline=True)
+    bench.p.state.tokens.copy_(bench.init_tokens)
+    rnd.lens.copy_(bench.p.state.lens)
+    with torch.inference_mode():
+        stamped.forward(bench.p.state.tokens)
+    torch.cuda.synchronize()
+    t = timeline_summary(rnd.plan, stamped.timeline)
+    return dict(timeline_span_us=t["span_us"], timeline_busy_us=t["mean_busy_us"],
+                timeline_wait_us=t["mean_wait_us"],
+                timeline_busy_by_kind_us=t["busy_by_kind_us"])
 
 
 def _launch_api_us(wg, g_round, reps: int = 20) -> dict[str, float]:
@@ -347,6 +374,9 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     print(table(rows, COLUMNS))
     print(table(rows, STAGE_COLUMNS))
     print(table(rows, BYTE_COLUMNS))
+    if "timeline_span_us" in rows[0]:  # round_kernel='persistent': where a round's time went
+        print(table(rows, ["context", "timeline_span_us", "timeline_busy_us",
+                           "timeline_wait_us"]))
     print(table([summary], list(summary)))
     for shape, rec in llm.linear_plan.records.items():
         if "reference_us" in rec:  # a quantised shape ("fp8,N,K"): every candidate

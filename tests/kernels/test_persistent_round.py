@@ -195,3 +195,19 @@ def test_graph_and_while_node_replay_gpu():
         wg.launch()
     torch.cuda.synchronize()
     assert int(count) == 5 and torch.equal(rnd.logits, eager) and not rnd.counters.any()
+
+
+@pytest.mark.gpu
+def test_timeline_stamps_every_task_gpu():
+    from dlrt.runtime.persistent.kernel import PersistentRound, timeline_summary
+
+    config = tiny(**AWKWARD)
+    model, (cache,), _, tokens, lens = _setup(config, torch.bfloat16, 4, 9, caches=1)
+    plan = build_plan(config, 4, workers=6, splits=2)
+    rnd = PersistentRound(plan, model, cache, lens, 4, timeline=True)
+    rnd.forward(tokens)
+    torch.cuda.synchronize()
+    s = rnd.timeline.cpu()
+    assert (s > 0).all() and (s[:, 0] <= s[:, 1]).all() and (s[:, 1] <= s[:, 2]).all()
+    summary = timeline_summary(plan, s)
+    assert summary["span_us"] > 0 and len(summary["busy_us"]) == plan.workers

@@ -188,3 +188,20 @@ def test_run_plan_checks_the_block():
     with pytest.raises(ValueError, match="plan of block 4"):
         run_plan(plan, _model(config, 0), cache, torch.zeros(3, dtype=torch.long),
                  torch.tensor([0, 3], dtype=torch.int32), 4)
+
+
+def test_timeline_summary():
+    from dlrt.runtime.persistent.kernel import timeline_summary
+
+    plan = build_plan(tiny(), 4, 2, 2)
+    stamps = torch.zeros(len(plan.tasks), 3, dtype=torch.int64)
+    for w, q in enumerate(plan.queues):  # worker w: each task waits w us, then runs 2 us
+        t0 = 0
+        for i in q:
+            stamps[i] = torch.tensor([t0, t0 + 1000 * w, t0 + 1000 * w + 2000])
+            t0 = int(stamps[i, 2])
+    s = timeline_summary(plan, stamps)
+    assert s["busy_us"] == [2.0 * len(q) for q in plan.queues]
+    assert s["wait_us"] == [1.0 * w * len(q) for w, q in enumerate(plan.queues)]
+    assert s["span_us"] == max(3.0 * len(plan.queues[1]), 2.0 * len(plan.queues[0]))
+    assert sum(s["busy_by_kind_us"].values()) == 2.0 * len(plan.tasks)

@@ -43,7 +43,8 @@ class _Params(ctypes.Structure):
                 + [(n, VOID_P) for n in ("weights", "in_norm", "post_norm", "q_norm", "k_norm",
                                           "final_norm", "k_cache", "v_cache", "page_table",
                                           "lens", "cos", "sin", "stream", "qkv", "q",
-                                          "attn_out", "act", "logits", "part_ml", "part_o")])
+                                          "attn_out", "act", "logits", "part_ml", "part_o",
+                                          "timeline")])
 
 
 def encode(plan: RoundPlan, device) -> dict[str, torch.Tensor]:
@@ -77,10 +78,11 @@ def encode(plan: RoundPlan, device) -> dict[str, torch.Tensor]:
                 weights=names)
 
 
-def shared_bytes(plan: RoundPlan) -> int:
-    """Dynamic shared memory of a CTA: the staged input rows of the widest projection (fp32)."""
+def shared_bytes(plan: RoundPlan, itemsize: int) -> int:
+    """Dynamic shared memory of a CTA: the staged input rows of the widest projection."""
     c = plan.config
-    return plan.block * max(c.hidden_size, c.num_heads * c.head_dim, c.intermediate_size) * 4
+    return plan.block * max(c.hidden_size, c.num_heads * c.head_dim,
+                            c.intermediate_size) * itemsize
 
 
 def check_supported(plan: RoundPlan, dtype: torch.dtype, device: torch.device) -> None:
@@ -102,8 +104,9 @@ def check_supported(plan: RoundPlan, dtype: torch.dtype, device: torch.device) -
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         limit = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
-        if shared_bytes(plan) + STATIC_SHARED > limit:
-            problems.append(f"{shared_bytes(plan)} bytes of staged input rows (at most "
+        need = shared_bytes(plan, item)
+        if need + STATIC_SHARED > limit:
+            problems.append(f"{need} bytes of staged input rows (at most "
                             f"{limit - STATIC_SHARED} a CTA)")
         if plan.workers > props.multi_processor_count:
             problems.append(f"{plan.workers} workers on {props.multi_processor_count} SMs")
@@ -116,13 +119,14 @@ def _ptrs(tensors, device) -> torch.Tensor:
 
 
 class PersistentRound:
-    """The kernel bound to one model, cache, plan and lens buffer (module docstring).
+    """The kernel bound to one model, cache, plan and lens buffer (module docstring); with
+    `timeline`, each round also stamps every task (`self.timeline`, `timeline_summary`).
 
     Raises ValueError when the kernel does not serve the plan (`check_supported`), the model's
     weights are not plain tensors of one dtype, or the cache is not of that dtype."""
 
     def __init__(self, plan: RoundPlan, model, cache: PagedKVCache, lens: torch.Tensor,
-                 chunk_block: int | None):
+                 chunk_block: int | None, timeline: bool = False):
         c, inner = plan.config, model.model
         dtype, dev = inner.embed_tokens.weight.dtype, inner.embed_tokens.weight.device
         check_supported(plan, dtype, dev)
@@ -130,6 +134,7 @@ class PersistentRound:
             raise ValueError(f"PersistentRound: a {cache.dtype} cache and {lens.dtype} lens "
                              f"for a {dtype} model on {dev}")
         self.plan, self.model, self.cache, self.lens = plan, model, cache, lens
+        self.chunk_block = chunk_block
         self.dtype, self.device = dtype, dev
         enc = encode(plan, dev)
         params = dict(model.named_parameters())
@@ -177,13 +182,17 @@ class PersistentRound:
         for k in ("cos", "sin", "stream", "qkv", "q", "attn_out", "act", "logits", "part_ml",
                   "part_o"):
             setattr(p, k, getattr(self, k).data_ptr())
+        # per task: picked, waits done, work done (globaltimer ns); see `timeline_summary`
+        self.timeline = (torch.zeros(len(plan.tasks), 3, dtype=torch.int64, device=dev)
+                         if timeline else None)
+        p.timeline = self.timeline.data_ptr() if timeline else None
         raw = bytes(p)
         self.params = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(dev)
         if dtype not in _KERNELS:
             name = "dlrt_persistent_round_" + ("bf16" if dtype == torch.bfloat16 else "f32")
             _KERNELS[dtype] = Kernel("persistent_round.cu", name, "the persistent round")
         self.kernel = _KERNELS[dtype]
-        self.smem = shared_bytes(plan)
+        self.smem = shared_bytes(plan, weights[0].element_size())
         self.kernel.set_shared_bytes(self.smem)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -201,8 +210,9 @@ class PersistentRound:
 
 
 class PersistentRounds:
-    """The kernel for the forwards of the block decoder: its rounds (B tokens) and the folded
-    round 0 of a block ([previous block + block], 2B tokens; while 2B <= 16), chunk_block = B,
+    """The kernel for the forwards of the block decoder: its rounds (B tokens) and, where the
+    kernel serves 2B rows, the folded round 0 of a block ([previous block + block]),
+    chunk_block = B,
     each with its own plan (one worker per SM; KV-head x split attention tasks about one per
     SM) and lens buffer. `forward` returns None for any other forward (the layers serve it)."""
 
@@ -214,10 +224,14 @@ class PersistentRounds:
         self.block = block
         self.rounds = {}
         for n in (block, 2 * block):
-            if n <= MAX_B:
-                lens = torch.zeros(2, dtype=torch.int32, device=dev)
-                self.rounds[n] = PersistentRound(build_plan(c, n, sms, splits), model, cache,
-                                                 lens, block)
+            plan = build_plan(c, n, sms, splits)
+            if n == 2 * block:  # the folded round only where it fits; else the layers
+                try:
+                    check_supported(plan, model.model.embed_tokens.weight.dtype, dev)
+                except ValueError:
+                    continue
+            lens = torch.zeros(2, dtype=torch.int32, device=dev)
+            self.rounds[n] = PersistentRound(plan, model, cache, lens, block)
 
     def forward(self, tokens: torch.Tensor, lens: torch.Tensor,
                 chunk_block: int | None) -> torch.Tensor | None:
@@ -226,3 +240,20 @@ class PersistentRounds:
             return None
         rnd.lens.copy_(lens)
         return rnd.forward(tokens)
+
+
+def timeline_summary(plan: RoundPlan, stamps: torch.Tensor) -> dict:
+    """Where a round's time went, from the kernel's stamps ([T, 3] ns: picked, waits done, work
+    done). Per worker (SM): busy (running tasks) and waiting (on a dependency's counters),
+    microseconds; their means over the workers and the span of the round (first pick to
+    last finish); busy microseconds by task kind. Waiting on a weight page is not told apart
+    yet: the weights stream inside the tasks' time (busy)."""
+    s = stamps.to("cpu", torch.int64)
+    busy = [sum(int(s[t, 2] - s[t, 1]) for t in q) / 1e3 for q in plan.queues]
+    wait = [sum(int(s[t, 1] - s[t, 0]) for t in q) / 1e3 for q in plan.queues]
+    kinds: dict[str, float] = {}
+    for t in plan.tasks:
+        kinds[t.kind] = kinds.get(t.kind, 0.0) + int(s[t.id, 2] - s[t.id, 1]) / 1e3
+    n = max(len(busy), 1)
+    return dict(span_us=int(s[:, 2].max() - s[:, 0].min()) / 1e3, busy_us=busy, wait_us=wait,
+                mean_busy_us=sum(busy) / n, mean_wait_us=sum(wait) / n, busy_by_kind_us=kinds)
