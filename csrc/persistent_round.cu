@@ -46,6 +46,7 @@ struct Params {
   // sizes
   int B, H, Hq, Hkv, D, I, V, L, splits, chunk_block, rot_half, full_rope, page_size;
   float eps;
+  float scale;  // the softmax scale, head_dim ** -0.5 as the host computes it
   // weights (element type T): the plan's weight list; per-layer norm weights
   const void* const* weights;
   const void* const* in_norm;
@@ -107,23 +108,34 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // 16 bytes of weights as floats
 template <typename T> struct Vec;
+// (weights: the read-only path; shared: the staged inputs)
 template <> struct Vec<float> {
   static constexpr int N = 4;
-  __device__ static void load(const float* p, float* out) {
-    float4 v = __ldg(reinterpret_cast<const float4*>(p));
+  __device__ static void unpack(float4 v, float* out) {
     out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+  }
+  __device__ static void load(const float* p, float* out) {
+    unpack(__ldg(reinterpret_cast<const float4*>(p)), out);
+  }
+  __device__ static void load_shared(const float* p, float* out) {
+    unpack(*reinterpret_cast<const float4*>(p), out);
   }
 };
 template <> struct Vec<__nv_bfloat16> {
   static constexpr int N = 8;
-  __device__ static void load(const __nv_bfloat16* p, float* out) {
-    int4 v = __ldg(reinterpret_cast<const int4*>(p));
+  __device__ static void unpack(int4 v, float* out) {
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       float2 f = __bfloat1622float2(h[i]);
       out[2 * i] = f.x; out[2 * i + 1] = f.y;
     }
+  }
+  __device__ static void load(const __nv_bfloat16* p, float* out) {
+    unpack(__ldg(reinterpret_cast<const int4*>(p)), out);
+  }
+  __device__ static void load_shared(const __nv_bfloat16* p, float* out) {
+    unpack(*reinterpret_cast<const int4*>(p), out);
   }
 };
 
@@ -177,9 +189,10 @@ __device__ __forceinline__ void row_dot(const T* w, const T* xs, int K, int B, f
 #pragma unroll
       for (int b = 0; b < MAX_B; ++b) {
         if (b < B) {
-          const T* xb = xs + (size_t)b * K + k;
+          float xv[N];  // 16 bytes per lane, consecutive lanes: no bank conflicts
+          Vec<T>::load_shared(xs + (size_t)b * K + k, xv);
 #pragma unroll
-          for (int j = 0; j < N; ++j) acc[b] = fmaf(wv[u][j], to_f(xb[j]), acc[b]);
+          for (int j = 0; j < N; ++j) acc[b] = fmaf(wv[u][j], xv[j], acc[b]);
         }
       }
     }
@@ -260,11 +273,12 @@ __device__ void norm_rope(const Params& p, float* v, const T* norm_w, int b) {
     int f = d % half;
     float c = p.cos[b * half + f], sn = p.sin[b * half + f];
     float other = d < half ? -row[d + half] : row[d - half];
+    // products and sum rounded one by one, as torch's elementwise ops (no FMA contraction)
     if (p.full_rope) {
-      v[i] = rnd<T>(row[d] * c + other * sn);
+      v[i] = rnd<T>(__fadd_rn(__fmul_rn(row[d], c), __fmul_rn(other, sn)));
     } else {
       c = rnd<T>(c); sn = rnd<T>(sn);
-      v[i] = rnd<T>(rnd<T>(row[d] * c) + rnd<T>(other * sn));
+      v[i] = rnd<T>(__fadd_rn(rnd<T>(__fmul_rn(row[d], c)), rnd<T>(__fmul_rn(other, sn))));
     }
   }
   __syncwarp();
@@ -307,7 +321,7 @@ __device__ void attn_task(const Params& p, int layer, int g, int split) {
   const int lo = split * span, hi = min(lo + span, kv_len);
   const T* kc = static_cast<const T*>(p.k_cache[layer]);
   const T* vc = static_cast<const T*>(p.v_cache[layer]);
-  const float scale = rsqrtf((float)p.D);
+  const float scale = p.scale;
   for (int row = warp; row < rows; row += WARPS) {
     int b = row / G, h = row % G;
     const T* qp = static_cast<const T*>(p.q) + ((size_t)b * p.Hq + g * G + h) * p.D;
@@ -362,7 +376,14 @@ __device__ void merge_task(const Params& p, int g) {
 
 template <typename T>
 __device__ void round_kernel(const Params* pp) {
-  const Params& p = *pp;
+  // the parameters copied once into shared memory: reads of them are not global loads
+  // repeated around every store through a T* (which might alias them)
+  __shared__ __align__(16) unsigned char params[sizeof(Params)];
+  static_assert(sizeof(Params) % 4 == 0 && sizeof(Params) / 4 <= THREADS, "Params size");
+  if (threadIdx.x < sizeof(Params) / 4)
+    reinterpret_cast<int*>(params)[threadIdx.x] = reinterpret_cast<const int*>(pp)[threadIdx.x];
+  __syncthreads();
+  const Params& p = *reinterpret_cast<const Params*>(params);
   extern __shared__ __align__(16) unsigned char smem[];
   T* xs = reinterpret_cast<T*>(smem);
   __shared__ int s_task[8];

@@ -70,11 +70,22 @@ class Kernel:
         self._driver = driver
         self._module = check(driver.cuModuleLoadData(data))
         self.func = check(driver.cuModuleGetFunction(self._module, name.encode()))
+        self._shared = 48 * 1024  # the dynamic shared memory allowed without the opt-in
 
     def set_shared_bytes(self, nbytes: int) -> None:
-        """Allow `nbytes` of dynamic shared memory per block (above 48 KiB needs the opt-in)."""
+        """Allow at least `nbytes` of dynamic shared memory per block (above 48 KiB needs the
+        opt-in); the limit only grows, so every launch sized before stays valid."""
+        if nbytes <= self._shared:
+            return
         attr = self._driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         check(self._driver.cuFuncSetAttribute(self.func, attr, nbytes))
+        self._shared = nbytes
+
+    def max_blocks_per_sm(self, threads: int, shared_bytes: int) -> int:
+        """Blocks of `threads` threads and `shared_bytes` of dynamic shared memory that fit
+        one SM at once."""
+        return int(check(self._driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            self.func, threads, shared_bytes)))
 
     def launch(self, grid: int, block: int, args: tuple, types: tuple,
                shared_bytes: int = 0) -> None:

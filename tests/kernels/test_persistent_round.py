@@ -3,11 +3,12 @@
 CPU: the plan's encoding read back task by task, the shapes the kernel refuses, and the CUDA
 source compiled for sm_90 when nvcc is installed.
 GPU: the kernel against the layer-by-layer forward on the reference ops, fp32 (tiny configs
-with awkward sizes: relative error of the logits < 1e-5, of the K/V it writes < 1e-6) and bf16
-at SDAR-1.7B's sizes against the plan run in PyTorch with the same roundings (relative error
-< 2e-2; argmax agreement >= 0.98 over the block's rows' top-1); contexts 0, 1, 4095 and 32000;
-replayed from a CUDA graph and inside the block graph's WHILE node, bit-identical to the eager
-launch, with the counters back at zero after every round.
+with awkward sizes, block-causal and full attention, shuffled pages: relative error of the
+logits < 1e-5, of the block's K/V < 1e-6) and bf16 at SDAR-1.7B's sizes against the plan run
+in PyTorch with the same roundings (relative error < 2e-2; each row's top token within that
+error of the reference's top logit); contexts 0, 1, 4095 and 32000; replayed from a CUDA graph
+(also at another context, read from the lens buffer) and inside the block graph's WHILE node,
+bit-identical to the eager launch, with the counters back at zero after every round.
 """
 
 from __future__ import annotations
@@ -87,20 +88,27 @@ def test_source_compiles_for_sm90(tmp_path):
 
 
 def _model(config, dtype, seed, std=0.08):
+    """Random weights in `dtype` on CUDA; buffers (RoPE's inv_freq) moved, kept fp32, as the
+    loader keeps them."""
     torch.manual_seed(seed)
-    with torch.device("cuda"):
-        model = SDARForCausalLM(config, get_ops("reference"))
+    model = SDARForCausalLM(config, get_ops("reference")).to("cuda")
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.copy_(torch.randn_like(p) * (0.3 if "norm" in name else std) +
-                    (1.0 if "norm" in name else 0.0))
-    return model.to(dtype).eval()
+            p.data = (torch.randn_like(p) * (0.3 if "norm" in name else std) +
+                      (1.0 if "norm" in name else 0.0)).to(dtype)
+    return model.eval()
 
 
-def _setup(config, dtype, block, context, seed=0, caches=2, std=0.08):
+def _setup(config, dtype, block, context, seed=0, caches=2, std=0.08, shuffle=False):
+    """Model, caches (the prompt's K/V written by the layer path; with `shuffle`, pages in a
+    random order), the layer-path runner on the first cache, the block's tokens and lens."""
     model = _model(config, dtype, seed, std)
     made = [PagedKVCache(config.num_layers, config.num_kv_heads, config.head_dim,
                          context + 64, dtype, "cuda") for _ in range(caches)]
+    if shuffle:
+        perm = torch.randperm(made[0].num_pages, generator=torch.Generator().manual_seed(seed))
+        for c in made:
+            c.page_table.copy_(perm.to(torch.int32))
     runner = ModelRunner(model, get_ops("reference"), SDPABackend(made[0], config.num_heads),
                          made[0], torch.device("cuda"))
     gen = torch.Generator().manual_seed(seed)
@@ -119,21 +127,31 @@ def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+def _block_kv(cache, lens):
+    """The block's K and V as the cache holds them: [L, B, Hkv, D] each."""
+    start, end = (int(x) for x in lens.tolist())
+    slots = cache.slots(torch.arange(start, end, device="cuda"))
+    return [x.view(x.shape[0], -1, *x.shape[-2:])[:, slots] for x in (cache.k, cache.v)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("over,block,context,splits", [(AWKWARD, 4, 0, 2), (AWKWARD, 4, 1, 3),
-                                                       (AWKWARD, 5, 37, 8),
-                                                       (dict(AWKWARD, head_dim=64), 3, 13, 1)])
-def test_fp32_equals_layer_path_gpu(over, block, context, splits):
+@pytest.mark.parametrize("over,block,context,splits,chunk", [
+    (AWKWARD, 4, 0, 2, 4), (AWKWARD, 4, 1, 3, 4), (AWKWARD, 5, 37, 8, 5),
+    (dict(AWKWARD, head_dim=64), 3, 13, 1, 3), (AWKWARD, 8, 21, 4, 4),  # two blocks (folded)
+    (AWKWARD, 4, 30, 2, None)])  # full attention inside the chunk
+def test_fp32_equals_layer_path_gpu(over, block, context, splits, chunk):
     from dlrt.runtime.persistent.kernel import PersistentRound
 
     config = tiny(**over)
-    model, (c_ref, c_k), runner, tokens, lens = _setup(config, torch.float32, block, context)
-    want = runner.forward(tokens, lens, block, rows=slice(None))
+    model, (c_ref, c_k), runner, tokens, lens = _setup(config, torch.float32, block, context,
+                                                       shuffle=context > 20)
+    want = runner.forward(tokens, lens, chunk, rows=slice(None))
     plan = build_plan(config, block, workers=7, splits=splits)
-    got = PersistentRound(plan, model, c_k, lens, block).forward(tokens)
+    got = PersistentRound(plan, model, c_k, lens, chunk).forward(tokens)
     torch.cuda.synchronize()
     assert _rel(got, want) < 1e-5
-    assert _rel(c_k.k, c_ref.k) < 1e-6 and _rel(c_k.v, c_ref.v) < 1e-6
+    for a, b in zip(_block_kv(c_k, lens), _block_kv(c_ref, lens), strict=True):
+        assert _rel(a, b) < 1e-6
 
 
 def _real(name):
@@ -154,9 +172,13 @@ def test_bf16_sdar_1_7b_against_the_plan_run_gpu(context):
     got = PersistentRound(plan, model, c_b, lens, 4).forward(tokens)
     torch.cuda.synchronize()
     assert _rel(got, want) < 2e-2
-    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.98 or \
-        torch.equal(got.argmax(-1), want.argmax(-1))
-    assert _rel(c_b.k, c_a.k) < 1e-2 and _rel(c_b.v, c_a.v) < 1e-2
+    # the kernel's top token is a top token of the reference up to the logits' error (a bf16
+    # near tie may pick the other one)
+    w = want.float()
+    top = w.gather(1, got.argmax(-1, keepdim=True))[:, 0]
+    assert (top >= w.amax(-1) - 2e-2 * w.abs().amax(-1)).all()
+    for a, b in zip(_block_kv(c_b, lens), _block_kv(c_a, lens), strict=True):
+        assert _rel(a, b) < 1e-2
 
 
 @pytest.mark.gpu
@@ -178,6 +200,12 @@ def test_graph_and_while_node_replay_gpu():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, eager) and not rnd.counters.any()
+    lens.copy_(torch.tensor([5, 9]))  # another context, read by the same graph
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = out.clone()
+    assert torch.equal(replayed, rnd.forward(tokens)) and not torch.equal(replayed, eager)
+    lens.copy_(torch.tensor([9, 13]))
     flag = torch.ones(1, dtype=torch.int32, device="cuda")
     count = torch.zeros(1, dtype=torch.int32, device="cuda")
 

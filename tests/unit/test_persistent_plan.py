@@ -63,6 +63,11 @@ def test_real_configs_plan(name, workers, splits):
     # the weight bytes spread evenly: no worker streams 15% more than the mean
     load = [sum(plan.tasks[i].weight_bytes for i in q) for q in plan.queues]
     assert max(load) < 1.15 * sum(load) / len(load)
+    # each layer's attention tasks on as many workers as there are tasks (up to all)
+    worker = {i: w for w, q in enumerate(plan.queues) for i in q}
+    for layer in range(c.num_layers):
+        attn = [t.id for t in plan.tasks if t.kind == "attn" and t.layer == layer]
+        assert len({worker[i] for i in attn}) == min(workers, len(attn))
 
 
 @pytest.mark.parametrize("over,block,workers,splits", [({}, 4, 8, 3), (AWKWARD, 4, 5, 2),

@@ -27,7 +27,7 @@ KINDS = {"qkv": 0, "rope": 1, "attn": 2, "merge": 3, "o": 4, "gate_up": 5, "down
          "lm_head": 7}
 THREADS = 256
 MAX_B = 16
-STATIC_SHARED = 8 * 1024 + 256  # norm_rope's per-warp rows, the norm statistics, the task
+STATIC_SHARED = 8 * 1024 + 512  # norm_rope's per-warp rows, the parameters, the task
 _KERNELS: dict[torch.dtype, Kernel] = {}
 
 
@@ -39,7 +39,7 @@ class _Params(ctypes.Structure):
                 + [(n, ctypes.c_int) for n in ("num_counters", "B", "H", "Hq", "Hkv", "D", "I",
                                                 "V", "L", "splits", "chunk_block", "rot_half",
                                                 "full_rope", "page_size")]
-                + [("eps", ctypes.c_float)]
+                + [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
                 + [(n, VOID_P) for n in ("weights", "in_norm", "post_norm", "q_norm", "k_norm",
                                           "final_norm", "k_cache", "v_cache", "page_table",
                                           "lens", "cos", "sin", "stream", "qkv", "q",
@@ -137,8 +137,7 @@ class PersistentRound:
         self.chunk_block = chunk_block
         self.dtype, self.device = dtype, dev
         enc = encode(plan, dev)
-        params = dict(model.named_parameters())
-        weights = [params[n] for n in enc.pop("weights")]
+        weights = [model.get_parameter(n) for n in enc.pop("weights")]  # tied ones too
         if any(w.dtype != dtype or not w.is_contiguous() for w in weights):
             raise ValueError("PersistentRound: the projections must be plain contiguous "
                              f"{dtype} weights (quantised layers keep the layer path)")
@@ -172,7 +171,8 @@ class PersistentRound:
                     V=c.vocab_size, L=c.num_layers, splits=plan.splits,
                     chunk_block=chunk_block or 0, rot_half=half,
                     full_rope=int(inner.rotary_emb.full_precision), page_size=cache.page_size,
-                    eps=c.rms_norm_eps, final_norm=inner.norm.weight.data_ptr(),
+                    eps=c.rms_norm_eps, scale=d ** -0.5,
+                    final_norm=inner.norm.weight.data_ptr(),
                     page_table=cache.page_table.data_ptr(), lens=lens.data_ptr(),
                     counters=self.counters.data_ptr())
         for k in ("task", "wait_off", "waits", "sig_off", "sigs", "queue_off", "queue"):
@@ -194,10 +194,22 @@ class PersistentRound:
         self.kernel = _KERNELS[dtype]
         self.smem = shared_bytes(plan, weights[0].element_size())
         self.kernel.set_shared_bytes(self.smem)
+        if self.kernel.max_blocks_per_sm(THREADS, self.smem) < 1:
+            raise ValueError(f"the persistent round kernel does not fit an SM with {self.smem} "
+                             "bytes of shared memory")
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B] int64 at positions lens[0].. -> logits [B, V] (a buffer the next call
-        overwrites); writes the block's K/V into the cache. No host sync."""
+        overwrites); writes the block's K/V into the cache. No host sync.
+
+        The kernel's CTAs wait on each other: it needs every one of its `plan.workers` CTAs
+        resident at once (one per SM, checked at construction), so nothing else may occupy
+        the SMs while it runs (no concurrent stream, no SM partitioning).
+
+        Raises ValueError when tokens do not have the plan's block length."""
+        if tokens.shape[0] != self.plan.block:
+            raise ValueError(f"PersistentRound: {tokens.shape[0]} tokens for a plan of block "
+                             f"{self.plan.block}")
         inner = self.model.model
         self.stream.copy_(F.embedding(tokens, inner.embed_tokens.weight))
         positions = self.lens[0].long() + self.arange

@@ -189,14 +189,21 @@ def build_plan(config: ModelConfig, block: int, workers: int, splits: int = 4,
 
 
 def assign(tasks: list[Task], workers: int) -> list[list[int]]:
-    """Queues in the tasks' order: each task goes to the worker with the fewest weight bytes
-    so far (non-GEMM tasks count one byte; ties: the lower worker)."""
+    """Queues in the tasks' order. A GEMM tile goes to the worker with the fewest weight bytes
+    so far (ties: the lower worker); the rope, attn and merge tasks go round the workers in
+    turn, so a layer's attention spreads over min(workers, its task count) SMs whatever the
+    tiles' bytes (their context is unknown at plan time)."""
     heap = [(0, w) for w in range(workers)]
     queues: list[list[int]] = [[] for _ in range(workers)]
+    turn = 0
     for t in tasks:
-        load, w = heapq.heappop(heap)
-        queues[w].append(t.id)
-        heapq.heappush(heap, (load + max(t.weight_bytes, 1), w))
+        if t.kind in GEMM_KINDS:
+            load, w = heapq.heappop(heap)
+            queues[w].append(t.id)
+            heapq.heappush(heap, (load + t.weight_bytes, w))
+        else:
+            queues[turn % workers].append(t.id)
+            turn += 1
     return queues
 
 
