@@ -111,14 +111,15 @@ template <typename T> struct Vec;
 // (weights: the read-only path; shared: the staged inputs)
 template <> struct Vec<float> {
   static constexpr int N = 4;
-  __device__ static void unpack(float4 v, float* out) {
-    out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+  __device__ static void unpack(int4 v, float* out) {
+    out[0] = __int_as_float(v.x); out[1] = __int_as_float(v.y);
+    out[2] = __int_as_float(v.z); out[3] = __int_as_float(v.w);
   }
   __device__ static void load(const float* p, float* out) {
-    unpack(__ldg(reinterpret_cast<const float4*>(p)), out);
+    unpack(__ldg(reinterpret_cast<const int4*>(p)), out);
   }
   __device__ static void load_shared(const float* p, float* out) {
-    unpack(*reinterpret_cast<const float4*>(p), out);
+    unpack(*reinterpret_cast<const int4*>(p), out);
   }
 };
 template <> struct Vec<__nv_bfloat16> {
@@ -169,8 +170,8 @@ __device__ void stage_input(const Params& p, const T* x, int K, const T* norm_w,
 }
 
 // acc[b] = sum_k w[row, k] * xs[b, k] for the B rows (warp-wide; every lane gets the sums).
-// UNROLL 16-byte weight loads per lane are issued before their products.
-constexpr int UNROLL = 4;
+// UNROLL 16-byte weight loads per lane are in flight before their products.
+constexpr int UNROLL = 8;
 template <typename T>
 __device__ __forceinline__ void row_dot(const T* w, const T* xs, int K, int B, float* acc) {
   constexpr int N = Vec<T>::N;
@@ -178,21 +179,23 @@ __device__ __forceinline__ void row_dot(const T* w, const T* xs, int K, int B, f
 #pragma unroll
   for (int b = 0; b < MAX_B; ++b) acc[b] = 0.f;
   for (int k0 = lane * N; k0 < K; k0 += 32 * N * UNROLL) {
-    float wv[UNROLL][N];
+    int4 raw[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u)
-      if (k0 + u * 32 * N < K) Vec<T>::load(w + k0 + u * 32 * N, wv[u]);
+      if (k0 + u * 32 * N < K) raw[u] = __ldg(reinterpret_cast<const int4*>(w + k0 + u * 32 * N));
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int k = k0 + u * 32 * N;
       if (k >= K) break;
+      float wv[N];
+      Vec<T>::unpack(raw[u], wv);
 #pragma unroll
       for (int b = 0; b < MAX_B; ++b) {
         if (b < B) {
           float xv[N];  // 16 bytes per lane, consecutive lanes: no bank conflicts
           Vec<T>::load_shared(xs + (size_t)b * K + k, xv);
 #pragma unroll
-          for (int j = 0; j < N; ++j) acc[b] = fmaf(wv[u][j], xv[j], acc[b]);
+          for (int j = 0; j < N; ++j) acc[b] = fmaf(wv[j], xv[j], acc[b]);
         }
       }
     }
@@ -311,42 +314,91 @@ __device__ void rope_task(const Params& p, int layer, int g) {
   }
 }
 
+// One (KV head, context split): the keys of the split in chunks of CH, each chunk's K and V
+// rows loaded once into shared memory and used by every query row of the head's group (a
+// warp per row: lane j scores key j of the chunk, then each lane updates its head dims);
+// the rows' online-softmax states (max, sum, unnormalised output) live in shared memory.
+constexpr int CH = 32;
 template <typename T>
-__device__ void attn_task(const Params& p, int layer, int g, int split) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nd = p.D / 32;
-  const int G = p.Hq / p.Hkv, rows = p.B * G;
+__device__ void attn_task(const Params& p, int layer, int g, int split, unsigned char* smem) {
+  constexpr int VE = 16 / sizeof(T);  // elements per 16-byte piece
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nd = p.D / 32, D = p.D;
+  const int G = p.Hq / p.Hkv, rows = p.B * G, DP = D + VE;  // padded rows: no bank conflicts
   const int start = p.lens[0], kv_len = p.lens[1];
   int span = (kv_len + p.splits - 1) / p.splits;
   span = span < 1 ? 1 : span;
   const int lo = split * span, hi = min(lo + span, kv_len);
+  T* ks = reinterpret_cast<T*>(smem);  // [CH, DP]
+  T* vs = ks + CH * DP;                // [CH, DP]
+  float* qs = reinterpret_cast<float*>(vs + CH * DP);  // [rows, D]
+  float* as = qs + rows * D;           // [rows, D]: sum_j p_j v_j
+  float* ms = as + rows * D;           // [rows]: running max
+  float* ls = ms + rows;               // [rows]: sum_j p_j
+  const T* q = static_cast<const T*>(p.q);
+  for (int i = threadIdx.x; i < rows * D; i += THREADS) {
+    const int row = i / D, b = row / G, h = row % G;
+    qs[i] = ldcg(q + ((size_t)b * p.Hq + g * G + h) * D + i % D);
+    as[i] = 0.f;
+  }
+  for (int r = threadIdx.x; r < rows; r += THREADS) { ms[r] = -INFINITY; ls[r] = 0.f; }
   const T* kc = static_cast<const T*>(p.k_cache[layer]);
   const T* vc = static_cast<const T*>(p.v_cache[layer]);
-  const float scale = p.scale;
-  for (int row = warp; row < rows; row += WARPS) {
-    int b = row / G, h = row % G;
-    const T* qp = static_cast<const T*>(p.q) + ((size_t)b * p.Hq + g * G + h) * p.D;
-    float q[MAX_DL], acc[MAX_DL];
-    FOR_DL(i) { q[i] = ldcg(qp + lane + 32 * i); acc[i] = 0.f; }
-    float m = -INFINITY, l = 0.f;
-    for (int j = lo; j < hi; ++j) {
-      bool vis = p.chunk_block == 0 || j < start ||
-                 (j - start) / p.chunk_block <= b / p.chunk_block;
-      if (!vis) continue;
-      long slot = (long)p.page_table[j / p.page_size] * p.page_size + j % p.page_size;
-      const T* kj = kc + (slot * p.Hkv + g) * p.D;
-      const T* vj = vc + (slot * p.Hkv + g) * p.D;
-      float s = 0.f;
-      FOR_DL(i) s = fmaf(q[i], ldcg(kj + lane + 32 * i), s);
-      s = warp_sum(s) * scale;
-      float m_new = fmaxf(m, s);
-      float alpha = expf(m - m_new), e = expf(s - m_new);
-      l = l * alpha + e;
-      FOR_DL(i) acc[i] = acc[i] * alpha + e * ldcg(vj + lane + 32 * i);
-      m = m_new;
+  const int pieces = D / VE;
+  for (int c0 = lo; c0 < hi; c0 += CH) {
+    const int n = min(CH, hi - c0);
+    __syncthreads();  // the previous chunk's rows are read; the states are set up
+    for (int i = threadIdx.x; i < 2 * n * pieces; i += THREADS) {
+      const int v = i >= n * pieces, rem = i - v * n * pieces;
+      const int j = rem / pieces, pc = rem % pieces, pos = c0 + j;
+      const long slot = (long)p.page_table[pos / p.page_size] * p.page_size + pos % p.page_size;
+      const T* src = (v ? vc : kc) + (slot * p.Hkv + g) * D + pc * VE;
+      *reinterpret_cast<int4*>((v ? vs : ks) + j * DP + pc * VE) =
+          __ldcg(reinterpret_cast<const int4*>(src));
     }
-    size_t idx = ((size_t)g * p.splits + split) * rows + row;
-    if (lane == 0) { p.part_ml[2 * idx] = m; p.part_ml[2 * idx + 1] = l; }
-    FOR_DL(i) p.part_o[idx * p.D + lane + 32 * i] = acc[i];
+    __syncthreads();
+    for (int row = warp; row < rows; row += WARPS) {
+      const int b = row / G;
+      float s = -INFINITY;
+      const int j = c0 + lane;
+      if (lane < n && (p.chunk_block == 0 || j < start ||
+                       (j - start) / p.chunk_block <= b / p.chunk_block)) {
+        const float* qr = qs + row * D;
+        const T* kr = ks + lane * DP;
+        float acc = 0.f;
+        for (int d = 0; d < D; d += VE) {
+          float kv[VE];
+          Vec<T>::load_shared(kr + d, kv);
+#pragma unroll
+          for (int e = 0; e < VE; ++e) acc = fmaf(qr[d + e], kv[e], acc);
+        }
+        s = acc * p.scale;
+      }
+      const float m_old = ms[row];
+      float m_new = s;
+      for (int o = 16; o > 0; o >>= 1) m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, o));
+      m_new = fmaxf(m_new, m_old);
+      if (m_new == -INFINITY) continue;  // no visible key yet (warp-uniform)
+      const float e = s == -INFINITY ? 0.f : expf(s - m_new);
+      const float alpha = expf(m_old - m_new);  // 0 when m_old is -inf
+      const float sum = warp_sum(e);
+      float* ar = as + row * D;
+      FOR_DL(i) {
+        const int d = lane + 32 * i;
+        float a = ar[d] * alpha;
+        for (int k = 0; k < n; ++k)
+          a = fmaf(__shfl_sync(0xffffffffu, e, k), to_f(vs[k * DP + d]), a);
+        ar[d] = a;
+      }
+      __syncwarp();
+      if (lane == 0) { ms[row] = m_new; ls[row] = ls[row] * alpha + sum; }
+    }
+  }
+  __syncthreads();
+  const size_t base = ((size_t)g * p.splits + split) * rows;
+  for (int i = threadIdx.x; i < rows * D; i += THREADS) p.part_o[base * D + i] = as[i];
+  for (int r = threadIdx.x; r < rows; r += THREADS) {
+    p.part_ml[2 * (base + r)] = ms[r];
+    p.part_ml[2 * (base + r) + 1] = ls[r];
   }
 }
 
@@ -405,7 +457,7 @@ __device__ void round_kernel(const Params* pp) {
     const int head = s_task[4], split = s_task[5], widx = s_task[6];
     switch (kind) {
       case ROPE: rope_task<T>(p, layer, head); break;
-      case ATTN: attn_task<T>(p, layer, head, split); break;
+      case ATTN: attn_task<T>(p, layer, head, split, smem); break;
       case MERGE: merge_task<T>(p, head); break;
       default: gemv_task<T>(p, kind, layer, lo, hi, widx, xs); break;
     }

@@ -27,6 +27,7 @@ KINDS = {"qkv": 0, "rope": 1, "attn": 2, "merge": 3, "o": 4, "gate_up": 5, "down
          "lm_head": 7}
 THREADS = 256
 MAX_B = 16
+CHUNK_KEYS = 32  # CH of csrc/persistent_round.cu: keys per attention chunk in shared memory
 STATIC_SHARED = 8 * 1024 + 512  # norm_rope's per-warp rows, the parameters, the task
 _KERNELS: dict[torch.dtype, Kernel] = {}
 
@@ -79,10 +80,14 @@ def encode(plan: RoundPlan, device) -> dict[str, torch.Tensor]:
 
 
 def shared_bytes(plan: RoundPlan, itemsize: int) -> int:
-    """Dynamic shared memory of a CTA: the staged input rows of the widest projection."""
+    """Dynamic shared memory of a CTA: the larger of a projection's staged input rows (the
+    widest K) and an attention task's K/V chunk (CH keys, rows padded by 16 bytes) with its
+    query rows and their online-softmax states (fp32)."""
     c = plan.config
-    return plan.block * max(c.hidden_size, c.num_heads * c.head_dim,
-                            c.intermediate_size) * itemsize
+    d, rows = c.head_dim, plan.block * (c.num_heads // c.num_kv_heads)
+    gemv = plan.block * max(c.hidden_size, c.num_heads * d, c.intermediate_size) * itemsize
+    attn = 2 * CHUNK_KEYS * (d * itemsize + 16) + (2 * rows * d + 2 * rows) * 4
+    return max(gemv, attn)
 
 
 def check_supported(plan: RoundPlan, dtype: torch.dtype, device: torch.device) -> None:
