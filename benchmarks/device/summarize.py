@@ -3,11 +3,11 @@
     python3 benchmarks/device/summarize.py OUT_DIR
 
 Reads every step-*.json below OUT_DIR. A record's tree is the name of its folder when that is
-below OUT_DIR (round_latency.sh writes `base` and `head`; tags such as `bf16` and `w8a8`), else
-its `commit`. Prints per model, context and
+below OUT_DIR (round_latency.sh writes `base` and `head`, persistent_round.sh `layers` and
+`persistent`; tags such as `bf16` and `w8a8`), else its `commit`. Prints per model, context and
 tree the device-loop round of every run in run order, their median, the HBM floor and, with two
-or more trees, each tree's median over the reference tree's (`base` or `bf16`, else the first
-one run).
+or more trees, each tree's median over the reference tree's (`base`, `bf16` or `layers`, else
+the first one run).
 """
 
 import json
@@ -40,7 +40,7 @@ def main(root: Path) -> int:
     print(f"{'model':<18} {'context':>7}  {'tree':<12} {'commit':<9} {'median':>8} "
           f"{'floor':>6} {'ratio':>5} {'vs ref':>6}  device-loop rounds in us, in run order")
     for (model, context), trees in sorted(table.items()):
-        ref = next((t for t in ("base", "bf16") if t in trees), next(iter(trees)))
+        ref = next((t for t in ("base", "bf16", "layers") if t in trees), next(iter(trees)))
         ref_median = statistics.median(r["device_loop_us"] for r in trees[ref])
         for tree, runs in trees.items():
             median = statistics.median(r["device_loop_us"] for r in runs)

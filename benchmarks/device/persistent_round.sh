@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The persistent round kernel on the GPU: its GPU tests, then `dlrt bench step` with the layer
+# path and with `--round-kernel persistent` alternating, per model and context (one process per
+# run; the persistent runs add the per-SM timeline), then one table (summarize.py; ratio to the
+# layers' runs).
+# Usage: bash benchmarks/device/persistent_round.sh [--no-tests] [--context LIST] MODEL...
+#   MODEL: a folder under .devtools/models (SDAR-1.7B-Chat, SDAR-8B-Chat); --context default 0
+# Carry: .devtools. Records: $OUT/step/{layers,persistent}; test log $OUT/tests.txt.
+set -uo pipefail
+source benchmarks/device/common.sh
+tests=1 context=0 models=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --no-tests) tests=0; shift ;;
+    --context) context=$2; shift 2 ;;
+    *) models+=("$1"); shift ;;
+  esac
+done
+[ ${#models[@]} -gt 0 ] || { sed -n 5,8p "$0"; exit 2; }
+if [ $tests = 1 ]; then
+  timeout 300 python3 -m pytest -q -m gpu tests/kernels/test_persistent_round.py \
+    tests/e2e/test_persistent_round_gpu.py -p no:cacheprovider -rf -s > "$OUT/tests.txt" 2>&1
+  grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed|error)|differing" "$OUT/tests.txt" | tail -12
+  elapsed "tests"
+fi
+for model in "${models[@]}"; do
+  for kind in layers persistent layers persistent; do
+    echo "== $kind $model $context" >> "$LOG"
+    timeout 200 python3 -m dlrt bench step --model "$M/$model" --load-format dummy \
+      --context "$context" --rounds 100 --temperature 0 \
+      --remasking-strategy low_confidence_static --round-kernel $kind \
+      --out "$OUT/step/$kind" >> "$LOG" 2>&1 || echo "$kind $model failed"
+    elapsed "$kind $model"
+  done
+done
+grep -A3 "timeline_span_us" "$LOG" | tail -8
+python3 benchmarks/device/summarize.py "$OUT/step"
