@@ -169,49 +169,99 @@ __device__ void stage_input(const Params& p, const T* x, int K, const T* norm_w,
   __syncthreads();
 }
 
-// acc[b] = sum_k w[row, k] * xs[b, k] for the B rows (warp-wide; every lane gets the sums).
-// UNROLL 16-byte weight loads per lane are in flight before their products.
-constexpr int UNROLL = 8;
+// acc[r][b] = sum_k w_r[k] * xs[b, k] for two weight rows w_0, w_1 (w_1 == nullptr: one) and
+// the B input rows (warp-wide; every lane gets the sums). Each staged input value read from
+// shared memory serves both rows; UNROLL 16-byte weight loads per row and lane are in flight
+// before their products.
+constexpr int UNROLL = 4;
 template <typename T>
-__device__ __forceinline__ void row_dot(const T* w, const T* xs, int K, int B, float* acc) {
+__device__ __forceinline__ void rows_dot(const T* w0, const T* w1, const T* xs, int K, int B,
+                                         float (&acc)[2][MAX_B]) {
   constexpr int N = Vec<T>::N;
   const int lane = threadIdx.x % 32;
+  const bool two = w1 != nullptr;
 #pragma unroll
-  for (int b = 0; b < MAX_B; ++b) acc[b] = 0.f;
+  for (int b = 0; b < MAX_B; ++b) acc[0][b] = acc[1][b] = 0.f;
   for (int k0 = lane * N; k0 < K; k0 += 32 * N * UNROLL) {
-    int4 raw[UNROLL];
+    int4 raw[2][UNROLL];
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-      if (k0 + u * 32 * N < K) raw[u] = __ldg(reinterpret_cast<const int4*>(w + k0 + u * 32 * N));
+    for (int u = 0; u < UNROLL; ++u) {
+      const int k = k0 + u * 32 * N;
+      if (k < K) {
+        raw[0][u] = __ldg(reinterpret_cast<const int4*>(w0 + k));
+        if (two) raw[1][u] = __ldg(reinterpret_cast<const int4*>(w1 + k));
+      }
+    }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int k = k0 + u * 32 * N;
       if (k >= K) break;
-      float wv[N];
-      Vec<T>::unpack(raw[u], wv);
+      float wv[2][N];
+      Vec<T>::unpack(raw[0][u], wv[0]);
+      if (two) Vec<T>::unpack(raw[1][u], wv[1]);
 #pragma unroll
       for (int b = 0; b < MAX_B; ++b) {
         if (b < B) {
           float xv[N];  // 16 bytes per lane, consecutive lanes: no bank conflicts
           Vec<T>::load_shared(xs + (size_t)b * K + k, xv);
 #pragma unroll
-          for (int j = 0; j < N; ++j) acc[b] = fmaf(wv[j], xv[j], acc[b]);
+          for (int j = 0; j < N; ++j) acc[0][b] = fmaf(wv[0][j], xv[j], acc[0][b]);
+          if (two) {
+#pragma unroll
+            for (int j = 0; j < N; ++j) acc[1][b] = fmaf(wv[1][j], xv[j], acc[1][b]);
+          }
         }
       }
     }
   }
 #pragma unroll
-  for (int b = 0; b < MAX_B; ++b)
-    if (b < B) acc[b] = warp_sum(acc[b]);
+  for (int b = 0; b < MAX_B; ++b) {
+    if (b < B) {
+      acc[0][b] = warp_sum(acc[0][b]);
+      if (two) acc[1][b] = warp_sum(acc[1][b]);
+    }
+  }
+}
+
+// The epilogue of output row r of a projection: y[b] (fp32 sums) rounded to T, then stored
+// (qkv, logits), added to the residual stream (o_proj, down) or, with the up row's sums u[b],
+// SiLU(gate) * up into the activation (gate_up). Lane 0 of the warp calls it.
+template <typename T>
+__device__ __forceinline__ void store_row(const Params& p, int kind, int r, const float* y,
+                                          const float* u) {
+  T* stream = static_cast<T*>(p.stream);
+#pragma unroll
+  for (int b = 0; b < MAX_B; ++b) {
+    if (b >= p.B) break;
+    const float v = rnd<T>(y[b]);
+    switch (kind) {
+      case QKV:
+        static_cast<T*>(p.qkv)[(size_t)b * (p.Hq + 2 * p.Hkv) * p.D + r] = from_f<T>(v);
+        break;
+      case O_PROJ:
+      case DOWN: {
+        T* s = stream + (size_t)b * p.H + r;
+        *s = from_f<T>(v + ldcg(s));
+        break;
+      }
+      case GATE_UP: {
+        const float silu = rnd<T>(v / (1.f + expf(-v)));
+        static_cast<T*>(p.act)[(size_t)b * p.I + r] = from_f<T>(silu * rnd<T>(u[b]));
+        break;
+      }
+      case LM_HEAD:
+        static_cast<T*>(p.logits)[(size_t)b * p.V + r] = from_f<T>(v);
+        break;
+    }
+  }
 }
 
 template <typename T>
 __device__ void gemv_task(const Params& p, int kind, int layer, int lo, int hi, int widx,
                           T* xs) {
   const T* w = static_cast<const T*>(p.weights[widx]);
-  T* stream = static_cast<T*>(p.stream);
   int K = p.H;
-  const T* x = stream;
+  const T* x = static_cast<const T*>(p.stream);
   const T* norm_w = nullptr;
   if (kind == QKV) norm_w = static_cast<const T*>(p.in_norm[layer]);
   if (kind == GATE_UP) norm_w = static_cast<const T*>(p.post_norm[layer]);
@@ -220,38 +270,20 @@ __device__ void gemv_task(const Params& p, int kind, int layer, int lo, int hi, 
   if (kind == DOWN) { x = static_cast<const T*>(p.act); K = p.I; }
   stage_input<T>(p, x, K, norm_w, xs);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float acc[MAX_B], up[MAX_B];
-  for (int r = lo + warp; r < hi; r += WARPS) {
-    row_dot<T>(w + (size_t)r * K, xs, K, p.B, acc);
-    if (kind == GATE_UP) row_dot<T>(w + (size_t)(p.I + r) * K, xs, K, p.B, up);
+  float acc[2][MAX_B];
+  if (kind == GATE_UP) {  // a warp takes gate row r with up row I + r
+    for (int r = lo + warp; r < hi; r += WARPS) {
+      rows_dot<T>(w + (size_t)r * K, w + (size_t)(p.I + r) * K, xs, K, p.B, acc);
+      if (lane == 0) store_row<T>(p, kind, r, acc[0], acc[1]);
+    }
+    return;
+  }
+  for (int r = lo + 2 * warp; r < hi; r += 2 * WARPS) {  // else rows r and r + 1
+    const bool two = r + 1 < hi;
+    rows_dot<T>(w + (size_t)r * K, two ? w + (size_t)(r + 1) * K : nullptr, xs, K, p.B, acc);
     if (lane == 0) {
-#pragma unroll
-      for (int b = 0; b < MAX_B; ++b) {
-        if (b >= p.B) break;
-        float y = rnd<T>(acc[b]);
-        switch (kind) {
-          case QKV: {
-            int n = (p.Hq + 2 * p.Hkv) * p.D;
-            static_cast<T*>(p.qkv)[(size_t)b * n + r] = from_f<T>(y);
-            break;
-          }
-          case O_PROJ:
-          case DOWN: {
-            T* s = stream + (size_t)b * p.H + r;
-            *s = from_f<T>(y + ldcg(s));
-            break;
-          }
-          case GATE_UP: {
-            float u = rnd<T>(up[b]);
-            float silu = rnd<T>(y / (1.f + expf(-y)));
-            static_cast<T*>(p.act)[(size_t)b * p.I + r] = from_f<T>(silu * u);
-            break;
-          }
-          case LM_HEAD:
-            static_cast<T*>(p.logits)[(size_t)b * p.V + r] = from_f<T>(y);
-            break;
-        }
-      }
+      store_row<T>(p, kind, r, acc[0], nullptr);
+      if (two) store_row<T>(p, kind, r + 1, acc[1], nullptr);
     }
   }
 }
@@ -382,13 +414,14 @@ __device__ void attn_task(const Params& p, int layer, int g, int split, unsigned
       const float alpha = expf(m_old - m_new);  // 0 when m_old is -inf
       const float sum = warp_sum(e);
       float* ar = as + row * D;
-      FOR_DL(i) {
-        const int d = lane + 32 * i;
-        float a = ar[d] * alpha;
-        for (int k = 0; k < n; ++k)
-          a = fmaf(__shfl_sync(0xffffffffu, e, k), to_f(vs[k * DP + d]), a);
-        ar[d] = a;
+      float a[MAX_DL];
+      FOR_DL(i) a[i] = ar[lane + 32 * i] * alpha;
+      for (int k = 0; k < n; ++k) {
+        const float pk = __shfl_sync(0xffffffffu, e, k);  // one shuffle per key
+        const T* vr = vs + k * DP + lane;
+        FOR_DL(i) a[i] = fmaf(pk, to_f(vr[32 * i]), a[i]);
       }
+      FOR_DL(i) ar[lane + 32 * i] = a[i];
       __syncwarp();
       if (lane == 0) { ms[row] = m_new; ls[row] = ls[row] * alpha + sum; }
     }

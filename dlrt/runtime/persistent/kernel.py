@@ -111,8 +111,8 @@ def check_supported(plan: RoundPlan, dtype: torch.dtype, device: torch.device) -
         limit = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
         need = shared_bytes(plan, item)
         if need + STATIC_SHARED > limit:
-            problems.append(f"{need} bytes of staged input rows (at most "
-                            f"{limit - STATIC_SHARED} a CTA)")
+            problems.append(f"{need} bytes of shared memory a CTA (staged input rows or an "
+                            f"attention chunk; at most {limit - STATIC_SHARED})")
         if plan.workers > props.multi_processor_count:
             problems.append(f"{plan.workers} workers on {props.multi_processor_count} SMs")
     if problems:
@@ -143,9 +143,14 @@ class PersistentRound:
         self.dtype, self.device = dtype, dev
         enc = encode(plan, dev)
         weights = [model.get_parameter(n) for n in enc.pop("weights")]  # tied ones too
-        if any(w.dtype != dtype or not w.is_contiguous() for w in weights):
+        if any(w.dtype != dtype or not w.is_contiguous() or w.data_ptr() % 16
+               for w in weights):
             raise ValueError("PersistentRound: the projections must be plain contiguous "
-                             f"{dtype} weights (quantised layers keep the layer path)")
+                             f"{dtype} weights at 16-byte aligned addresses (the kernel reads "
+                             "16 bytes at a time; quantised layers keep the layer path)")
+        if any(t.data_ptr() % 16 for t in (*cache.k, *cache.v)):
+            raise ValueError("PersistentRound: the KV cache's layers must start at 16-byte "
+                             "aligned addresses")
         layers = inner.layers
         self._keep = [enc, weights]
         b, d = plan.block, c.head_dim
