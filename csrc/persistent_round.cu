@@ -71,6 +71,7 @@ struct Params {
   float* part_ml;  // [Hkv, splits, B G, 2]
   float* part_o;   // [Hkv, splits, B G, D]
   long long* timeline;  // nullptr, or [T, 3] ns: task picked, its waits done, its work done
+  long long prefetch_bytes;  // weight bytes of a task prefetched into L2 before its waits
 };
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -459,6 +460,35 @@ __device__ void merge_task(const Params& p, int g) {
   }
 }
 
+// Weights do not depend on activations: before a projection task waits for its inputs, ask
+// L2 for the first `prefetch_bytes` of its weight rows (gate_up: half from the gate rows, half
+// from the up rows), so HBM streams while the CTA waits. One thread; bulk prefetches of at
+// most 64 KiB, 16-byte multiples.
+__device__ __forceinline__ void prefetch_l2(const void* ptr, long long bytes) {
+  const char* p = static_cast<const char*>(ptr);
+  for (long long off = 0; off + 16 <= bytes; off += 65536) {
+    const unsigned n = (unsigned)min(bytes - off, 65536LL) & ~15u;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p + off), "r"(n)
+                 : "memory");
+  }
+}
+
+template <typename T>
+__device__ void prefetch_task(const Params& p, const int* d) {
+  const int kind = d[0], lo = d[2], hi = d[3], widx = d[6];
+  if (widx < 0 || p.prefetch_bytes <= 0) return;
+  const int K = kind == O_PROJ ? p.Hq * p.D : kind == DOWN ? p.I : p.H;
+  const T* w = static_cast<const T*>(p.weights[widx]);
+  const long long tile = (long long)(hi - lo) * K * sizeof(T);
+  if (kind == GATE_UP) {
+    const long long each = min(tile, p.prefetch_bytes / 2);
+    prefetch_l2(w + (size_t)lo * K, each);
+    prefetch_l2(w + (size_t)(p.I + lo) * K, each);
+  } else {
+    prefetch_l2(w + (size_t)lo * K, min(tile, p.prefetch_bytes));
+  }
+}
+
 template <typename T>
 __device__ void round_kernel(const Params* pp) {
   // the parameters copied once into shared memory: reads of them are not global loads
@@ -477,6 +507,7 @@ __device__ void round_kernel(const Params* pp) {
     const int t = p.queue[qi];
     if (threadIdx.x == 0) {
       if (p.timeline != nullptr) p.timeline[3 * t] = now_ns();
+      prefetch_task<T>(p, p.task + 8 * t);
       for (int i = p.wait_off[t]; i < p.wait_off[t + 1]; ++i) {
         const int* c = p.counters + p.waits[2 * i];
         const int need = p.waits[2 * i + 1];

@@ -49,3 +49,14 @@ def split_k_reduce() -> str:
     if value not in SPLIT_K_REDUCE:
         raise ValueError(f"DLRT_SPLIT_K_REDUCE={value!r}: expected one of {SPLIT_K_REDUCE}")
     return value
+
+
+def persistent_prefetch_bytes() -> int:
+    """DLRT_PERSISTENT_PREFETCH: weight bytes of its task the persistent round kernel asks L2
+    to prefetch before waiting on the task's dependencies (0: none;
+    `dlrt.runtime.persistent.kernel`). Default 65536. ValueError unless a non-negative
+    integer."""
+    value = os.environ.get("DLRT_PERSISTENT_PREFETCH") or "65536"
+    if not value.isdigit():
+        raise ValueError(f"DLRT_PERSISTENT_PREFETCH={value!r}: expected a byte count >= 0")
+    return int(value)

@@ -5,7 +5,7 @@
 # layers' runs).
 # Usage: bash benchmarks/device/persistent_round.sh [--no-tests] [--context LIST] MODEL...
 #   MODEL: a folder under .devtools/models (SDAR-1.7B-Chat, SDAR-8B-Chat); --context default 0
-# Carry: .devtools. Records: $OUT/step/{layers,persistent}; test log $OUT/tests.txt.
+# Carry: .devtools. Records: $OUT/step/{layers,persistent,persistent-nopf}; tests $OUT/tests.txt.
 set -uo pipefail
 source benchmarks/device/common.sh
 tests=1 context=0 models=()
@@ -23,14 +23,17 @@ if [ $tests = 1 ]; then
   grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed|error)|differing" "$OUT/tests.txt" | tail -12
   elapsed "tests"
 fi
+# tags: layers, persistent, persistent-nopf (DLRT_PERSISTENT_PREFETCH=0: no L2 prefetch)
 for model in "${models[@]}"; do
-  for kind in layers persistent layers persistent; do
-    echo "== $kind $model $context" >> "$LOG"
-    timeout 200 python3 -m dlrt bench step --model "$M/$model" --load-format dummy \
-      --context "$context" --rounds 100 --temperature 0 \
+  for tag in layers persistent persistent-nopf layers persistent; do
+    kind=${tag%-nopf}
+    pf=$([ "$tag" = persistent-nopf ] && echo 0 || echo "${DLRT_PERSISTENT_PREFETCH:-65536}")
+    echo "== $tag $model $context" >> "$LOG"
+    DLRT_PERSISTENT_PREFETCH=$pf timeout 200 python3 -m dlrt bench step --model "$M/$model" \
+      --load-format dummy --context "$context" --rounds 100 --temperature 0 \
       --remasking-strategy low_confidence_static --round-kernel $kind \
-      --out "$OUT/step/$kind" >> "$LOG" 2>&1 || echo "$kind $model failed"
-    elapsed "$kind $model"
+      --out "$OUT/step/$tag" >> "$LOG" 2>&1 || echo "$tag $model failed"
+    elapsed "$tag $model"
   done
 done
 grep -A3 "timeline_span_us" "$LOG" | tail -8

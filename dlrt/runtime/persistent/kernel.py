@@ -5,6 +5,8 @@ one launch of `plan.workers` resident CTAs per round.
     rnd = PersistentRound(plan, model, cache, lens, chunk_block)
     logits = rnd.forward(tokens)      # [B, V]; the block's K/V written into the cache
 
+Before a projection task waits for its inputs, the kernel asks L2 to prefetch the first
+DLRT_PERSISTENT_PREFETCH bytes (default 64 KiB) of its weight rows (`dlrt.env`).
 `lens` is a static int32 [2] device buffer (start, kv_len) the caller fills before each round,
 so one captured launch serves every context. forward() is capturable (a CUDA graph, or the
 body of the block graph's WHILE node): the kernel zeroes its counters at the end of a round.
@@ -19,6 +21,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
+from dlrt import env
 from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.runtime.cubin import VOID_P, Kernel
 from dlrt.runtime.persistent.plan import RoundPlan, build_plan
@@ -45,7 +48,8 @@ class _Params(ctypes.Structure):
                                           "final_norm", "k_cache", "v_cache", "page_table",
                                           "lens", "cos", "sin", "stream", "qkv", "q",
                                           "attn_out", "act", "logits", "part_ml", "part_o",
-                                          "timeline")])
+                                          "timeline")]
+                + [("prefetch_bytes", ctypes.c_longlong)])
 
 
 def encode(plan: RoundPlan, device) -> dict[str, torch.Tensor]:
@@ -196,6 +200,7 @@ class PersistentRound:
         self.timeline = (torch.zeros(len(plan.tasks), 3, dtype=torch.int64, device=dev)
                          if timeline else None)
         p.timeline = self.timeline.data_ptr() if timeline else None
+        p.prefetch_bytes = env.persistent_prefetch_bytes()
         raw = bytes(p)
         self.params = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(dev)
         if dtype not in _KERNELS:
