@@ -1,4 +1,17 @@
 """The persistent round: one resident worker (CTA) per SM runs a whole block round through a
 static plan of tasks (`plan`), checked on the CPU against the layer-by-layer forward by a
-PyTorch run of the same tasks (`interpret`). The CUDA kernel that executes the plan is not
-part of the package yet; rounds run layer by layer."""
+PyTorch run of the same tasks (`interpret`), and executed on the GPU by
+`csrc/persistent_round.cu` (`kernel`; `round_kernel="persistent"`).
+
+What it serves and what the rest would take:
+- dense SDAR models with bf16 / fp32 weights and a KV cache of the model dtype, the block
+  decoder's rounds and folded rounds (B and 2B rows, at most 16);
+- FP8 block-scaled weights: a second weight type for the projection tasks (e4m3 rows and their
+  128 x 128 scales, dequantised in registers or multiplied on FP8 tensor cores with the
+  activation quantised in the task's prologue) and an FP8 KV cache read by the attention task;
+- MoE layers: routing as a task (router GEMV + top-k), then expert tasks whose weight rows are
+  known only after routing, so they cannot be prefetched before their dependency: the plan
+  would hold a task per (expert, row tile) that exits when the expert is untouched;
+- LLaDA canvases: the same dense tasks at the canvas's row count (64-256 rows), which needs
+  tensor-core tiles in the projections instead of the CUDA-core rows of a block.
+"""
