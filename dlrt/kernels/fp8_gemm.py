@@ -77,7 +77,7 @@ import triton.language as tl
 
 from dlrt.kernels import pdl, split_k
 from dlrt.kernels.e4m3 import f16_rows
-from dlrt.kernels.skinny_gemm import _fma, _store_row, _x_load
+from dlrt.kernels.skinny_gemm import launch_gemv
 
 QBLOCK = 128  # the weight's scale block (both dims) and the W8A8 activation group
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -282,108 +282,6 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, count_ptr, M,
                        n_ok[:, None] & m_ok[None, :], pid_n, pid_k, BLOCK_M * N, SPLIT_K, FUSED)
 
 
-@triton.jit
-def _s_load(s_row, t, k, z, BLOCK_K: tl.constexpr, TILES: tl.constexpr, X_ROW: tl.constexpr):
-    """The block scale of tile t (clamped at the last): one value when the tile lies in one
-    scale block (BLOCK_K <= 128: one load), else that of every column in x's layout
-    (`skinny_gemm._x_load`): [1, BLOCK_K] or [BLOCK_N, BLOCK_K] (a load per element, from
-    L1)."""
-    if BLOCK_K <= 128:
-        sv = tl.load(s_row + (tl.minimum(t, TILES - 1) * BLOCK_K) // 128)
-    else:
-        kb = (tl.minimum(t, TILES - 1) * BLOCK_K + k) // 128
-        if X_ROW:
-            sv = tl.load(s_row + kb[None, :])
-        else:
-            sv = tl.load(s_row + kb[None, :] + z[:, None])
-    return sv
-
-
-@triton.jit
-def _row_step(acc, w, p, sv, x_ptr, m: tl.constexpr, t, k, z, K: tl.constexpr,
-              BLOCK_K: tl.constexpr, TILES: tl.constexpr, X_ROW: tl.constexpr,
-              VEC: tl.constexpr):
-    """Tile t of input row m, scaled per column by its block scale sv: multiply into acc,
-    and load tile t+1. Returns (acc, p)."""
-    x = p.to(tl.float32) * sv
-    p = _x_load(x_ptr, m, t + 1, k, z, K, BLOCK_K, TILES, X_ROW)
-    return _fma(acc, w, x, VEC), p
-
-
-@triton.jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, ROWS: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr,
-                     VEC: tl.constexpr, X_ROW: tl.constexpr, PDL: tl.constexpr):
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * K  # clamped: no load masks
-    KB: tl.constexpr = (K + 128 - 1) // 128
-    s_row = s_ptr + ((tl.program_id(0) * BLOCK_N) // 128) * KB  # BLOCK_N divides 128
-    k = tl.arange(0, BLOCK_K)
-    z = tl.zeros([BLOCK_N], tl.int32)
-    TILES: tl.constexpr = K // BLOCK_K
-    # weights and their scales only: these loads may run before the producer of x ends
-    w0 = tl.load(rows + k[None, :])
-    w1 = w0
-    w2 = w0
-    w3 = w0
-    if AHEAD > 1:
-        w1 = tl.load(rows + (tl.minimum(1, TILES - 1) * BLOCK_K + k)[None, :])
-    if AHEAD > 2:
-        w2 = tl.load(rows + (tl.minimum(2, TILES - 1) * BLOCK_K + k)[None, :])
-    if AHEAD > 3:
-        w3 = tl.load(rows + (tl.minimum(3, TILES - 1) * BLOCK_K + k)[None, :])
-    sv = _s_load(s_row, 0, k, z, BLOCK_K, TILES, X_ROW)
-    pdl.wait(PDL)
-    a0 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
-    a1 = a0
-    a2 = a0
-    a3 = a0
-    p0 = _x_load(x_ptr, 0, 0, k, z, K, BLOCK_K, TILES, X_ROW)
-    p1 = p0
-    p2 = p0
-    p3 = p0
-    if ROWS > 1:
-        p1 = _x_load(x_ptr, 1, 0, k, z, K, BLOCK_K, TILES, X_ROW)
-    if ROWS > 2:
-        p2 = _x_load(x_ptr, 2, 0, k, z, K, BLOCK_K, TILES, X_ROW)
-    if ROWS > 3:
-        p3 = _x_load(x_ptr, 3, 0, k, z, K, BLOCK_K, TILES, X_ROW)
-    for t in range(0, TILES):
-        w = w0.to(tl.float32)
-        nxt = rows + (tl.minimum(t + AHEAD, TILES - 1) * BLOCK_K + k)[None, :]
-        if AHEAD == 1:  # keep AHEAD tiles in flight (clamped at the last tile)
-            w0 = tl.load(nxt)
-        elif AHEAD == 2:
-            w0 = w1
-            w1 = tl.load(nxt)
-        elif AHEAD == 3:
-            w0 = w1
-            w1 = w2
-            w2 = tl.load(nxt)
-        else:
-            w0 = w1
-            w1 = w2
-            w2 = w3
-            w3 = tl.load(nxt)
-        s = sv
-        sv = _s_load(s_row, t + 1, k, z, BLOCK_K, TILES, X_ROW)
-        a0, p0 = _row_step(a0, w, p0, s, x_ptr, 0, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC)
-        if ROWS > 1:
-            a1, p1 = _row_step(a1, w, p1, s, x_ptr, 1, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC)
-        if ROWS > 2:
-            a2, p2 = _row_step(a2, w, p2, s, x_ptr, 2, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC)
-        if ROWS > 3:
-            a3, p3 = _row_step(a3, w, p3, s, x_ptr, 3, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC)
-    pdl.release(PDL)
-    _store_row(a0, y_ptr, 0, n, N)
-    if ROWS > 1:
-        _store_row(a1, y_ptr, 1, n, N)
-    if ROWS > 2:
-        _store_row(a2, y_ptr, 2, n, N)
-    if ROWS > 3:
-        _store_row(a3, y_ptr, 3, n, N)
-
-
 def exact_cast(x: torch.Tensor) -> bool:
     """Round to e4m3 in fp32 arithmetic before the cast: under TRITON_INTERPRET, whose fp32 ->
     e4m3 cast drops the carry when rounding crosses a power of two (126.8 -> 64, not 128).
@@ -479,10 +377,7 @@ def fp8_gemm(x, w: torch.Tensor, scale_inv: torch.Tensor,
     if m == 0:
         return y
     if config.kind == "fma":
-        _fp8_gemv_kernel[(triton.cdiv(n, config.block_n),)](
-            x, w, scale_inv, y, n, K=k, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-            AHEAD=config.stages, VEC=VEC, X_ROW=config.x_row(), num_warps=config.warps,
-            num_stages=1, **pdl.launch_options(x))
+        launch_gemv(x, w, scale_inv, y, config, VEC)  # the skinny GEMV with block scales
         return y
     bm = block_m(m)
     opts = pdl.launch_options(x)

@@ -110,12 +110,31 @@ def _fma(acc, w, x, VEC: tl.constexpr):
 
 
 @triton.jit
-def _row_step(acc, w, p, x_ptr, m: tl.constexpr, t, k, z, K: tl.constexpr,
+def _s_load(s_row, t, k, z, BLOCK_K: tl.constexpr, TILES: tl.constexpr, X_ROW: tl.constexpr):
+    """The block scale (one per 128 columns, `dlrt.kernels.fp8_gemm`) of tile t (clamped at
+    the last): one value when the tile lies in one scale block (BLOCK_K <= 128: one load),
+    else that of every column in x's layout (`_x_load`): [1, BLOCK_K] or [BLOCK_N, BLOCK_K] (a
+    load per element, from L1)."""
+    if BLOCK_K <= 128:
+        sv = tl.load(s_row + (tl.minimum(t, TILES - 1) * BLOCK_K) // 128)
+    else:
+        kb = (tl.minimum(t, TILES - 1) * BLOCK_K + k) // 128
+        if X_ROW:
+            sv = tl.load(s_row + kb[None, :])
+        else:
+            sv = tl.load(s_row + kb[None, :] + z[:, None])
+    return sv
+
+
+@triton.jit
+def _row_step(acc, w, p, sv, x_ptr, m: tl.constexpr, t, k, z, K: tl.constexpr,
               BLOCK_K: tl.constexpr, TILES: tl.constexpr, X_ROW: tl.constexpr,
-              VEC: tl.constexpr):
-    """Tile t of input row m: multiply its loaded tile p into acc, and load tile t+1.
-    Returns (acc, p)."""
+              VEC: tl.constexpr, SCALED: tl.constexpr):
+    """Tile t of input row m: multiply its loaded tile p (SCALED: times its block scale sv,
+    per column) into acc, and load tile t+1. Returns (acc, p)."""
     x = p.to(tl.float32)
+    if SCALED:
+        x = x * sv
     p = _x_load(x_ptr, m, t + 1, k, z, K, BLOCK_K, TILES, X_ROW)
     return _fma(acc, w, x, VEC), p
 
@@ -126,15 +145,23 @@ def _store_row(acc, y_ptr, m: tl.constexpr, n, N):
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K: tl.constexpr, ROWS: tl.constexpr,
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, ROWS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr,
-                 VEC: tl.constexpr, X_ROW: tl.constexpr, PDL: tl.constexpr):
+                 VEC: tl.constexpr, X_ROW: tl.constexpr, SCALED: tl.constexpr,
+                 PDL: tl.constexpr):
+    """y[m] = x[m] @ w^T for ROWS <= 4 rows; SCALED: w holds FP8 codes and s_ptr their
+    float32 scales per 128 x 128 block (`dlrt.kernels.fp8_gemm`; BLOCK_N divides 128), each
+    applied to x's column (x * s is exact in fp32 before the product: the dequantised weight's
+    product); else s_ptr is unused."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * K  # clamped: no load masks
+    KB: tl.constexpr = (K + 128 - 1) // 128
+    s_row = s_ptr + ((tl.program_id(0) * BLOCK_N) // 128) * KB  # SCALED: BLOCK_N divides 128
     k = tl.arange(0, BLOCK_K)
     z = tl.zeros([BLOCK_N], tl.int32)
     TILES: tl.constexpr = K // BLOCK_K
-    # weights only: these loads may run before the producer of x ends (AHEAD tiles in flight)
+    # weights (and their scales) only: these loads may run before the producer of x ends
+    # (AHEAD tiles in flight)
     w0 = tl.load(rows + k[None, :])
     w1 = w0
     w2 = w0
@@ -145,6 +172,9 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K: tl.constexpr, ROWS: tl.constexpr,
         w2 = tl.load(rows + (tl.minimum(2, TILES - 1) * BLOCK_K + k)[None, :])
     if AHEAD > 3:
         w3 = tl.load(rows + (tl.minimum(3, TILES - 1) * BLOCK_K + k)[None, :])
+    sv = s_ptr  # unused unless SCALED
+    if SCALED:
+        sv = _s_load(s_row, 0, k, z, BLOCK_K, TILES, X_ROW)
     pdl.wait(PDL)
     a0 = tl.zeros([BLOCK_N, BLOCK_K // VEC], tl.float32)
     a1 = a0
@@ -179,13 +209,20 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K: tl.constexpr, ROWS: tl.constexpr,
             w1 = w2
             w2 = w3
             w3 = tl.load(nxt)
-        a0, p0 = _row_step(a0, w, p0, x_ptr, 0, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC)
+        s = sv
+        if SCALED:
+            sv = _s_load(s_row, t + 1, k, z, BLOCK_K, TILES, X_ROW)
+        a0, p0 = _row_step(a0, w, p0, s, x_ptr, 0, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC,
+                           SCALED)
         if ROWS > 1:
-            a1, p1 = _row_step(a1, w, p1, x_ptr, 1, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC)
+            a1, p1 = _row_step(a1, w, p1, s, x_ptr, 1, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC,
+                               SCALED)
         if ROWS > 2:
-            a2, p2 = _row_step(a2, w, p2, x_ptr, 2, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC)
+            a2, p2 = _row_step(a2, w, p2, s, x_ptr, 2, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC,
+                               SCALED)
         if ROWS > 3:
-            a3, p3 = _row_step(a3, w, p3, x_ptr, 3, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC)
+            a3, p3 = _row_step(a3, w, p3, s, x_ptr, 3, t, k, z, K, BLOCK_K, TILES, X_ROW, VEC,
+                               SCALED)
     pdl.release(PDL)
     _store_row(a0, y_ptr, 0, n, N)
     if ROWS > 1:
@@ -222,11 +259,21 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemmConfig) -> torch.Tensor:
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:  # the kernel always computes row 0
         return y
-    _gemv_kernel[(triton.cdiv(n, config.block_n),)](
-        x, w, y, n, K=k, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        AHEAD=config.stages, VEC=VEC, X_ROW=config.x_row(), num_warps=config.warps,
-        num_stages=1, **pdl.launch_options(x))
+    launch_gemv(x, w, None, y, config)
     return y
+
+
+def launch_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
+                y: torch.Tensor, config, vec: int = VEC) -> None:
+    """y = x @ w^T by the GEMV kernel (an "fma" config: block_n, block_k, stages, warps,
+    x_row(); shapes checked by the caller; vec: products summed in a thread, a 16-byte
+    weight load); `scale`: the FP8 weight's float32 128 x 128 block scales, else None."""
+    n, k = w.shape
+    _gemv_kernel[(triton.cdiv(n, config.block_n),)](
+        x, w, w if scale is None else scale, y, n, K=k, ROWS=x.shape[0],
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, AHEAD=config.stages, VEC=vec,
+        X_ROW=config.x_row(), SCALED=scale is not None, num_warps=config.warps, num_stages=1,
+        **pdl.launch_options(x))
 
 
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, config: GemmConfig) -> torch.Tensor:

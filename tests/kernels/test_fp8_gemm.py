@@ -319,7 +319,8 @@ def test_native_cast_matches_the_rounding_gpu(monkeypatch):
 
 def _compile(out: Path) -> None:
     """Write <variant>.ptx of the kernels at an SDAR-8B shape with PDL on (no interpreter)."""
-    from dlrt.kernels.fp8_gemm import _fp8_gemm_kernel, _fp8_gemv_kernel, _quant_x_kernel
+    from dlrt.kernels.fp8_gemm import _fp8_gemm_kernel, _quant_x_kernel
+    from dlrt.kernels.skinny_gemm import _gemv_kernel
 
     for name, w8a8 in (("weight_only", False), ("w8a8", True)):
         sig = dict(x_ptr="*fp8e4nv" if w8a8 else "*bf16", xs_ptr="*fp32", w_ptr="*fp8e4nv",
@@ -335,7 +336,8 @@ def _compile(out: Path) -> None:
     (out / "quant_x.ptx").write_text(ptx)
     sig = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", y_ptr="*bf16", N="i32")
     for name, (consts, warps) in GEMV_PTX.items():
-        ptx = compile_sm90(_fp8_gemv_kernel, sig, consts, num_stages=1, num_warps=warps)
+        ptx = compile_sm90(_gemv_kernel, sig, dict(consts, SCALED=True), num_stages=1,
+                           num_warps=warps)
         (out / f"{name}.ptx").write_text(ptx)
 
 

@@ -17,8 +17,9 @@ from kernel_checks import body, compile_sm90, global_loads, ptx_folder
 from dlrt.kernels import pdl
 
 P16, P32, I32, I64 = "*bf16", "*fp32", "*i32", "*i64"
-GEMV_ARGS = dict(x_ptr=P16, w_ptr=P16, y_ptr=P16, N="i32")
-GEMV_CONSTS = dict(K=4096, ROWS=4, BLOCK_N=8, BLOCK_K=256, AHEAD=2, VEC=8, X_ROW=False)
+GEMV_ARGS = dict(x_ptr=P16, w_ptr=P16, s_ptr=P32, y_ptr=P16, N="i32")
+GEMV_CONSTS = dict(K=4096, ROWS=4, BLOCK_N=8, BLOCK_K=256, AHEAD=2, VEC=8, X_ROW=False,
+                   SCALED=False)
 
 
 def _kernels() -> dict:
