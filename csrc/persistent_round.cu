@@ -17,6 +17,7 @@
 // Built with nvcc on first use (sm_90; CUDA >= 12).
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <cstdio>
 
 namespace {
 
@@ -24,6 +25,9 @@ constexpr int THREADS = 256;
 constexpr int WARPS = THREADS / 32;
 constexpr int MAX_B = 16;     // block rows
 constexpr int MAX_DL = 8;     // head_dim / 32 (head_dim <= 256)
+// A round takes milliseconds: a dependency that has not arrived after this long never will
+// (a CTA not resident, a plan fault), and the kernel traps instead of hanging the device.
+constexpr long long WAIT_LIMIT_NS = 2000000000LL;
 
 // a loop over a lane's head dims (lane + 32 i, i < nd) unrolled, so per-lane arrays stay in
 // registers
@@ -511,7 +515,15 @@ __device__ void round_kernel(const Params* pp) {
       for (int i = p.wait_off[t]; i < p.wait_off[t + 1]; ++i) {
         const int* c = p.counters + p.waits[2 * i];
         const int need = p.waits[2 * i + 1];
-        while (ld_acquire(c) < need) __nanosleep(64);
+        const long long t0 = now_ns();
+        while (ld_acquire(c) < need) {
+          __nanosleep(64);
+          if (now_ns() - t0 > WAIT_LIMIT_NS) {  // a broken plan or launch: fail, never hang
+            printf("dlrt_persistent_round: CTA %d waited %lld ns on counter %d for task %d "
+                   "(count %d of %d)\n", cta, WAIT_LIMIT_NS, p.waits[2 * i], t, *c, need);
+            __trap();
+          }
+        }
       }
       for (int i = 0; i < 8; ++i) s_task[i] = p.task[8 * t + i];
       if (p.timeline != nullptr) p.timeline[3 * t + 1] = now_ns();

@@ -219,7 +219,9 @@ class PersistentRound:
 
         The kernel's CTAs wait on each other: it needs every one of its `plan.workers` CTAs
         resident at once (one per SM, checked at construction), so nothing else may occupy
-        the SMs while it runs (no concurrent stream, no SM partitioning).
+        the SMs while it runs (no concurrent stream, no SM partitioning). A CTA that waits
+        longer than 2 s for a dependency prints which and traps (a CUDA error, the process's
+        context lost) rather than hanging the device.
 
         Raises ValueError when tokens do not have the plan's block length."""
         if tokens.shape[0] != self.plan.block:
