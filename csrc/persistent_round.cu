@@ -6,7 +6,9 @@
 // task, and thread 0 adds one to each counter the task signals (after a fence: release).
 // Data written by other CTAs in this round (activations, the block's K/V) is read with
 // ld.global.cg (L2, never a stale L1 line); weights with the read-only path. The last CTA to
-// finish zeroes the counters for the next round.
+// finish zeroes the counters for the next round. Before a projection waits, one thread asks
+// L2 for the first bytes of its weight rows (they do not depend on the inputs); a wait past
+// `wait_limit_ns` prints what it waited for and traps.
 //
 // Numerics follow `dlrt/runtime/persistent/interpret.py` (the layer path on the reference
 // ops): RMSNorm statistics in fp32, the normalised value rounded to T before the weight
@@ -25,9 +27,6 @@ constexpr int THREADS = 256;
 constexpr int WARPS = THREADS / 32;
 constexpr int MAX_B = 16;     // block rows
 constexpr int MAX_DL = 8;     // head_dim / 32 (head_dim <= 256)
-// A round takes milliseconds: a dependency that has not arrived after this long never will
-// (a CTA not resident, a plan fault), and the kernel traps instead of hanging the device.
-constexpr long long WAIT_LIMIT_NS = 2000000000LL;
 
 // a loop over a lane's head dims (lane + 32 i, i < nd) unrolled, so per-lane arrays stay in
 // registers
@@ -76,6 +75,10 @@ struct Params {
   float* part_o;   // [Hkv, splits, B G, D]
   long long* timeline;  // nullptr, or [T, 3] ns: task picked, its waits done, its work done
   long long prefetch_bytes;  // weight bytes of a task prefetched into L2 before its waits
+  // A round takes milliseconds: a dependency that has not arrived after this long never will
+  // (a CTA not resident, a plan fault), and the kernel traps instead of hanging the device
+  // (0: wait for ever, e.g. under a debugger)
+  long long wait_limit_ns;
 };
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -469,12 +472,14 @@ __device__ void merge_task(const Params& p, int g) {
 // from the up rows), so HBM streams while the CTA waits. One thread; bulk prefetches of at
 // most 64 KiB, 16-byte multiples.
 __device__ __forceinline__ void prefetch_l2(const void* ptr, long long bytes) {
+#if __CUDA_ARCH__ >= 900  // the bulk prefetch is sm_90's; before it, no prefetch
   const char* p = static_cast<const char*>(ptr);
   for (long long off = 0; off + 16 <= bytes; off += 65536) {
     const unsigned n = (unsigned)min(bytes - off, 65536LL) & ~15u;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p + off), "r"(n)
-                 : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
+                 :: "l"(__cvta_generic_to_global(p + off)), "r"(n) : "memory");
   }
+#endif
 }
 
 template <typename T>
@@ -516,11 +521,13 @@ __device__ void round_kernel(const Params* pp) {
         const int* c = p.counters + p.waits[2 * i];
         const int need = p.waits[2 * i + 1];
         const long long t0 = now_ns();
-        while (ld_acquire(c) < need) {
+        int seen;
+        while ((seen = ld_acquire(c)) < need) {
           __nanosleep(64);
-          if (now_ns() - t0 > WAIT_LIMIT_NS) {  // a broken plan or launch: fail, never hang
+          const long long waited = now_ns() - t0;
+          if (p.wait_limit_ns > 0 && waited > p.wait_limit_ns) {  // fail, never hang
             printf("dlrt_persistent_round: CTA %d waited %lld ns on counter %d for task %d "
-                   "(count %d of %d)\n", cta, WAIT_LIMIT_NS, p.waits[2 * i], t, *c, need);
+                   "(count %d of %d)\n", cta, waited, p.waits[2 * i], t, seen, need);
             __trap();
           }
         }

@@ -57,6 +57,20 @@ def persistent_prefetch_bytes() -> int:
     `dlrt.runtime.persistent.kernel`). Default 65536. ValueError unless a non-negative
     integer."""
     value = os.environ.get("DLRT_PERSISTENT_PREFETCH") or "65536"
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise ValueError(f"DLRT_PERSISTENT_PREFETCH={value!r}: expected a byte count >= 0")
     return int(value)
+
+
+def persistent_wait_limit_s() -> float:
+    """DLRT_PERSISTENT_WAIT_LIMIT: seconds a CTA of the persistent round kernel waits for a
+    dependency before it traps (a fault, not a hang; 0: no limit, e.g. under a debugger).
+    Default 2. ValueError unless a non-negative number."""
+    value = os.environ.get("DLRT_PERSISTENT_WAIT_LIMIT") or "2"
+    try:
+        limit = float(value)
+    except ValueError:
+        limit = -1.0
+    if not limit >= 0 or limit == float("inf"):
+        raise ValueError(f"DLRT_PERSISTENT_WAIT_LIMIT={value!r}: expected seconds >= 0")
+    return limit

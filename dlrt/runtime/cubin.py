@@ -70,7 +70,7 @@ class Kernel:
         self._driver = driver
         self._module = check(driver.cuModuleLoadData(data))
         self.func = check(driver.cuModuleGetFunction(self._module, name.encode()))
-        self._shared = 48 * 1024  # the dynamic shared memory allowed without the opt-in
+        self._shared = 0  # the dynamic shared memory this module has allowed the kernel
 
     def set_shared_bytes(self, nbytes: int) -> None:
         """Allow at least `nbytes` of dynamic shared memory per block (above 48 KiB needs the

@@ -14,6 +14,7 @@ bit-identical to the eager launch, with the counters back at zero after every ro
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -74,14 +75,22 @@ def test_unsupported_shapes_are_named():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_source_compiles_for_sm90(tmp_path):
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_source_compiles(tmp_path, arch):
+    """No warnings, no local-memory spills, and the static shared memory ptxas reports within
+    what the host reserves beside the dynamic part (STATIC_SHARED)."""
+    from dlrt.runtime.persistent.kernel import STATIC_SHARED
+
     out = tmp_path / "round.cubin"
-    proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-O3", "-Werror",
-                           "all-warnings", "-o", str(out),
+    proc = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-O3", "-Xptxas", "-v",
+                           "-Werror", "all-warnings", "-o", str(out),
                            str(csrc_path("persistent_round.cu"))],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert out.stat().st_size > 0
+    smem = [int(x) for x in re.findall(r"(\d+) bytes smem", proc.stderr)]
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
+    assert len(smem) == 2 and max(smem) <= STATIC_SHARED and not any(spills), proc.stderr
 
 
 # --- GPU -------------------------------------------------------------------------------------

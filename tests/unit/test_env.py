@@ -42,3 +42,14 @@ def test_persistent_prefetch_bytes(monkeypatch):
     monkeypatch.setenv("DLRT_PERSISTENT_PREFETCH", "-5")
     with pytest.raises(ValueError, match="DLRT_PERSISTENT_PREFETCH='-5'"):
         env.persistent_prefetch_bytes()
+
+
+def test_persistent_wait_limit(monkeypatch):
+    monkeypatch.delenv("DLRT_PERSISTENT_WAIT_LIMIT", raising=False)
+    assert env.persistent_wait_limit_s() == 2.0
+    monkeypatch.setenv("DLRT_PERSISTENT_WAIT_LIMIT", "0")
+    assert env.persistent_wait_limit_s() == 0.0
+    for bad in ("-1", "soon", "nan", "inf"):
+        monkeypatch.setenv("DLRT_PERSISTENT_WAIT_LIMIT", bad)
+        with pytest.raises(ValueError, match="DLRT_PERSISTENT_WAIT_LIMIT"):
+            env.persistent_wait_limit_s()

@@ -31,7 +31,7 @@ KINDS = {"qkv": 0, "rope": 1, "attn": 2, "merge": 3, "o": 4, "gate_up": 5, "down
 THREADS = 256
 MAX_B = 16
 CHUNK_KEYS = 32  # CH of csrc/persistent_round.cu: keys per attention chunk in shared memory
-STATIC_SHARED = 8 * 1024 + 512  # norm_rope's per-warp rows, the parameters, the task
+STATIC_SHARED = 9 * 1024  # norm_rope's per-warp rows, the parameters, the task (ptxas: 8608)
 _KERNELS: dict[torch.dtype, Kernel] = {}
 
 
@@ -49,7 +49,7 @@ class _Params(ctypes.Structure):
                                           "lens", "cos", "sin", "stream", "qkv", "q",
                                           "attn_out", "act", "logits", "part_ml", "part_o",
                                           "timeline")]
-                + [("prefetch_bytes", ctypes.c_longlong)])
+                + [("prefetch_bytes", ctypes.c_longlong), ("wait_limit_ns", ctypes.c_longlong)])
 
 
 def encode(plan: RoundPlan, device) -> dict[str, torch.Tensor]:
@@ -112,6 +112,8 @@ def check_supported(plan: RoundPlan, dtype: torch.dtype, device: torch.device) -
             problems.append(f"{name} {k} ({16 // item}-element multiples)")
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
+        if (props.major, props.minor) < (8, 0):
+            problems.append(f"compute capability {props.major}.{props.minor} (8.0 or later)")
         limit = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
         need = shared_bytes(plan, item)
         if need + STATIC_SHARED > limit:
@@ -201,6 +203,7 @@ class PersistentRound:
                          if timeline else None)
         p.timeline = self.timeline.data_ptr() if timeline else None
         p.prefetch_bytes = env.persistent_prefetch_bytes()
+        p.wait_limit_ns = int(env.persistent_wait_limit_s() * 1e9)
         raw = bytes(p)
         self.params = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(dev)
         if dtype not in _KERNELS:
@@ -220,8 +223,9 @@ class PersistentRound:
         The kernel's CTAs wait on each other: it needs every one of its `plan.workers` CTAs
         resident at once (one per SM, checked at construction), so nothing else may occupy
         the SMs while it runs (no concurrent stream, no SM partitioning). A CTA that waits
-        longer than 2 s for a dependency prints which and traps (a CUDA error, the process's
-        context lost) rather than hanging the device.
+        longer than DLRT_PERSISTENT_WAIT_LIMIT seconds (default 2; 0: no limit) for a
+        dependency prints which and traps (a CUDA error, the process's context lost) rather
+        than hanging the device.
 
         Raises ValueError when tokens do not have the plan's block length."""
         if tokens.shape[0] != self.plan.block:
