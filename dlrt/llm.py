@@ -158,8 +158,9 @@ class LLM:
         if need > self.max_model_len:
             pad = need - len(ids) - params.max_new_tokens
             padding = f" ({pad} of them {self.decoder.padding})" if pad > 0 else ""
+            tokens = f"{len(ids)} token{'s' if len(ids) != 1 else ''}"
             raise PromptError(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) needs "
+                f"prompt ({tokens}) + max_new_tokens ({params.max_new_tokens}) needs "
                 f"{need} positions{padding}, more than the context of {self.max_model_len}")
         return ids, params
 

@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 from dlrt.decoding.options import DecodingOptions, option_name
 from dlrt.errors import DlrtError, OptionError, PromptError
@@ -84,10 +85,13 @@ async def _body(request: Request, model, limit: int):
     if size is not None and (not size.isdigit() or int(size) > limit):
         raise HTTPError(413, f"request body larger than {limit} bytes")
     raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > limit:
-            raise HTTPError(413, f"request body larger than {limit} bytes")
+    try:
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > limit:
+                raise HTTPError(413, f"request body larger than {limit} bytes")
+    except ClientDisconnect as e:  # the client left mid-body: nobody reads the answer
+        raise HTTPError(400, "the client disconnected before sending the whole body") from e
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:

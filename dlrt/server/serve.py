@@ -59,6 +59,18 @@ def check_address(host: str, port: int) -> None:
                           f"({e})") from e
 
 
+def check_server_packages() -> None:
+    """OptionError naming the install command when FastAPI or uvicorn is missing (the
+    `serve` extras)."""
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise OptionError(f"dlrt serve needs {' and '.join(missing)}: install the server "
+                          "extras, pip install 'dlrt[serve]' (from a checkout: "
+                          "pip install -e '.[serve]')")
+
+
 def served_name(model) -> str:
     """The name a model is served under by default: the last part of its path (its folder's
     name; `name` of a hub repo id `org/name`), or "dlrt-default" for the embedded default."""
@@ -78,6 +90,7 @@ def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int
     """
     from dlrt import LLM
 
+    check_server_packages()  # before the model loads
     check_address(host, port)  # on every rank, before the model loads: all of them stop
     ranks = Ranks()
     if llm_kwargs.get("device") in (None, "auto"):

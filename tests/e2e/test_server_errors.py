@@ -101,3 +101,37 @@ def test_default_max_tokens_past_the_context_is_a_400_naming_max_tokens(tiny_sda
                                             "ignore_eos": True, "temperature": 0})
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 34
+
+
+def test_a_client_gone_mid_body_is_a_400_not_a_traceback():
+    """The body reader turns starlette's ClientDisconnect into the 400 every bad body gets."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from dlrt.server.app import HTTPError, _body
+
+    messages = [{"type": "http.request", "body": b'{"prom', "more_body": True},
+                {"type": "http.disconnect"}]
+
+    async def receive():
+        return messages.pop(0)
+
+    request = Request({"type": "http", "method": "POST", "headers": [(b"content-length",
+                                                                        b"100")]}, receive)
+    with pytest.raises(HTTPError) as e:
+        asyncio.run(_body(request, None, 1000))
+    assert e.value.status == 400 and "disconnected" in str(e.value)
+
+
+def test_serve_names_the_missing_server_packages(monkeypatch):
+    import importlib.util
+
+    from dlrt.errors import OptionError
+    from dlrt.server.serve import check_server_packages
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "uvicorn" else real(name, *a))
+    with pytest.raises(OptionError, match=r"needs uvicorn: .*pip install -e '\.\[serve\]'"):
+        check_server_packages()
