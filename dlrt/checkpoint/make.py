@@ -100,6 +100,9 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
             or max_shard_bytes < 1:
         raise CheckpointError(f"max_shard_bytes={max_shard_bytes!r} must be an integer >= 1")
     out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out} exists and is not a checkpoint folder (a file): choose "
+                              "another output path")
     if out.exists() and not overwrite:
         raise CheckpointError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
     if out.exists():
