@@ -46,7 +46,7 @@ def test_fp32_tokens_equal_the_layer_path(wide_heads, prompt_len):
     llms = _pair(wide_heads, "float32")
     assert llms["persistent"].engine_config.round_kernel == "persistent"
     prompt = [(7 * i + 11) % 150000 for i in range(prompt_len)]
-    out = {k: _run_modes(llm, prompt, max_new_tokens=24, temperature=0,
+    out = {k: _run_modes(llm, prompt, max_new_tokens=24, temperature=0, ignore_eos=True,
                          remasking_strategy="low_confidence_static")
            for k, llm in llms.items()}
     _assert_same(out["persistent"])
@@ -56,7 +56,7 @@ def test_fp32_tokens_equal_the_layer_path(wide_heads, prompt_len):
 def test_bf16_modes_identical_and_flips_counted(wide_heads):
     llms = _pair(wide_heads, "bfloat16")
     prompt = [(5 * i + 3) % 150000 for i in range(40)]
-    out = {k: _run_modes(llm, prompt, max_new_tokens=48, temperature=0,
+    out = {k: _run_modes(llm, prompt, max_new_tokens=48, temperature=0, ignore_eos=True,
                          remasking_strategy="low_confidence_static")
            for k, llm in llms.items()}
     _assert_same(out["persistent"])
