@@ -87,7 +87,7 @@ def test_default_max_new_tokens_past_the_context_refused_at_startup(
     monkeypatch.setattr(uvicorn.Server, "run", lambda *a, **k: pytest.fail("served"))
     line = error_line(capsys, ["serve", "--max-model-len", "64", *flags])
     assert line.startswith(head), line
-    assert words in line and "context of 64" in line and "prompt (1 tokens)" in line, line
+    assert words in line and "context of 64" in line and "prompt (1 token)" in line, line
 
 
 def test_default_max_new_tokens_that_fits_passes(short_llm):
