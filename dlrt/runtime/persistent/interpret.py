@@ -30,7 +30,6 @@ class _Round:
                  lens: torch.Tensor, chunk_block: int | None):
         c = plan.config
         self.plan, self.model, self.cache, self.c = plan, model, cache, c
-        self.params = dict(model.named_parameters())
         inner = model.model
         self.dtype = inner.embed_tokens.weight.dtype
         self.start, self.kv_len = (int(x) for x in lens.tolist())
@@ -49,11 +48,11 @@ class _Round:
         self.parts: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
 
     def norm(self, name: str) -> torch.Tensor:
-        w = self.params[name]
+        w = self.model.get_parameter(name)  # by path: tied weights too, as the kernel
         return ref.rms_norm(self.stream, w, self.c.rms_norm_eps)
 
     def linear(self, x: torch.Tensor, weight: str, lo: int, hi: int) -> torch.Tensor:
-        return F.linear(x, self.params[weight][lo:hi])
+        return F.linear(x, self.model.get_parameter(weight)[lo:hi])
 
     def run(self, t) -> None:
         getattr(self, "_" + t.kind)(t)
