@@ -6,9 +6,9 @@
 // task, and thread 0 adds one to each counter the task signals (after a fence: release).
 // Data written by other CTAs in this round (activations, the block's K/V) is read with
 // ld.global.cg (L2, never a stale L1 line); weights with the read-only path. The last CTA to
-// finish zeroes the counters for the next round. Before a projection waits, one thread asks
-// L2 for the first bytes of its weight rows (they do not depend on the inputs); a wait past
-// `wait_limit_ns` prints what it waited for and traps.
+// finish zeroes the counters for the next round. When a task is picked, one thread asks L2
+// for the first bytes of the next projection's weight rows in the queue (they do not depend
+// on the inputs); a wait past `wait_limit_ns` prints what it waited for and traps.
 //
 // Numerics follow `dlrt/runtime/persistent/interpret.py` (the layer path on the reference
 // ops): RMSNorm statistics in fp32, the normalised value rounded to T before the weight
@@ -129,6 +129,10 @@ template <> struct Vec<float> {
   __device__ static void load_shared(const float* p, float* out) {
     unpack(*reinterpret_cast<const int4*>(p), out);
   }
+  __device__ static int4 pack(const float* v) {
+    return make_int4(__float_as_int(v[0]), __float_as_int(v[1]), __float_as_int(v[2]),
+                     __float_as_int(v[3]));
+  }
 };
 template <> struct Vec<__nv_bfloat16> {
   static constexpr int N = 8;
@@ -146,50 +150,76 @@ template <> struct Vec<__nv_bfloat16> {
   __device__ static void load_shared(const __nv_bfloat16* p, float* out) {
     unpack(*reinterpret_cast<const int4*>(p), out);
   }
+  __device__ static int4 pack(const float* v) {  // v already holds bf16 values: exact
+    int4 r;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&r);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    return r;
+  }
 };
 
 // The input rows of a projection into shared memory (T): norm_w == nullptr: x as it is;
-// else RMSNorm(x) * norm_w with the reference's roundings.
+// else RMSNorm(x) * norm_w with the reference's roundings. The rows are copied with 16-byte
+// L2 loads, STAGE_UNROLL of them in flight per thread (K * sizeof(T) is a multiple of 16,
+// `check_supported`); the norm's statistics and scaling then read shared memory.
+constexpr int STAGE_UNROLL = 8;
 template <typename T>
 __device__ void stage_input(const Params& p, const T* x, int K, const T* norm_w, T* xs) {
   __shared__ float rstd[MAX_B];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (norm_w != nullptr) {
-    for (int b = warp; b < p.B; b += WARPS) {
-      float s = 0.f;
-      for (int k = lane; k < K; k += 32) {
-        float v = ldcg(x + (size_t)b * K + k);
-        s += v * v;
-      }
-      s = warp_sum(s);
-      if (lane == 0) rstd[b] = rsqrtf(s / K + p.eps);
-    }
-    __syncthreads();
+  constexpr int N = Vec<T>::N;
+  const int pieces = p.B * K / N;
+  const int4* src = reinterpret_cast<const int4*>(x);
+  int4* dst = reinterpret_cast<int4*>(xs);
+  for (int i0 = threadIdx.x; i0 < pieces; i0 += THREADS * STAGE_UNROLL) {
+    int4 v[STAGE_UNROLL];
+#pragma unroll
+    for (int u = 0; u < STAGE_UNROLL; ++u)
+      if (i0 + u * THREADS < pieces) v[u] = __ldcg(src + i0 + u * THREADS);
+#pragma unroll
+    for (int u = 0; u < STAGE_UNROLL; ++u)
+      if (i0 + u * THREADS < pieces) dst[i0 + u * THREADS] = v[u];
   }
-  for (int i = threadIdx.x; i < p.B * K; i += THREADS) {
-    float v = ldcg(x + i);
-    if (norm_w != nullptr) {
-      int b = i / K, k = i % K;
-      v = rnd<T>(to_f(norm_w[k]) * rnd<T>(v * rstd[b]));
+  __syncthreads();
+  if (norm_w == nullptr) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, row_pieces = K / N;
+  for (int b = warp; b < p.B; b += WARPS) {
+    float s = 0.f;
+    for (int i = lane; i < row_pieces; i += 32) {
+      float v[N];
+      Vec<T>::unpack(dst[b * row_pieces + i], v);
+#pragma unroll
+      for (int j = 0; j < N; ++j) s += v[j] * v[j];
     }
-    xs[i] = from_f<T>(v);
+    s = warp_sum(s);
+    if (lane == 0) rstd[b] = rsqrtf(s / K + p.eps);
+  }
+  __syncthreads();
+  const int4* wn = reinterpret_cast<const int4*>(norm_w);
+  for (int i = threadIdx.x; i < pieces; i += THREADS) {
+    const int b = i / row_pieces;
+    float v[N], w[N];
+    Vec<T>::unpack(dst[i], v);
+    Vec<T>::unpack(__ldg(wn + i % row_pieces), w);
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = rnd<T>(w[j] * rnd<T>(v[j] * rstd[b]));
+    dst[i] = Vec<T>::pack(v);
   }
   __syncthreads();
 }
 
 // acc[r][b] = sum_k w_r[k] * xs[b, k] for two weight rows w_0, w_1 (w_1 == nullptr: one) and
-// the B input rows (warp-wide; every lane gets the sums). Each staged input value read from
-// shared memory serves both rows; UNROLL 16-byte weight loads per row and lane are in flight
-// before their products.
-constexpr int UNROLL = 4;
-template <typename T>
+// the B <= BT input rows (warp-wide; every lane gets the sums). Each staged input value read
+// from shared memory serves both rows; UNROLL 16-byte weight loads per row and lane are in
+// flight before their products (fewer for larger BT, whose products per load are more).
+template <typename T, int BT>
 __device__ __forceinline__ void rows_dot(const T* w0, const T* w1, const T* xs, int K, int B,
-                                         float (&acc)[2][MAX_B]) {
-  constexpr int N = Vec<T>::N;
+                                         float (&acc)[2][BT]) {
+  constexpr int N = Vec<T>::N, UNROLL = BT <= 4 ? 8 : BT <= 8 ? 4 : 2;
   const int lane = threadIdx.x % 32;
   const bool two = w1 != nullptr;
 #pragma unroll
-  for (int b = 0; b < MAX_B; ++b) acc[0][b] = acc[1][b] = 0.f;
+  for (int b = 0; b < BT; ++b) acc[0][b] = acc[1][b] = 0.f;
   for (int k0 = lane * N; k0 < K; k0 += 32 * N * UNROLL) {
     int4 raw[2][UNROLL];
 #pragma unroll
@@ -208,7 +238,7 @@ __device__ __forceinline__ void rows_dot(const T* w0, const T* w1, const T* xs, 
       Vec<T>::unpack(raw[0][u], wv[0]);
       if (two) Vec<T>::unpack(raw[1][u], wv[1]);
 #pragma unroll
-      for (int b = 0; b < MAX_B; ++b) {
+      for (int b = 0; b < BT; ++b) {
         if (b < B) {
           float xv[N];  // 16 bytes per lane, consecutive lanes: no bank conflicts
           Vec<T>::load_shared(xs + (size_t)b * K + k, xv);
@@ -223,7 +253,7 @@ __device__ __forceinline__ void rows_dot(const T* w0, const T* w1, const T* xs, 
     }
   }
 #pragma unroll
-  for (int b = 0; b < MAX_B; ++b) {
+  for (int b = 0; b < BT; ++b) {
     if (b < B) {
       acc[0][b] = warp_sum(acc[0][b]);
       if (two) acc[1][b] = warp_sum(acc[1][b]);
@@ -233,38 +263,41 @@ __device__ __forceinline__ void rows_dot(const T* w0, const T* w1, const T* xs, 
 
 // The epilogue of output row r of a projection: y[b] (fp32 sums) rounded to T, then stored
 // (qkv, logits), added to the residual stream (o_proj, down) or, with the up row's sums u[b],
-// SiLU(gate) * up into the activation (gate_up). Lane 0 of the warp calls it.
-template <typename T>
-__device__ __forceinline__ void store_row(const Params& p, int kind, int r, const float* y,
-                                          const float* u) {
-  T* stream = static_cast<T*>(p.stream);
+// SiLU(gate) * up into the activation (gate_up). Every lane of the warp calls it (each holds
+// all the sums); lane b < B stores block row b, so the stream's reads are in flight together.
+template <typename T, int BT>
+__device__ __forceinline__ void store_row(const Params& p, int kind, int r, const float (&y)[BT],
+                                          const float (&u)[BT]) {
+  const int b = threadIdx.x % 32;
+  if (b >= p.B) return;
+  float yb = y[0], ub = u[0];
 #pragma unroll
-  for (int b = 0; b < MAX_B; ++b) {
-    if (b >= p.B) break;
-    const float v = rnd<T>(y[b]);
-    switch (kind) {
-      case QKV:
-        static_cast<T*>(p.qkv)[(size_t)b * (p.Hq + 2 * p.Hkv) * p.D + r] = from_f<T>(v);
-        break;
-      case O_PROJ:
-      case DOWN: {
-        T* s = stream + (size_t)b * p.H + r;
-        *s = from_f<T>(v + ldcg(s));
-        break;
-      }
-      case GATE_UP: {
-        const float silu = rnd<T>(v / (1.f + expf(-v)));
-        static_cast<T*>(p.act)[(size_t)b * p.I + r] = from_f<T>(silu * rnd<T>(u[b]));
-        break;
-      }
-      case LM_HEAD:
-        static_cast<T*>(p.logits)[(size_t)b * p.V + r] = from_f<T>(v);
-        break;
+  for (int i = 1; i < BT; ++i) {
+    if (b == i) { yb = y[i]; ub = u[i]; }
+  }
+  const float v = rnd<T>(yb);
+  switch (kind) {
+    case QKV:
+      static_cast<T*>(p.qkv)[(size_t)b * (p.Hq + 2 * p.Hkv) * p.D + r] = from_f<T>(v);
+      break;
+    case O_PROJ:
+    case DOWN: {
+      T* s = static_cast<T*>(p.stream) + (size_t)b * p.H + r;
+      *s = from_f<T>(v + ldcg(s));
+      break;
     }
+    case GATE_UP: {
+      const float silu = rnd<T>(v / (1.f + expf(-v)));
+      static_cast<T*>(p.act)[(size_t)b * p.I + r] = from_f<T>(silu * rnd<T>(ub));
+      break;
+    }
+    case LM_HEAD:
+      static_cast<T*>(p.logits)[(size_t)b * p.V + r] = from_f<T>(v);
+      break;
   }
 }
 
-template <typename T>
+template <typename T, int BT>
 __device__ void gemv_task(const Params& p, int kind, int layer, int lo, int hi, int widx,
                           T* xs) {
   const T* w = static_cast<const T*>(p.weights[widx]);
@@ -277,22 +310,20 @@ __device__ void gemv_task(const Params& p, int kind, int layer, int lo, int hi, 
   if (kind == O_PROJ) { x = static_cast<const T*>(p.attn_out); K = p.Hq * p.D; }
   if (kind == DOWN) { x = static_cast<const T*>(p.act); K = p.I; }
   stage_input<T>(p, x, K, norm_w, xs);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float acc[2][MAX_B];
+  const int warp = threadIdx.x / 32;
+  float acc[2][BT];
   if (kind == GATE_UP) {  // a warp takes gate row r with up row I + r
     for (int r = lo + warp; r < hi; r += WARPS) {
-      rows_dot<T>(w + (size_t)r * K, w + (size_t)(p.I + r) * K, xs, K, p.B, acc);
-      if (lane == 0) store_row<T>(p, kind, r, acc[0], acc[1]);
+      rows_dot<T, BT>(w + (size_t)r * K, w + (size_t)(p.I + r) * K, xs, K, p.B, acc);
+      store_row<T, BT>(p, kind, r, acc[0], acc[1]);
     }
     return;
   }
   for (int r = lo + 2 * warp; r < hi; r += 2 * WARPS) {  // else rows r and r + 1
     const bool two = r + 1 < hi;
-    rows_dot<T>(w + (size_t)r * K, two ? w + (size_t)(r + 1) * K : nullptr, xs, K, p.B, acc);
-    if (lane == 0) {
-      store_row<T>(p, kind, r, acc[0], nullptr);
-      if (two) store_row<T>(p, kind, r + 1, acc[1], nullptr);
-    }
+    rows_dot<T, BT>(w + (size_t)r * K, two ? w + (size_t)(r + 1) * K : nullptr, xs, K, p.B, acc);
+    store_row<T, BT>(p, kind, r, acc[0], acc[0]);
+    if (two) store_row<T, BT>(p, kind, r + 1, acc[1], acc[1]);
   }
 }
 
@@ -467,10 +498,11 @@ __device__ void merge_task(const Params& p, int g) {
   }
 }
 
-// Weights do not depend on activations: before a projection task waits for its inputs, ask
-// L2 for the first `prefetch_bytes` of its weight rows (gate_up: half from the gate rows, half
-// from the up rows), so HBM streams while the CTA waits. One thread; bulk prefetches of at
-// most 64 KiB, 16-byte multiples.
+// Weights do not depend on activations: when a CTA picks a task it asks L2 for the first
+// `prefetch_bytes` of the weight rows of the next projection in its queue (and of the task's
+// own, for the first), so HBM streams while the CTA waits and works. gate_up: half from the
+// gate rows, half from the up rows. One thread; bulk prefetches of at most 64 KiB, 16-byte
+// multiples.
 __device__ __forceinline__ void prefetch_l2(const void* ptr, long long bytes) {
 #if __CUDA_ARCH__ >= 900  // the bulk prefetch is sm_90's; before it, no prefetch
   const char* p = static_cast<const char*>(ptr);
@@ -482,6 +514,7 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr, long long bytes) {
 #endif
 }
 
+constexpr int PREFETCH_LOOKAHEAD = 8;  // queue entries searched for the next projection
 template <typename T>
 __device__ void prefetch_task(const Params& p, const int* d) {
   const int kind = d[0], lo = d[2], hi = d[3], widx = d[6];
@@ -498,7 +531,7 @@ __device__ void prefetch_task(const Params& p, const int* d) {
   }
 }
 
-template <typename T>
+template <typename T, int BT>
 __device__ void round_kernel(const Params* pp) {
   // the parameters copied once into shared memory: reads of them are not global loads
   // repeated around every store through a T* (which might alias them)
@@ -511,12 +544,23 @@ __device__ void round_kernel(const Params* pp) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* xs = reinterpret_cast<T*>(smem);
   __shared__ int s_task[8];
-  const int cta = blockIdx.x;
-  for (int qi = p.queue_off[cta]; qi < p.queue_off[cta + 1]; ++qi) {
+  const int cta = blockIdx.x, q_end = p.queue_off[cta + 1];
+  int ahead = p.queue_off[cta] - 1;  // (thread 0) the last queue entry prefetched
+  for (int qi = p.queue_off[cta]; qi < q_end; ++qi) {
     const int t = p.queue[qi];
     if (threadIdx.x == 0) {
       if (p.timeline != nullptr) p.timeline[3 * t] = now_ns();
-      prefetch_task<T>(p, p.task + 8 * t);
+      // this task's weights (if not asked for already), then the next projection's in the
+      // queue: its weights stream into L2 during this task's waits and work
+      if (ahead < qi) prefetch_task<T>(p, p.task + 8 * t);
+      ahead = max(ahead, qi);
+      for (int j = ahead + 1; j < q_end && j <= qi + PREFETCH_LOOKAHEAD; ++j) {
+        if (p.task[8 * p.queue[j] + 6] >= 0) {
+          prefetch_task<T>(p, p.task + 8 * p.queue[j]);
+          ahead = j;
+          break;
+        }
+      }
       for (int i = p.wait_off[t]; i < p.wait_off[t + 1]; ++i) {
         const int* c = p.counters + p.waits[2 * i];
         const int need = p.waits[2 * i + 1];
@@ -542,7 +586,7 @@ __device__ void round_kernel(const Params* pp) {
       case ROPE: rope_task<T>(p, layer, head); break;
       case ATTN: attn_task<T>(p, layer, head, split, smem); break;
       case MERGE: merge_task<T>(p, head); break;
-      default: gemv_task<T>(p, kind, layer, lo, hi, widx, xs); break;
+      default: gemv_task<T, BT>(p, kind, layer, lo, hi, widx, xs); break;
     }
     __syncthreads();  // every thread's stores are issued before the signal
     if (threadIdx.x == 0) {
@@ -562,8 +606,16 @@ __device__ void round_kernel(const Params* pp) {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-dlrt_persistent_round_bf16(const Params* p) { round_kernel<__nv_bfloat16>(p); }
-
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-dlrt_persistent_round_f32(const Params* p) { round_kernel<float>(p); }
+// One kernel per element type and block-row bound BT (4, 8, 16; B <= BT): the projections'
+// loops over the block rows are unrolled to BT, so the instruction stream a warp runs
+// through holds no code for rows beyond B.
+#define DLRT_ROUND_KERNEL(NAME, T, BT)                                              \
+  extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(const Params* p) { \
+    round_kernel<T, BT>(p);                                                        \
+  }
+DLRT_ROUND_KERNEL(dlrt_persistent_round_bf16_b4, __nv_bfloat16, 4)
+DLRT_ROUND_KERNEL(dlrt_persistent_round_bf16_b8, __nv_bfloat16, 8)
+DLRT_ROUND_KERNEL(dlrt_persistent_round_bf16_b16, __nv_bfloat16, 16)
+DLRT_ROUND_KERNEL(dlrt_persistent_round_f32_b4, float, 4)
+DLRT_ROUND_KERNEL(dlrt_persistent_round_f32_b8, float, 8)
+DLRT_ROUND_KERNEL(dlrt_persistent_round_f32_b16, float, 16)

@@ -52,8 +52,8 @@ def split_k_reduce() -> str:
 
 
 def persistent_prefetch_bytes() -> int:
-    """DLRT_PERSISTENT_PREFETCH: weight bytes of its task the persistent round kernel asks L2
-    to prefetch before waiting on the task's dependencies (0: none;
+    """DLRT_PERSISTENT_PREFETCH: weight bytes of the next projection task in its queue that a
+    CTA of the persistent round kernel asks L2 to prefetch when it picks a task (0: none;
     `dlrt.runtime.persistent.kernel`). Default 65536. ValueError unless a non-negative
     integer."""
     value = os.environ.get("DLRT_PERSISTENT_PREFETCH") or "65536"

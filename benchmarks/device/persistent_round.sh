@@ -3,31 +3,35 @@
 # path and with `--round-kernel persistent` alternating, per model and context (one process per
 # run; the persistent runs add the per-SM timeline), then one table (summarize.py; ratio to the
 # layers' runs).
-# Usage: bash benchmarks/device/persistent_round.sh [--no-tests] [--context LIST] MODEL...
+# Usage: bash benchmarks/device/persistent_round.sh [--no-tests] [--context LIST]
+#          [--tags "TAG..."] MODEL...
 #   MODEL: a folder under .devtools/models (SDAR-1.7B-Chat, SDAR-8B-Chat); --context default 0
-# Carry: .devtools. Records: $OUT/step/{layers,persistent,persistent-nopf}; tests $OUT/tests.txt.
+#   TAG: layers, persistent, or persistent-pfN (DLRT_PERSISTENT_PREFETCH=N), run in the order
+#   given; default "layers persistent persistent-pf0 layers persistent"
+# Carry: .devtools. Records: $OUT/step/TAG; tests $OUT/tests.txt.
 set -uo pipefail
 source benchmarks/device/common.sh
-tests=1 context=0 models=()
+tests=1 context=0 models=() tags="layers persistent persistent-pf0 layers persistent"
 while [ $# -gt 0 ]; do
   case $1 in
     --no-tests) tests=0; shift ;;
     --context) context=$2; shift 2 ;;
+    --tags) tags=$2; shift 2 ;;
     *) models+=("$1"); shift ;;
   esac
 done
-[ ${#models[@]} -gt 0 ] || { sed -n 5,8p "$0"; exit 2; }
+[ ${#models[@]} -gt 0 ] || { sed -n 5,11p "$0"; exit 2; }
 if [ $tests = 1 ]; then
   timeout 300 python3 -m pytest -q -m gpu tests/kernels/test_persistent_round.py \
     tests/e2e/test_persistent_round_gpu.py -p no:cacheprovider -rf -s > "$OUT/tests.txt" 2>&1
   grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed|error)|differing" "$OUT/tests.txt" | tail -12
   elapsed "tests"
 fi
-# tags: layers, persistent, persistent-nopf (DLRT_PERSISTENT_PREFETCH=0: no L2 prefetch)
 for model in "${models[@]}"; do
-  for tag in layers persistent persistent-nopf layers persistent; do
-    kind=${tag%-nopf}
-    pf=$([ "$tag" = persistent-nopf ] && echo 0 || echo "${DLRT_PERSISTENT_PREFETCH:-65536}")
+  for tag in $tags; do
+    kind=${tag%%-pf*}
+    pf=${DLRT_PERSISTENT_PREFETCH:-65536}
+    [ "$kind" != "$tag" ] && pf=${tag##*-pf}
     echo "== $tag $model $context" >> "$LOG"
     DLRT_PERSISTENT_PREFETCH=$pf timeout 200 python3 -m dlrt bench step --model "$M/$model" \
       --load-format dummy --context "$context" --rounds 100 --temperature 0 \

@@ -5,8 +5,9 @@ one launch of `plan.workers` resident CTAs per round.
     rnd = PersistentRound(plan, model, cache, lens, chunk_block)
     logits = rnd.forward(tokens)      # [B, V]; the block's K/V written into the cache
 
-Before a projection task waits for its inputs, the kernel asks L2 to prefetch the first
-DLRT_PERSISTENT_PREFETCH bytes (default 64 KiB) of its weight rows (`dlrt.env`).
+When a CTA picks a task, it asks L2 to prefetch the first DLRT_PERSISTENT_PREFETCH bytes
+(default 64 KiB) of the weight rows of the next projection in its queue (`dlrt.env`), so they
+stream during this task's waits and work.
 `lens` is a static int32 [2] device buffer (start, kv_len) the caller fills before each round,
 so one captured launch serves every context. forward() is capturable (a CUDA graph, or the
 body of the block graph's WHILE node): the kernel zeroes its counters at the end of a round.
@@ -30,9 +31,10 @@ KINDS = {"qkv": 0, "rope": 1, "attn": 2, "merge": 3, "o": 4, "gate_up": 5, "down
          "lm_head": 7}
 THREADS = 256
 MAX_B = 16
+BLOCK_BOUNDS = (4, 8, MAX_B)  # one kernel per bound: its loops over block rows unrolled to it
 CHUNK_KEYS = 32  # CH of csrc/persistent_round.cu: keys per attention chunk in shared memory
 STATIC_SHARED = 9 * 1024  # norm_rope's per-warp rows, the parameters, the task (ptxas: 8608)
-_KERNELS: dict[torch.dtype, Kernel] = {}
+_KERNELS: dict[tuple[torch.dtype, int], Kernel] = {}
 
 
 class _Params(ctypes.Structure):
@@ -206,10 +208,12 @@ class PersistentRound:
         p.wait_limit_ns = int(env.persistent_wait_limit_s() * 1e9)
         raw = bytes(p)
         self.params = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(dev)
-        if dtype not in _KERNELS:
-            name = "dlrt_persistent_round_" + ("bf16" if dtype == torch.bfloat16 else "f32")
-            _KERNELS[dtype] = Kernel("persistent_round.cu", name, "the persistent round")
-        self.kernel = _KERNELS[dtype]
+        bound = next(n for n in BLOCK_BOUNDS if b <= n)  # the kernel unrolled for B <= bound
+        if (dtype, bound) not in _KERNELS:
+            name = (f"dlrt_persistent_round_{'bf16' if dtype == torch.bfloat16 else 'f32'}"
+                    f"_b{bound}")
+            _KERNELS[dtype, bound] = Kernel("persistent_round.cu", name, "the persistent round")
+        self.kernel = _KERNELS[dtype, bound]
         self.smem = shared_bytes(plan, weights[0].element_size())
         self.kernel.set_shared_bytes(self.smem)
         if self.kernel.max_blocks_per_sm(THREADS, self.smem) < 1:
@@ -279,14 +283,18 @@ def timeline_summary(plan: RoundPlan, stamps: torch.Tensor) -> dict:
     """Where a round's time went, from the kernel's stamps ([T, 3] ns: picked, waits done, work
     done). Per worker (SM): busy (running tasks) and waiting (on a dependency's counters),
     microseconds; their means over the workers and the span of the round (first pick to
-    last finish); busy microseconds by task kind. Waiting on a weight page is not told apart
-    yet: the weights stream inside the tasks' time (busy)."""
+    last finish); busy and waiting microseconds by task kind (summed over the workers).
+    Waiting on a weight page is not told apart yet: the weights stream inside the tasks' time
+    (busy)."""
     s = stamps.to("cpu", torch.int64)
     busy = [sum(int(s[t, 2] - s[t, 1]) for t in q) / 1e3 for q in plan.queues]
     wait = [sum(int(s[t, 1] - s[t, 0]) for t in q) / 1e3 for q in plan.queues]
     kinds: dict[str, float] = {}
+    waits: dict[str, float] = {}
     for t in plan.tasks:
         kinds[t.kind] = kinds.get(t.kind, 0.0) + int(s[t.id, 2] - s[t.id, 1]) / 1e3
+        waits[t.kind] = waits.get(t.kind, 0.0) + int(s[t.id, 1] - s[t.id, 0]) / 1e3
     n = max(len(busy), 1)
     return dict(span_us=int(s[:, 2].max() - s[:, 0].min()) / 1e3, busy_us=busy, wait_us=wait,
-                mean_busy_us=sum(busy) / n, mean_wait_us=sum(wait) / n, busy_by_kind_us=kinds)
+                mean_busy_us=sum(busy) / n, mean_wait_us=sum(wait) / n, busy_by_kind_us=kinds,
+                wait_by_kind_us=waits)
