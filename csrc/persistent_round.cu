@@ -159,18 +159,20 @@ template <> struct Vec<__nv_bfloat16> {
   }
 };
 
-// The input rows of a projection into shared memory (T): norm_w == nullptr: x as it is;
-// else RMSNorm(x) * norm_w with the reference's roundings. The rows are copied with 16-byte
+// The input rows of a projection into shared memory (T; rows B..BT-1 zero): norm_w ==
+// nullptr: x as it is; else RMSNorm(x) * norm_w with the reference's roundings. The rows are copied with 16-byte
 // L2 loads, STAGE_UNROLL of them in flight per thread (K * sizeof(T) is a multiple of 16,
 // `check_supported`); the norm's statistics and scaling then read shared memory.
 constexpr int STAGE_UNROLL = 8;
-template <typename T>
+template <typename T, int BT>
 __device__ void stage_input(const Params& p, const T* x, int K, const T* norm_w, T* xs) {
   __shared__ float rstd[MAX_B];
   constexpr int N = Vec<T>::N;
   const int pieces = p.B * K / N;
   const int4* src = reinterpret_cast<const int4*>(x);
   int4* dst = reinterpret_cast<int4*>(xs);
+  // rows B..BT-1 zero: the projections' loops run over BT rows without a guard
+  for (int i = pieces + threadIdx.x; i < BT * K / N; i += THREADS) dst[i] = make_int4(0, 0, 0, 0);
   for (int i0 = threadIdx.x; i0 < pieces; i0 += THREADS * STAGE_UNROLL) {
     int4 v[STAGE_UNROLL];
 #pragma unroll
@@ -209,55 +211,61 @@ __device__ void stage_input(const Params& p, const T* x, int K, const T* norm_w,
 }
 
 // acc[r][b] = sum_k w_r[k] * xs[b, k] for two weight rows w_0, w_1 (w_1 == nullptr: one) and
-// the B <= BT input rows (warp-wide; every lane gets the sums). Each staged input value read
-// from shared memory serves both rows; UNROLL 16-byte weight loads per row and lane are in
-// flight before their products (fewer for larger BT, whose products per load are more).
+// the BT staged input rows (warp-wide; every lane gets the sums). Each staged input value read
+// from shared memory serves both rows. The main loop takes UNROLL 16-byte weight loads per
+// row and lane at once (fewer for larger BT, whose products per load are more), with no
+// branch between the loads and their products; a tail loop takes the last K % (32 N UNROLL).
 template <typename T, int BT>
-__device__ __forceinline__ void rows_dot(const T* w0, const T* w1, const T* xs, int K, int B,
+__device__ __forceinline__ void dot_step(const int4 (&raw)[2], const T* xs, int K, int k,
+                                         float (&acc)[2][BT]) {
+  constexpr int N = Vec<T>::N;
+  float wv[2][N];
+  Vec<T>::unpack(raw[0], wv[0]);
+  Vec<T>::unpack(raw[1], wv[1]);
+#pragma unroll
+  for (int b = 0; b < BT; ++b) {
+    float xv[N];  // 16 bytes per lane, consecutive lanes: no bank conflicts
+    Vec<T>::load_shared(xs + (size_t)b * K + k, xv);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      acc[0][b] = fmaf(wv[0][j], xv[j], acc[0][b]);
+      acc[1][b] = fmaf(wv[1][j], xv[j], acc[1][b]);
+    }
+  }
+}
+
+template <typename T, int BT>
+__device__ __forceinline__ void rows_dot(const T* w0, const T* w1, const T* xs, int K,
                                          float (&acc)[2][BT]) {
   constexpr int N = Vec<T>::N, UNROLL = BT <= 4 ? 8 : BT <= 8 ? 4 : 2;
+  constexpr int STEP = 32 * N * UNROLL;
   const int lane = threadIdx.x % 32;
-  const bool two = w1 != nullptr;
+  const T* w1r = w1 != nullptr ? w1 : w0;  // one row: the second sums repeat the first
 #pragma unroll
   for (int b = 0; b < BT; ++b) acc[0][b] = acc[1][b] = 0.f;
-  for (int k0 = lane * N; k0 < K; k0 += 32 * N * UNROLL) {
-    int4 raw[2][UNROLL];
+  int k0 = 0;
+  for (; k0 + STEP <= K; k0 += STEP) {
+    int4 raw[UNROLL][2];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      const int k = k0 + u * 32 * N;
-      if (k < K) {
-        raw[0][u] = __ldg(reinterpret_cast<const int4*>(w0 + k));
-        if (two) raw[1][u] = __ldg(reinterpret_cast<const int4*>(w1 + k));
-      }
+      const int k = k0 + (u * 32 + lane) * N;
+      raw[u][0] = __ldg(reinterpret_cast<const int4*>(w0 + k));
+      raw[u][1] = __ldg(reinterpret_cast<const int4*>(w1r + k));
     }
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int k = k0 + u * 32 * N;
-      if (k >= K) break;
-      float wv[2][N];
-      Vec<T>::unpack(raw[0][u], wv[0]);
-      if (two) Vec<T>::unpack(raw[1][u], wv[1]);
-#pragma unroll
-      for (int b = 0; b < BT; ++b) {
-        if (b < B) {
-          float xv[N];  // 16 bytes per lane, consecutive lanes: no bank conflicts
-          Vec<T>::load_shared(xs + (size_t)b * K + k, xv);
-#pragma unroll
-          for (int j = 0; j < N; ++j) acc[0][b] = fmaf(wv[0][j], xv[j], acc[0][b]);
-          if (two) {
-#pragma unroll
-            for (int j = 0; j < N; ++j) acc[1][b] = fmaf(wv[1][j], xv[j], acc[1][b]);
-          }
-        }
-      }
-    }
+    for (int u = 0; u < UNROLL; ++u)
+      dot_step<T, BT>(raw[u], xs, K, k0 + (u * 32 + lane) * N, acc);
+  }
+  for (int k = k0 + lane * N; k < K; k += 32 * N) {
+    int4 raw[2];
+    raw[0] = __ldg(reinterpret_cast<const int4*>(w0 + k));
+    raw[1] = __ldg(reinterpret_cast<const int4*>(w1r + k));
+    dot_step<T, BT>(raw, xs, K, k, acc);
   }
 #pragma unroll
   for (int b = 0; b < BT; ++b) {
-    if (b < B) {
-      acc[0][b] = warp_sum(acc[0][b]);
-      if (two) acc[1][b] = warp_sum(acc[1][b]);
-    }
+    acc[0][b] = warp_sum(acc[0][b]);
+    acc[1][b] = warp_sum(acc[1][b]);
   }
 }
 
@@ -309,19 +317,19 @@ __device__ void gemv_task(const Params& p, int kind, int layer, int lo, int hi, 
   if (kind == LM_HEAD) norm_w = static_cast<const T*>(p.final_norm);
   if (kind == O_PROJ) { x = static_cast<const T*>(p.attn_out); K = p.Hq * p.D; }
   if (kind == DOWN) { x = static_cast<const T*>(p.act); K = p.I; }
-  stage_input<T>(p, x, K, norm_w, xs);
+  stage_input<T, BT>(p, x, K, norm_w, xs);
   const int warp = threadIdx.x / 32;
   float acc[2][BT];
   if (kind == GATE_UP) {  // a warp takes gate row r with up row I + r
     for (int r = lo + warp; r < hi; r += WARPS) {
-      rows_dot<T, BT>(w + (size_t)r * K, w + (size_t)(p.I + r) * K, xs, K, p.B, acc);
+      rows_dot<T, BT>(w + (size_t)r * K, w + (size_t)(p.I + r) * K, xs, K, acc);
       store_row<T, BT>(p, kind, r, acc[0], acc[1]);
     }
     return;
   }
   for (int r = lo + 2 * warp; r < hi; r += 2 * WARPS) {  // else rows r and r + 1
     const bool two = r + 1 < hi;
-    rows_dot<T, BT>(w + (size_t)r * K, two ? w + (size_t)(r + 1) * K : nullptr, xs, K, p.B, acc);
+    rows_dot<T, BT>(w + (size_t)r * K, two ? w + (size_t)(r + 1) * K : nullptr, xs, K, acc);
     store_row<T, BT>(p, kind, r, acc[0], acc[0]);
     if (two) store_row<T, BT>(p, kind, r + 1, acc[1], acc[1]);
   }

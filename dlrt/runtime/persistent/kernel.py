@@ -85,13 +85,20 @@ def encode(plan: RoundPlan, device) -> dict[str, torch.Tensor]:
                 weights=names)
 
 
+def block_bound(block: int) -> int:
+    """The kernel serving `block` rows: the smallest of BLOCK_BOUNDS >= block."""
+    return next(n for n in BLOCK_BOUNDS if block <= n)
+
+
 def shared_bytes(plan: RoundPlan, itemsize: int) -> int:
     """Dynamic shared memory of a CTA: the larger of a projection's staged input rows (the
-    widest K) and an attention task's K/V chunk (CH keys, rows padded by 16 bytes) with its
-    query rows and their online-softmax states (fp32)."""
+    widest K; `block_bound(B)` rows, those past B zero) and an attention task's K/V chunk (CH
+    keys, rows padded by 16 bytes) with its query rows and their online-softmax states
+    (fp32)."""
     c = plan.config
     d, rows = c.head_dim, plan.block * (c.num_heads // c.num_kv_heads)
-    gemv = plan.block * max(c.hidden_size, c.num_heads * d, c.intermediate_size) * itemsize
+    widest = max(c.hidden_size, c.num_heads * d, c.intermediate_size)
+    gemv = block_bound(plan.block) * widest * itemsize
     attn = 2 * CHUNK_KEYS * (d * itemsize + 16) + (2 * rows * d + 2 * rows) * 4
     return max(gemv, attn)
 
@@ -208,7 +215,7 @@ class PersistentRound:
         p.wait_limit_ns = int(env.persistent_wait_limit_s() * 1e9)
         raw = bytes(p)
         self.params = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(dev)
-        bound = next(n for n in BLOCK_BOUNDS if b <= n)  # the kernel unrolled for B <= bound
+        bound = block_bound(b)  # the kernel unrolled for B <= bound
         if (dtype, bound) not in _KERNELS:
             name = (f"dlrt_persistent_round_{'bf16' if dtype == torch.bfloat16 else 'f32'}"
                     f"_b{bound}")
