@@ -160,9 +160,10 @@ template <> struct Vec<__nv_bfloat16> {
 };
 
 // The input rows of a projection into shared memory (T; rows B..BT-1 zero): norm_w ==
-// nullptr: x as it is; else RMSNorm(x) * norm_w with the reference's roundings. The rows are copied with 16-byte
-// L2 loads, STAGE_UNROLL of them in flight per thread (K * sizeof(T) is a multiple of 16,
-// `check_supported`); the norm's statistics and scaling then read shared memory.
+// nullptr: x as it is; else RMSNorm(x) * norm_w with the reference's roundings. The rows are
+// copied with 16-byte L2 loads, STAGE_UNROLL of them in flight per thread (K * sizeof(T) is a
+// multiple of 16, `check_supported`); the norm's statistics and scaling then read shared
+// memory.
 constexpr int STAGE_UNROLL = 8;
 template <typename T, int BT>
 __device__ void stage_input(const Params& p, const T* x, int K, const T* norm_w, T* xs) {
@@ -172,7 +173,8 @@ __device__ void stage_input(const Params& p, const T* x, int K, const T* norm_w,
   const int4* src = reinterpret_cast<const int4*>(x);
   int4* dst = reinterpret_cast<int4*>(xs);
   // rows B..BT-1 zero: the projections' loops run over BT rows without a guard
-  for (int i = pieces + threadIdx.x; i < BT * K / N; i += THREADS) dst[i] = make_int4(0, 0, 0, 0);
+  for (int i = pieces + threadIdx.x; i < BT * K / N; i += THREADS)
+    dst[i] = make_int4(0, 0, 0, 0);
   for (int i0 = threadIdx.x; i0 < pieces; i0 += THREADS * STAGE_UNROLL) {
     int4 v[STAGE_UNROLL];
 #pragma unroll
