@@ -210,3 +210,27 @@ def test_timeline_summary():
     assert s["wait_us"] == [1.0 * w * len(q) for w, q in enumerate(plan.queues)]
     assert s["span_us"] == max(3.0 * len(plan.queues[1]), 2.0 * len(plan.queues[0]))
     assert sum(s["busy_by_kind_us"].values()) == 2.0 * len(plan.tasks)
+
+
+def test_timeline_handoff():
+    """Stamps of a round run in `simulate` order where every task starts its work exactly
+    0.5 us after its dependencies finished (and was picked 1 us before they did): the summary's
+    handoff is 0.5 us for every kind that waits."""
+    from dlrt.runtime.persistent.kernel import timeline_summary
+
+    plan = build_plan(tiny(**dict(AWKWARD, num_hidden_layers=2)), 4, 3, 2)
+    stamps = torch.zeros(len(plan.tasks), 3, dtype=torch.int64)
+    done_at = [0] * len(plan.counter_names)
+    for i in simulate(plan, rounds=1):
+        t = plan.tasks[i]
+        ready = max((done_at[c] for c, _ in t.waits), default=0)
+        start = ready + 500 if t.waits else 0
+        stamps[i] = torch.tensor([ready - 1000, start, start + 2000 + 10 * i])
+        for c in t.signals:
+            done_at[c] = max(done_at[c], int(stamps[i, 2]))
+    s = timeline_summary(plan, stamps)
+    assert s["handoff_us"] == pytest.approx(0.5)
+    assert set(s["handoff_by_kind_us"]) == {t.kind for t in plan.tasks if t.waits}
+    assert all(v == pytest.approx(0.5) for v in s["handoff_by_kind_us"].values())
+    stamps[:, 1] += 700  # work starting later after the same dependencies: 1.2 us
+    assert timeline_summary(plan, stamps)["handoff_us"] == pytest.approx(1.2)

@@ -290,9 +290,11 @@ def timeline_summary(plan: RoundPlan, stamps: torch.Tensor) -> dict:
     """Where a round's time went, from the kernel's stamps ([T, 3] ns: picked, waits done, work
     done). Per worker (SM): busy (running tasks) and waiting (on a dependency's counters),
     microseconds; their means over the workers and the span of the round (first pick to
-    last finish); busy and waiting microseconds by task kind (summed over the workers).
-    Waiting on a weight page is not told apart yet: the weights stream inside the tasks' time
-    (busy)."""
+    last finish); busy and waiting microseconds by task kind (summed over the workers); the
+    handoff, mean microseconds from the finish of the last task a waiting task depends on to
+    its work starting (the cost of one dependency: the signal, the poll, the pick), overall
+    and by kind. Waiting on a weight page is not told apart yet: the weights stream inside
+    the tasks' time (busy)."""
     s = stamps.to("cpu", torch.int64)
     busy = [sum(int(s[t, 2] - s[t, 1]) for t in q) / 1e3 for q in plan.queues]
     wait = [sum(int(s[t, 1] - s[t, 0]) for t in q) / 1e3 for q in plan.queues]
@@ -301,7 +303,22 @@ def timeline_summary(plan: RoundPlan, stamps: torch.Tensor) -> dict:
     for t in plan.tasks:
         kinds[t.kind] = kinds.get(t.kind, 0.0) + int(s[t.id, 2] - s[t.id, 1]) / 1e3
         waits[t.kind] = waits.get(t.kind, 0.0) + int(s[t.id, 1] - s[t.id, 0]) / 1e3
+    # handoff: from the moment a task's last dependency finished to its work starting, for
+    # the tasks that were picked before that moment (they waited on it)
+    done_at = [0] * len(plan.counter_names)
+    for t in plan.tasks:
+        for c in t.signals:
+            done_at[c] = max(done_at[c], int(s[t.id, 2]))
+    hand: dict[str, list[float]] = {}
+    for t in plan.tasks:
+        if t.waits:
+            ready = max(done_at[c] for c, _ in t.waits)
+            if ready > int(s[t.id, 0]):
+                hand.setdefault(t.kind, []).append((int(s[t.id, 1]) - ready) / 1e3)
+    every = [x for v in hand.values() for x in v]
     n = max(len(busy), 1)
     return dict(span_us=int(s[:, 2].max() - s[:, 0].min()) / 1e3, busy_us=busy, wait_us=wait,
                 mean_busy_us=sum(busy) / n, mean_wait_us=sum(wait) / n, busy_by_kind_us=kinds,
-                wait_by_kind_us=waits)
+                wait_by_kind_us=waits,
+                handoff_us=sum(every) / len(every) if every else 0.0,
+                handoff_by_kind_us={k: sum(v) / len(v) for k, v in hand.items()})
