@@ -3,7 +3,10 @@
 // counters, queues; the host encodes the plan and fills `Params`,
 // `dlrt/runtime/persistent/kernel.py`). Dependencies are counters in global memory: thread 0
 // spins until each counter the task waits for reaches its count (acquire), the CTA runs the
-// task, and thread 0 adds one to each counter the task signals (after a fence: release).
+// task, and thread 0 adds one to each counter the task signals (after a fence: release). The
+// attention split whose add completes its head's count then merges the head's splits and adds
+// one to the layer's merged counter, so a layer is five dependent steps (qkv, attention, o,
+// gate_up, down).
 // Data written by other CTAs in this round (activations, the block's K/V) is read with
 // ld.global.cg (L2, never a stale L1 line); weights with the read-only path. The last CTA to
 // finish zeroes the counters for the next round. When a task is picked, one thread asks L2
@@ -32,12 +35,12 @@ constexpr int MAX_DL = 8;     // head_dim / 32 (head_dim <= 256)
 // registers
 #define FOR_DL(i) _Pragma("unroll") for (int i = 0; i < MAX_DL; ++i) if (i < nd)
 
-enum Kind { QKV = 0, ROPE = 1, ATTN = 2, MERGE = 3, O_PROJ = 4, GATE_UP = 5, DOWN = 6,
-            LM_HEAD = 7 };
+enum Kind { QKV = 0, ATTN = 1, O_PROJ = 2, GATE_UP = 3, DOWN = 4, LM_HEAD = 5 };
 
 struct Params {
   // the plan
-  const int* task;       // [T, 8]: kind, layer, lo, hi, head, split, weight index, 0
+  const int* task;       // [T, 8]: kind, layer, lo, hi, head, split, weight index, then
+                         // (attn: the counter the head's merge adds to, by the last split)
   const int* wait_off;   // [T + 1]
   const int* waits;      // [NW, 2]: counter, count
   const int* sig_off;    // [T + 1]
@@ -67,7 +70,6 @@ struct Params {
   // activations (T) and split states (fp32)
   void* stream;    // [B, H]
   void* qkv;       // [B, (Hq + 2 Hkv) D]
-  void* q;         // [B, Hq, D]
   void* attn_out;  // [B, Hq D]
   void* act;       // [B, I]
   void* logits;    // [B, V]
@@ -368,8 +370,12 @@ __device__ void norm_rope(const Params& p, float* v, const T* norm_w, int b) {
   __syncwarp();
 }
 
+// q/k RMSNorm and RoPE of KV head g's rows of the block, read from the qkv projection: the
+// rotated queries into qs [B G, D] (fp32 holding T values), the block's K and V rows into kb,
+// vb [B, D] (T); with write_cache, K and V also into the cache at the block's positions.
 template <typename T>
-__device__ void rope_task(const Params& p, int layer, int g) {
+__device__ void block_rope(const Params& p, int layer, int g, bool write_cache, float* qs,
+                           T* kb, T* vb) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nd = p.D / 32;
   const int G = p.Hq / p.Hkv, n = (p.Hq + 2 * p.Hkv) * p.D;
   const T* qkv = static_cast<const T*>(p.qkv);
@@ -382,23 +388,29 @@ __device__ void rope_task(const Params& p, int layer, int g) {
     FOR_DL(i) v[i] = ldcg(qkv + (size_t)b * n + col + lane + 32 * i);
     if (h < G) {
       norm_rope<T>(p, v, static_cast<const T*>(p.q_norm[layer]), b);
-      T* q = static_cast<T*>(p.q) + ((size_t)b * p.Hq + g * G + h) * p.D;
-      FOR_DL(i) q[lane + 32 * i] = from_f<T>(v[i]);
+      float* q = qs + (size_t)(b * G + h) * p.D;
+      FOR_DL(i) q[lane + 32 * i] = v[i];
     } else {
       if (h == G) norm_rope<T>(p, v, static_cast<const T*>(p.k_norm[layer]), b);
-      int pos = start + b;
-      long slot = (long)p.page_table[pos / p.page_size] * p.page_size + pos % p.page_size;
-      T* cache = static_cast<T*>(h == G ? p.k_cache[layer] : p.v_cache[layer]);
-      T* dst = cache + (slot * p.Hkv + g) * p.D;
-      FOR_DL(i) dst[lane + 32 * i] = from_f<T>(v[i]);
+      T* own = (h == G ? kb : vb) + (size_t)b * p.D;
+      FOR_DL(i) own[lane + 32 * i] = from_f<T>(v[i]);
+      if (write_cache) {
+        int pos = start + b;
+        long slot = (long)p.page_table[pos / p.page_size] * p.page_size + pos % p.page_size;
+        T* cache = static_cast<T*>(h == G ? p.k_cache[layer] : p.v_cache[layer]);
+        T* dst = cache + (slot * p.Hkv + g) * p.D;
+        FOR_DL(i) dst[lane + 32 * i] = from_f<T>(v[i]);
+      }
     }
   }
 }
 
-// One (KV head, context split): the keys of the split in chunks of CH, each chunk's K and V
-// rows loaded once into shared memory and used by every query row of the head's group (a
-// warp per row: lane j scores key j of the chunk, then each lane updates its head dims);
-// the rows' online-softmax states (max, sum, unnormalised output) live in shared memory.
+// One (KV head, context split): first the head's RoPE (`block_rope`; split 0 writes the
+// block's K/V into the cache), then the keys of the split in chunks of CH, each chunk's K and
+// V rows loaded once into shared memory (the block's own positions from the task's rows, the
+// rest from the cache) and used by every query row of the head's group (a warp per row: lane j
+// scores key j of the chunk, then each lane updates its head dims); the rows' online-softmax
+// states (max, sum, unnormalised output) live in shared memory.
 constexpr int CH = 32;
 template <typename T>
 __device__ void attn_task(const Params& p, int layer, int g, int split, unsigned char* smem) {
@@ -415,12 +427,12 @@ __device__ void attn_task(const Params& p, int layer, int g, int split, unsigned
   float* as = qs + rows * D;           // [rows, D]: sum_j p_j v_j
   float* ms = as + rows * D;           // [rows]: running max
   float* ls = ms + rows;               // [rows]: sum_j p_j
-  const T* q = static_cast<const T*>(p.q);
-  for (int i = threadIdx.x; i < rows * D; i += THREADS) {
-    const int row = i / D, b = row / G, h = row % G;
-    qs[i] = ldcg(q + ((size_t)b * p.Hq + g * G + h) * D + i % D);
-    as[i] = 0.f;
-  }
+  // [B, D] each: the block's K and V rows, from the next 16-byte boundary (D * sizeof(T) is a
+  // multiple of 16, so vb is aligned too)
+  T* kb = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(ls + rows) + 15) & ~uintptr_t(15));
+  T* vb = kb + p.B * D;
+  block_rope<T>(p, layer, g, split == 0, qs, kb, vb);
+  for (int i = threadIdx.x; i < rows * D; i += THREADS) as[i] = 0.f;
   for (int r = threadIdx.x; r < rows; r += THREADS) { ms[r] = -INFINITY; ls[r] = 0.f; }
   const T* kc = static_cast<const T*>(p.k_cache[layer]);
   const T* vc = static_cast<const T*>(p.v_cache[layer]);
@@ -431,10 +443,16 @@ __device__ void attn_task(const Params& p, int layer, int g, int split, unsigned
     for (int i = threadIdx.x; i < 2 * n * pieces; i += THREADS) {
       const int v = i >= n * pieces, rem = i - v * n * pieces;
       const int j = rem / pieces, pc = rem % pieces, pos = c0 + j;
-      const long slot = (long)p.page_table[pos / p.page_size] * p.page_size + pos % p.page_size;
-      const T* src = (v ? vc : kc) + (slot * p.Hkv + g) * D + pc * VE;
-      *reinterpret_cast<int4*>((v ? vs : ks) + j * DP + pc * VE) =
-          __ldcg(reinterpret_cast<const int4*>(src));
+      int4 piece;
+      if (pos >= start && pos < start + p.B) {  // the block's own row, this task's copy
+        piece = *reinterpret_cast<const int4*>((v ? vb : kb) + (pos - start) * D + pc * VE);
+      } else {
+        const long slot =
+            (long)p.page_table[pos / p.page_size] * p.page_size + pos % p.page_size;
+        const T* src = (v ? vc : kc) + (slot * p.Hkv + g) * D + pc * VE;
+        piece = __ldcg(reinterpret_cast<const int4*>(src));
+      }
+      *reinterpret_cast<int4*>((v ? vs : ks) + j * DP + pc * VE) = piece;
     }
     __syncthreads();
     for (int row = warp; row < rows; row += WARPS) {
@@ -554,6 +572,7 @@ __device__ void round_kernel(const Params* pp) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* xs = reinterpret_cast<T*>(smem);
   __shared__ int s_task[8];
+  __shared__ int s_last;  // this attention split completed its head: it merges
   const int cta = blockIdx.x, q_end = p.queue_off[cta + 1];
   int ahead = p.queue_off[cta] - 1;  // (thread 0) the last queue entry prefetched
   for (int qi = p.queue_off[cta]; qi < q_end; ++qi) {
@@ -591,19 +610,30 @@ __device__ void round_kernel(const Params* pp) {
     }
     __syncthreads();
     const int kind = s_task[0], layer = s_task[1], lo = s_task[2], hi = s_task[3];
-    const int head = s_task[4], split = s_task[5], widx = s_task[6];
-    switch (kind) {
-      case ROPE: rope_task<T>(p, layer, head); break;
-      case ATTN: attn_task<T>(p, layer, head, split, smem); break;
-      case MERGE: merge_task<T>(p, head); break;
-      default: gemv_task<T, BT>(p, kind, layer, lo, hi, widx, xs); break;
-    }
+    const int head = s_task[4], split = s_task[5], widx = s_task[6], then = s_task[7];
+    if (kind == ATTN) attn_task<T>(p, layer, head, split, smem);
+    else gemv_task<T, BT>(p, kind, layer, lo, hi, widx, xs);
     __syncthreads();  // every thread's stores are issued before the signal
     if (threadIdx.x == 0) {
       __threadfence();
-      for (int i = p.sig_off[t]; i < p.sig_off[t + 1]; ++i) atomicAdd(p.counters + p.sigs[i], 1);
-      if (p.timeline != nullptr) p.timeline[3 * t + 2] = now_ns();
+      s_last = 0;
+      for (int i = p.sig_off[t]; i < p.sig_off[t + 1]; ++i) {
+        const int old = atomicAdd(p.counters + p.sigs[i], 1);
+        // an attention split that completes its head's count merges the head's splits
+        if (i == p.sig_off[t] && then >= 0 && old == p.splits - 1) s_last = 1;
+      }
     }
+    __syncthreads();
+    if (s_last) {
+      __threadfence();  // the other splits' states, released before their adds
+      merge_task<T>(p, head);
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(p.counters + then, 1);
+      }
+    }
+    if (threadIdx.x == 0 && p.timeline != nullptr) p.timeline[3 * t + 2] = now_ns();
   }
   if (threadIdx.x == 0) {
     __threadfence();

@@ -14,6 +14,7 @@ bit-identical to the eager launch, with the counters back at zero after every ro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -54,6 +55,7 @@ def test_encoding_reads_back():
         row = enc["task"][t.id].tolist()
         assert kinds[row[0]] == t.kind and row[1:6] == [t.layer, t.lo, t.hi, t.head, t.split]
         assert (names[row[6]] if row[6] >= 0 else None) == t.weight
+        assert row[7] == (t.then[0] if t.then else -1)
         w0, w1 = enc["wait_off"][t.id:t.id + 2].tolist()
         assert [tuple(w) for w in enc["waits"][w0:w1].tolist()] == list(t.waits)
         s0, s1 = enc["sig_off"][t.id:t.id + 2].tolist()
@@ -61,6 +63,12 @@ def test_encoding_reads_back():
     off = enc["queue_off"].tolist()
     assert [enc["queue"][a:b].tolist() for a, b in zip(off, off[1:], strict=False)] == \
         plan.queues
+    # the kernel runs one `then`: the merge after a head's last attention split
+    o = next(i for i, t in enumerate(plan.tasks) if t.kind == "o")
+    bad = dataclasses.replace(plan, tasks=[dataclasses.replace(t, then=(0,)) if t.id == o else t
+                                           for t in plan.tasks])
+    with pytest.raises(ValueError, match="merges after the last"):
+        encode(bad, "cpu")
 
 
 def test_unsupported_shapes_are_named():

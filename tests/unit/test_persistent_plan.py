@@ -56,9 +56,13 @@ def test_real_configs_plan(name, workers, splits):
     order = simulate(plan)
     assert sorted(order) == list(range(len(plan.tasks)))
     per_layer = {k: sum(1 for t in plan.tasks if t.kind == k and t.layer == 0)
-                 for k in ("qkv", "rope", "attn", "merge", "o", "gate_up", "down")}
-    assert per_layer["rope"] == per_layer["merge"] == c.num_kv_heads
+                 for k in ("qkv", "attn", "o", "gate_up", "down")}
+    assert sum(per_layer.values()) == sum(1 for t in plan.tasks if t.layer == 0)
     assert per_layer["attn"] == c.num_kv_heads * splits
+    # five dependent steps a layer: the o tiles wait for the heads merged by attention tasks
+    o = next(t for t in plan.tasks if t.kind == "o" and t.layer == 0)
+    assert [plan.counter_names[cnt] for cnt, _ in o.waits] == ["merged[0]"]
+    assert plan.final_counts()[o.waits[0][0]] == c.num_kv_heads
     assert all(per_layer[k] >= workers // 2 for k in ("qkv", "o", "gate_up", "down"))
     # the weight bytes spread evenly: no worker streams 15% more than the mean
     load = [sum(plan.tasks[i].weight_bytes for i in q) for q in plan.queues]
@@ -89,18 +93,23 @@ def test_check_plan_finds_holes_repeats_and_bad_counts():
     short = dataclasses.replace(t[o], hi=t[o].hi - 1)
     with pytest.raises(PlanError, match="rows"):
         check_plan(_replace(plan, t[:o] + [short] + t[o + 1:]))
-    rope = next(i for i, x in enumerate(t) if x.kind == "rope")
-    (cnt, need), = t[rope].waits
+    attn = next(i for i, x in enumerate(t) if x.kind == "attn")
+    (cnt, need), = t[attn].waits
     with pytest.raises(PlanError, match="waits for"):
-        check_plan(_replace(plan, t[:rope] + [dataclasses.replace(t[rope],
+        check_plan(_replace(plan, t[:attn] + [dataclasses.replace(t[attn],
                                                                   waits=((cnt, need - 1),))]
-                            + t[rope + 1:]))
+                            + t[attn + 1:]))
     with pytest.raises(PlanError, match="exactly once"):
         check_plan(dataclasses.replace(plan, queues=[plan.queues[0] * 2] + plan.queues[1:]))
-    merge = next(i for i, x in enumerate(t) if x.kind == "merge")
-    with pytest.raises(PlanError, match="merge tasks"):
-        check_plan(_replace(plan, t[:merge] + [dataclasses.replace(t[merge], head=5)]
-                            + t[merge + 1:]))
+    with pytest.raises(PlanError, match="attn tasks"):
+        check_plan(_replace(plan, t[:attn] + [dataclasses.replace(t[attn], head=5)]
+                            + t[attn + 1:]))
+    # without the merge's `then`, the o tiles wait for a count never reached
+    no_merge = [dataclasses.replace(x, then=()) if x.kind == "attn" else x for x in t]
+    with pytest.raises(PlanError, match="merged"):
+        check_plan(_replace(plan, no_merge))
+    with pytest.raises(PlanError, match="deadlock"):
+        simulate(_replace(plan, no_merge))
 
 
 def test_deadlock_and_stale_counters_are_found():
@@ -226,7 +235,7 @@ def test_timeline_handoff():
         ready = max((done_at[c] for c, _ in t.waits), default=0)
         start = ready + 500 if t.waits else 0
         stamps[i] = torch.tensor([ready - 1000, start, start + 2000 + 10 * i])
-        for c in t.signals:
+        for c in (*t.signals, *t.then):  # the merge: done with the head's last split
             done_at[c] = max(done_at[c], int(stamps[i, 2]))
     s = timeline_summary(plan, stamps)
     assert s["handoff_us"] == pytest.approx(0.5)

@@ -41,11 +41,10 @@ class _Round:
         d, hq, hkv = c.head_dim, c.num_heads, c.num_kv_heads
         new = lambda n: torch.empty(b, n, dtype=self.dtype, device=tokens.device)  # noqa: E731
         self.qkv = new((hq + 2 * hkv) * d)
-        self.q = torch.empty(b, hq, d, dtype=self.dtype, device=tokens.device)
         self.attn_out = new(hq * d)
         self.act = new(c.intermediate_size)
         self.logits = new(c.vocab_size)
-        self.parts: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+        self.parts: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
 
     def norm(self, name: str) -> torch.Tensor:
         w = self.model.get_parameter(name)  # by path: tied weights too, as the kernel
@@ -64,7 +63,11 @@ class _Round:
         h = self.norm(f"model.layers.{t.layer}.input_layernorm.weight")
         self.qkv[:, t.lo:t.hi] = self.linear(h, t.weight, t.lo, t.hi)
 
-    def _rope(self, t) -> None:
+    def _rope(self, t) -> torch.Tensor:
+        """q/k RMSNorm and RoPE of KV head g's rows of the block: the rotated queries
+        [B, G, D] (model dtype); the block's K/V written into the cache (every split of the
+        head writes the same values; the kernel's split 0 writes them, the other splits keep
+        their own copy)."""
         c, g = self.c, t.head
         d, hq, hkv = c.head_dim, c.num_heads, c.num_kv_heads
         group = hq // hkv
@@ -75,7 +78,6 @@ class _Round:
         q = ref.rms_norm(q, attn.q_norm.weight, attn.q_norm.eps)
         k = ref.rms_norm(k, attn.k_norm.weight, attn.k_norm.eps)
         full = self.model.model.rotary_emb.full_precision
-        self.q[:, g * group:(g + 1) * group] = ref.rope_rotate(q, self.cos, self.sin, full)
         k = ref.rope_rotate(k, self.cos, self.sin, full)
         slots = self.cache.slots(self.positions)
         k_scale, v_scale = self.cache.scales(t.layer)
@@ -85,28 +87,32 @@ class _Round:
             if store.dtype == ref.KV_FP8:
                 flat, x = flat.view(torch.uint8), ref.quantize_kv(x, scale).view(torch.uint8)
             flat[slots, g] = x[:, 0]
+        return ref.rope_rotate(q, self.cos, self.sin, full)
 
     def _attn(self, t) -> None:
         c, g = self.c, t.head
         group = c.num_heads // c.num_kv_heads
+        q = self._rope(t).float()  # [B, G, D]
         span = max(-(-self.kv_len // self.plan.splits), 1)
         lo, hi = t.split * span, min((t.split + 1) * span, self.kv_len)
-        q = self.q[:, g * group:(g + 1) * group].float()  # [B, G, D]
         b = q.shape[0]
         if lo >= hi:
             dev = q.device
-            self.parts[(g, t.split)] = (torch.full((b, group), float("-inf"), device=dev),
-                                        torch.zeros(b, group, device=dev),
-                                        torch.zeros(b, group, c.head_dim, device=dev))
-            return
-        k, v = self._keys(t.layer, g, lo, hi)  # [n, D] fp32
-        s = torch.einsum("bgd,nd->bgn", q, k) * c.head_dim ** -0.5
-        if self.mask is not None:
-            s = s.masked_fill(~self.mask[:, None, lo:hi], float("-inf"))
-        m = s.amax(dim=-1)
-        m_safe = torch.where(m == float("-inf"), 0.0, m)
-        p = torch.exp(s - m_safe[..., None])
-        self.parts[(g, t.split)] = (m, p.sum(-1), torch.einsum("bgn,nd->bgd", p, v))
+            part = (torch.full((b, group), float("-inf"), device=dev),
+                    torch.zeros(b, group, device=dev),
+                    torch.zeros(b, group, c.head_dim, device=dev))
+        else:
+            k, v = self._keys(t.layer, g, lo, hi)  # [n, D] fp32
+            s = torch.einsum("bgd,nd->bgn", q, k) * c.head_dim ** -0.5
+            if self.mask is not None:
+                s = s.masked_fill(~self.mask[:, None, lo:hi], float("-inf"))
+            m = s.amax(dim=-1)
+            m_safe = torch.where(m == float("-inf"), 0.0, m)
+            p = torch.exp(s - m_safe[..., None])
+            part = (m, p.sum(-1), torch.einsum("bgn,nd->bgd", p, v))
+        self.parts[(t.layer, g, t.split)] = part
+        if sum(key[:2] == (t.layer, g) for key in self.parts) == self.plan.splits:
+            self._merge(t)  # the last split of the head
 
     def _keys(self, layer: int, g: int, lo: int, hi: int) -> tuple[torch.Tensor, ...]:
         """K and V of KV head g at positions lo..hi-1, fp32 (an FP8 cache's dequantised)."""
@@ -125,7 +131,8 @@ class _Round:
     def _merge(self, t) -> None:
         c, g = self.c, t.head
         group, d = c.num_heads // c.num_kv_heads, c.head_dim
-        ms, ls, accs = zip(*(self.parts[(g, s)] for s in range(self.plan.splits)), strict=True)
+        ms, ls, accs = zip(*(self.parts[(t.layer, g, s)] for s in range(self.plan.splits)),
+                           strict=True)
         m = torch.stack(ms)  # [S, B, G]
         w = torch.exp(m - m.amax(dim=0))
         w = torch.where(torch.isnan(w), 0.0, w)  # splits with no visible key

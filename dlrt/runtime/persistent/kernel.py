@@ -27,8 +27,7 @@ from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.runtime.cubin import VOID_P, Kernel
 from dlrt.runtime.persistent.plan import RoundPlan, build_plan
 
-KINDS = {"qkv": 0, "rope": 1, "attn": 2, "merge": 3, "o": 4, "gate_up": 5, "down": 6,
-         "lm_head": 7}
+KINDS = {"qkv": 0, "attn": 1, "o": 2, "gate_up": 3, "down": 4, "lm_head": 5}
 THREADS = 256
 MAX_B = 16
 BLOCK_BOUNDS = (4, 8, MAX_B)  # one kernel per bound: its loops over block rows unrolled to it
@@ -48,26 +47,32 @@ class _Params(ctypes.Structure):
                 + [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
                 + [(n, VOID_P) for n in ("weights", "in_norm", "post_norm", "q_norm", "k_norm",
                                           "final_norm", "k_cache", "v_cache", "page_table",
-                                          "lens", "cos", "sin", "stream", "qkv", "q",
-                                          "attn_out", "act", "logits", "part_ml", "part_o",
-                                          "timeline")]
+                                          "lens", "cos", "sin", "stream", "qkv", "attn_out",
+                                          "act", "logits", "part_ml", "part_o", "timeline")]
                 + [("prefetch_bytes", ctypes.c_longlong), ("wait_limit_ns", ctypes.c_longlong)])
 
 
 def encode(plan: RoundPlan, device) -> dict[str, torch.Tensor]:
     """The plan as the kernel reads it: task [T, 8] (kind, layer, lo, hi, head, split, weight
-    index, 0), wait_off / sig_off [T + 1] with waits [NW, 2] (counter, count) and sigs [NS],
-    queue_off [W + 1] with queue [T]; int32 on `device`. Also `weights`: the weight names in
-    index order (a list, not a tensor)."""
+    index, the `then` counter or -1), wait_off / sig_off [T + 1] with waits [NW, 2] (counter,
+    count) and sigs [NS], queue_off [W + 1] with queue [T]; int32 on `device`. Also
+    `weights`: the weight names in index order (a list, not a tensor). ValueError for a
+    `then` the kernel does not run (only the merge after a head's last attention split)."""
     names: list[str] = []
     rows, wait_off, waits, sig_off, sigs = [], [0], [], [0], []
+    final = plan.final_counts()
     for t in plan.tasks:
         widx = -1
         if t.weight is not None:
             if t.weight not in names:
                 names.append(t.weight)
             widx = names.index(t.weight)
-        rows.append([KINDS[t.kind], t.layer, t.lo, t.hi, t.head, t.split, widx, 0])
+        if t.then and (t.kind != "attn" or len(t.then) != 1
+                       or final[t.signals[0]] != plan.splits):
+            raise ValueError(f"task {t.id} ({t.kind}): the kernel merges after the last of "
+                             "a head's attention splits only")
+        rows.append([KINDS[t.kind], t.layer, t.lo, t.hi, t.head, t.split, widx,
+                     t.then[0] if t.then else -1])
         waits += [list(w) for w in t.waits]
         wait_off.append(len(waits))
         sigs += list(t.signals)
@@ -94,12 +99,13 @@ def shared_bytes(plan: RoundPlan, itemsize: int) -> int:
     """Dynamic shared memory of a CTA: the larger of a projection's staged input rows (the
     widest K; `block_bound(B)` rows, those past B zero) and an attention task's K/V chunk (CH
     keys, rows padded by 16 bytes) with its query rows and their online-softmax states
-    (fp32)."""
+    (fp32) and the block's own K/V rows (B x D each)."""
     c = plan.config
     d, rows = c.head_dim, plan.block * (c.num_heads // c.num_kv_heads)
     widest = max(c.hidden_size, c.num_heads * d, c.intermediate_size)
     gemv = block_bound(plan.block) * widest * itemsize
-    attn = 2 * CHUNK_KEYS * (d * itemsize + 16) + (2 * rows * d + 2 * rows) * 4
+    attn = (2 * CHUNK_KEYS * (d * itemsize + 16) + (2 * rows * d + 2 * rows) * 4
+            + 16 + 2 * plan.block * d * itemsize)  # the block's K/V from a 16-byte boundary
     return max(gemv, attn)
 
 
@@ -172,7 +178,7 @@ class PersistentRound:
         new = lambda *shape: torch.zeros(*shape, dtype=dtype, device=dev)  # noqa: E731
         self.stream, self.qkv = new(b, c.hidden_size), new(b, (c.num_heads + 2 *
                                                                 c.num_kv_heads) * d)
-        self.q, self.attn_out = new(b, c.num_heads, d), new(b, c.num_heads * d)
+        self.attn_out = new(b, c.num_heads * d)
         self.act, self.logits = new(b, c.intermediate_size), new(b, c.vocab_size)
         rows = b * (c.num_heads // c.num_kv_heads)
         self.part_ml = torch.zeros(c.num_kv_heads * plan.splits * rows * 2, device=dev)
@@ -204,7 +210,7 @@ class PersistentRound:
             setattr(p, k, enc[k].data_ptr())
         for k, v in ptrs.items():
             setattr(p, k, v.data_ptr())
-        for k in ("cos", "sin", "stream", "qkv", "q", "attn_out", "act", "logits", "part_ml",
+        for k in ("cos", "sin", "stream", "qkv", "attn_out", "act", "logits", "part_ml",
                   "part_o"):
             setattr(p, k, getattr(self, k).data_ptr())
         # per task: picked, waits done, work done (globaltimer ns); see `timeline_summary`
@@ -307,7 +313,7 @@ def timeline_summary(plan: RoundPlan, stamps: torch.Tensor) -> dict:
     # the tasks that were picked before that moment (they waited on it)
     done_at = [0] * len(plan.counter_names)
     for t in plan.tasks:
-        for c in t.signals:
+        for c in (*t.signals, *t.then):  # a `then` counter: its head's last split's finish
             done_at[c] = max(done_at[c], int(s[t.id, 2]))
     hand: dict[str, list[float]] = {}
     for t in plan.tasks:

@@ -6,11 +6,13 @@ L layers) becomes, per layer l:
 
   qkv      row tiles of the merged q/k/v weight [(Hq + 2 Hkv) D, H]; prologue: RMSNorm
            (input_layernorm) of the residual stream
-  rope     per KV head g: q/k RMSNorm and RoPE of its G = Hq / Hkv query heads and of K, the
-           block's K/V written into the cache
-  attn     per KV head and context split: the split's partial softmax state (the keys of a
-           split follow the context read from device memory, as `dlrt.kernels.paged_attention`)
-  merge    per KV head: the splits merged into the attention output [B, G D] of its heads
+  attn     per KV head g and context split: q/k RMSNorm and RoPE of its G = Hq / Hkv query
+           heads and of the block's K (split 0 also writes the block's K/V into the cache;
+           the other splits take the block's keys from their own computation, never from the
+           cache being written), then the split's partial softmax state (the keys of a split
+           follow the context read from device memory, as `dlrt.kernels.paged_attention`);
+           the split that finishes last merges the head's splits into the attention output
+           [B, G D] of its heads (`Task.then`)
   o        row tiles of o_proj; epilogue: the residual stream += the tile's output
   gate_up  row tiles of the intermediate size (gate rows lo..hi and up rows I+lo..I+hi);
            prologue: RMSNorm (post_attention_layernorm) of the stream; epilogue: SiLU-and-mul
@@ -21,14 +23,15 @@ The stream starts as the block's embedding rows (written before the round).
 
 Dependencies are counters in device memory. A task waits until each counter it names has
 reached a count, and on completion adds one to each counter it signals:
-  qkv[l][g]   the qkv tiles overlapping KV head g's q, k or v columns -> rope(l, g)
-  rope[l][g]  -> every attn(l, g, s)
-  attn[l][g]  all splits -> merge(l, g)
-  merge[l]    all heads -> every o tile; o[l] -> gate_up; gate_up[l] -> down;
+  qkv[l][g]   the qkv tiles overlapping KV head g's q, k or v columns -> attn(l, g, s)
+  attn[l][g]  the splits of head g; the task that brings it to `splits` merges and adds one
+              to merged[l]
+  merged[l]   all heads -> every o tile; o[l] -> gate_up; gate_up[l] -> down;
   down[l]     -> every qkv tile of layer l + 1, or the lm_head tiles.
-The stream is never read and written at once: o tiles write it only after every qkv tile of
-their layer has read it (every qkv column belongs to some head, and o waits for all heads),
-gate_up reads it after all o tiles, down writes it after all gate_up tiles.
+Five dependent steps a layer. The stream is never read and written at once: o tiles write it
+only after every qkv tile of their layer has read it (every qkv column belongs to some head,
+and o waits for all heads), gate_up reads it after all o tiles, down writes it after all
+gate_up tiles.
 
 Each worker runs its queue in order; every queue follows one global order of the tasks that
 respects the dependencies, so with all workers resident the first unfinished task of that order
@@ -51,8 +54,10 @@ GEMM_KINDS = ("qkv", "o", "gate_up", "down", "lm_head")
 @dataclass(frozen=True)
 class Task:
     """One unit of work. GEMM kinds: output rows lo..hi of `weight` (for gate_up: gate rows
-    lo..hi and the matching up rows). rope / merge: KV head `head`; attn: `head`, `split`.
-    waits: (counter, count) pairs; signals: counters it adds one to when done."""
+    lo..hi and the matching up rows). attn: KV head `head`, context split `split`.
+    waits: (counter, count) pairs; signals: counters it adds one to when done; then: counters
+    it adds one to after more work (the merge) if its signal brought signals[0] to that
+    counter's final count (it finished last of the tasks signalling it)."""
 
     id: int
     kind: str
@@ -63,6 +68,7 @@ class Task:
     split: int = -1
     waits: tuple[tuple[int, int], ...] = ()
     signals: tuple[int, ...] = ()
+    then: tuple[int, ...] = ()  # added to by the task whose signal completes signals[0]
     weight: str | None = None  # the parameter whose rows lo..hi the task streams
     weight_bytes: int = 0
 
@@ -84,10 +90,17 @@ class RoundPlan:
         return len(self.queues)
 
     def final_counts(self) -> list[int]:
-        """The count each counter reaches in one round (the number of tasks signalling it)."""
+        """The count each counter reaches in one round: the tasks signalling it, plus one for
+        each counter whose completing task adds to it (`Task.then`)."""
         counts = [0] * len(self.counter_names)
+        completing: dict[int, tuple[int, ...]] = {}
         for t in self.tasks:
             for c in t.signals:
+                counts[c] += 1
+            if t.then:
+                completing[t.signals[0]] = t.then
+        for then in completing.values():
+            for c in then:
                 counts[c] += 1
         return counts
 
@@ -104,7 +117,7 @@ def tile_rows(n: int, workers: int, multiple: int = 16, per_worker: int = 1) -> 
 
 
 def _head_columns(c: ModelConfig, g: int) -> list[tuple[int, int]]:
-    """The merged qkv columns KV head g's rope task reads: its query heads, its k, its v."""
+    """The merged qkv columns KV head g's attention tasks read: its query heads, its k, its v."""
     d, hq, hkv = c.head_dim, c.num_heads, c.num_kv_heads
     group = hq // hkv
     return [(g * group * d, (g + 1) * group * d), (hq * d + g * d, hq * d + (g + 1) * d),
@@ -163,20 +176,15 @@ def build_plan(config: ModelConfig, block: int, workers: int, splits: int = 4,
         gemm("qkv", layer, prev, heads_of, p + "self_attn.qkv_proj.weight")
         need = [sum(1 for t in tasks if t.kind == "qkv" and t.layer == layer
                     and qkv_c[g] in t.signals) for g in range(hkv)]
-        rope_c = [counter(f"rope[{layer}][{g}]") for g in range(hkv)]
         attn_c = [counter(f"attn[{layer}][{g}]") for g in range(hkv)]
-        merge_c = counter(f"merge[{layer}]")
-        for g in range(hkv):
-            add("rope", layer, head=g, waits=((qkv_c[g], need[g]),), signals=(rope_c[g],))
+        merged_c = counter(f"merged[{layer}]")
         for g in range(hkv):
             for s in range(splits):
-                add("attn", layer, head=g, split=s, waits=((rope_c[g], 1),),
-                    signals=(attn_c[g],))
-        for g in range(hkv):
-            add("merge", layer, head=g, waits=((attn_c[g], splits),), signals=(merge_c,))
+                add("attn", layer, head=g, split=s, waits=((qkv_c[g], need[g]),),
+                    signals=(attn_c[g],), then=(merged_c,))
         o_c, gu_c, down_c = (counter(f"{k}[{layer}]") for k in ("o", "gate_up", "down"))
         n_o, n_gu, n_down = (len(_tiles(sizes[k], rows[k])) for k in ("o", "gate_up", "down"))
-        gemm("o", layer, ((merge_c, hkv),), lambda lo, hi, o_c=o_c: (o_c,),
+        gemm("o", layer, ((merged_c, hkv),), lambda lo, hi, o_c=o_c: (o_c,),
              p + "self_attn.o_proj.weight")
         gemm("gate_up", layer, ((o_c, n_o),), lambda lo, hi, gu_c=gu_c: (gu_c,),
              p + "mlp.gate_up_proj.weight")
@@ -190,9 +198,9 @@ def build_plan(config: ModelConfig, block: int, workers: int, splits: int = 4,
 
 def assign(tasks: list[Task], workers: int) -> list[list[int]]:
     """Queues in the tasks' order. A GEMM tile goes to the worker with the fewest weight bytes
-    so far (ties: the lower worker); the rope, attn and merge tasks go round the workers in
-    turn, so a layer's attention spreads over min(workers, its task count) SMs whatever the
-    tiles' bytes (their context is unknown at plan time)."""
+    so far (ties: the lower worker); the attn tasks go round the workers in turn, so a
+    layer's attention spreads over min(workers, its task count) SMs whatever the tiles' bytes
+    (their context is unknown at plan time)."""
     heap = [(0, w) for w in range(workers)]
     queues: list[list[int]] = [[] for _ in range(workers)]
     turn = 0
@@ -214,9 +222,10 @@ class PlanError(ValueError):
 
 def check_plan(plan: RoundPlan) -> None:
     """PlanError unless every output row of every GEMM is computed by exactly one task, every
-    (head, split) has one attn task and each head one rope and one merge task, each task runs
-    on exactly one worker, every wait's count equals the count its counter reaches, and every
-    wait names counters signalled only by tasks earlier in the global order (acyclic)."""
+    (head, split) has one attn task, each task runs on exactly one worker, every wait's count
+    equals the count its counter reaches, and every wait names counters signalled only by
+    tasks earlier in the global order (acyclic; a `then` counter counts as signalled by the
+    last task in that order that signals the completed counter)."""
     c, tasks = plan.config, plan.tasks
     seen = sorted(i for q in plan.queues for i in q)
     if seen != list(range(len(tasks))):
@@ -240,13 +249,9 @@ def check_plan(plan: RoundPlan) -> None:
                 raise PlanError(f"{kind} of layer {layer}: {pos} of {sizes[kind]} rows")
         if layer < 0:
             continue
-        for kind, per_head in (("rope", 1), ("attn", plan.splits), ("merge", 1)):
-            keys = sorted((t.head, t.split) for t in tasks
-                          if t.kind == kind and t.layer == layer)
-            want = sorted((g, s if kind == "attn" else -1) for g in range(hkv)
-                          for s in range(per_head))
-            if keys != want:
-                raise PlanError(f"{kind} tasks of layer {layer}: {keys}")
+        keys = sorted((t.head, t.split) for t in tasks if t.kind == "attn" and t.layer == layer)
+        if keys != [(g, s) for g in range(hkv) for s in range(plan.splits)]:
+            raise PlanError(f"attn tasks of layer {layer}: {keys}")
     final = plan.final_counts()
     count_so_far = [0] * len(final)
     for t in tasks:
@@ -257,6 +262,9 @@ def check_plan(plan: RoundPlan) -> None:
                                 f"{count_so_far[cnt]} of it from earlier tasks")
         for cnt in t.signals:
             count_so_far[cnt] += 1
+        if t.then and count_so_far[t.signals[0]] == final[t.signals[0]]:
+            for cnt in t.then:
+                count_so_far[cnt] += 1
 
 
 def simulate(plan: RoundPlan, rounds: int = 2, reset: bool = True) -> list[int]:
@@ -295,6 +303,10 @@ def simulate(plan: RoundPlan, rounds: int = 2, reset: bool = True) -> list[int]:
                 for cnt in t.signals:
                     counts[cnt] += 1
                     fresh[cnt] += 1
+                if t.then and counts[t.signals[0]] == final[t.signals[0]]:
+                    for cnt in t.then:  # this task completed the count: its further work
+                        counts[cnt] += 1
+                        fresh[cnt] += 1
                 heads[w] += 1
                 done += 1
                 if r == 0:
