@@ -81,6 +81,10 @@ struct Params {
   // (a CTA not resident, a plan fault), and the kernel traps instead of hanging the device
   // (0: wait for ever, e.g. under a debugger)
   long long wait_limit_ns;
+  // the weight page ring (sm_90): `pages` pages of PAGE_BYTES at byte `page_offset` of the
+  // dynamic shared memory; 0 pages: the projections read their weights from global memory
+  int pages;
+  int page_offset;
 };
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -309,9 +313,162 @@ __device__ __forceinline__ void store_row(const Params& p, int kind, int r, cons
   }
 }
 
+// ---- The weight page ring (sm_90) --------------------------------------------------------
+// Weights do not depend on activations, so thread 0 streams the projections' weights into a
+// ring of shared-memory pages with bulk copies (cp.async.bulk, completion counted in bytes on
+// one mbarrier per page), in the order the CTA will use them, up to `pages` pages ahead:
+// while the CTA waits on a dependency or runs an attention task, the next projection's first
+// pages are already arriving. A page holds PAGE_ROWS weight rows (gate_up: 8 gate rows and
+// the matching 8 up rows) by KC columns; a task's rows go in groups of PAGE_ROWS, each group
+// in K slices of KC. The CTA consumes pages in the same order; after every warp has used a
+// page (a CTA barrier), thread 0 refills its slot with the next page to come.
+constexpr int PAGE_ROWS = 16;
+constexpr int PAGE_BYTES = 32768;
+constexpr int MAX_PAGES = 6;
+
+[[maybe_unused]] __device__ __forceinline__ unsigned smem_u32(const void* ptr) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
+}
+
+// the next page thread 0 will issue: queue entry, row group, K slice; and the pages issued
+struct PageCursor {
+  int qi, grp, ks, issued;
+};
+
+// the rows of a projection task's page group: rows a warp-pair group covers
+__device__ __forceinline__ int group_rows(int kind) { return kind == GATE_UP ? 8 : PAGE_ROWS; }
+
+[[maybe_unused]] __device__ __forceinline__ int task_k(const Params& p, int kind) {
+  return kind == O_PROJ ? p.Hq * p.D : kind == DOWN ? p.I : p.H;
+}
+
+template <typename T>
+__device__ void ring_wait(const Params& p, unsigned long long* bar, unsigned parity) {
+#if __CUDA_ARCH__ >= 900
+  const long long t0 = now_ns();
+  for (int spin = 0;; ++spin) {
+    unsigned ok;
+    asm volatile("{\n .reg .pred done;\n"
+                 " mbarrier.try_wait.parity.shared::cta.b64 done, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, done;\n}"
+                 : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    if (ok) return;
+    if ((spin & 255) == 255 && p.wait_limit_ns > 0 && now_ns() - t0 > p.wait_limit_ns) {
+      if (threadIdx.x == 0)
+        printf("dlrt_persistent_round: CTA %d waited for a weight page\n", (int)blockIdx.x);
+      __trap();
+    }
+  }
+#endif
+}
+
+// Thread 0: issue the page at `cur` (if the CTA has one left) into slot cur.issued % pages.
+template <typename T>
+__device__ void ring_issue(const Params& p, PageCursor& cur, unsigned char* ring,
+                           unsigned long long* bars) {
+#if __CUDA_ARCH__ >= 900
+  constexpr int KC = PAGE_BYTES / (PAGE_ROWS * (int)sizeof(T));
+  const int end = p.queue_off[blockIdx.x + 1];
+  while (cur.qi < end && p.task[8 * p.queue[cur.qi] + 6] < 0) ++cur.qi;  // attention: no page
+  if (cur.qi >= end) return;
+  const int* d = p.task + 8 * p.queue[cur.qi];
+  const int kind = d[0], lo = d[2], hi = d[3], K = task_k(p, kind);
+  const int gr = group_rows(kind), groups = (hi - lo + gr - 1) / gr;
+  const int kslices = (K + KC - 1) / KC;
+  const T* w = static_cast<const T*>(p.weights[d[6]]);
+  const int slot = cur.issued % p.pages;
+  unsigned char* page = ring + (size_t)slot * PAGE_BYTES;
+  const int k0 = cur.ks * KC, kw = min(KC, K - k0);
+  const int first = lo + cur.grp * gr, valid = min(gr, hi - first);
+  const int copies = kind == GATE_UP ? 2 * valid : valid;
+  const unsigned bytes = (unsigned)(kw * sizeof(T));
+  unsigned long long* bar = bars + slot;
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(smem_u32(bar)), "r"(bytes * copies) : "memory");
+  for (int i = 0; i < copies; ++i) {
+    // page row i: gate_up rows 0..7 the gate rows, 8..15 the up rows (I + r)
+    const int r = kind == GATE_UP ? (i < valid ? first + i : p.I + first + i - valid)
+                                  : first + i;
+    const int prow = kind == GATE_UP && i >= valid ? 8 + i - valid : i;
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1], %2, [%3];"
+                 :: "r"(smem_u32(page + (size_t)prow * KC * sizeof(T))),
+                    "l"(w + (size_t)r * K + k0), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+  }
+  ++cur.issued;
+  if (++cur.ks == kslices) {
+    cur.ks = 0;
+    if (++cur.grp == groups) { cur.grp = 0; ++cur.qi; }
+  }
+#endif
+}
+
+// A projection task from the page ring: per row group, the warp's two rows (gate_up: its gate
+// row and up row) over each K slice's page, then the group's epilogue.
+template <typename T, int BT>
+__device__ void gemv_pages(const Params& p, int kind, int lo, int hi, const T* xs, int K,
+                           PageCursor& cur, int& consumed, unsigned char* ring,
+                           unsigned long long* bars) {
+  constexpr int N = Vec<T>::N, KC = PAGE_BYTES / (PAGE_ROWS * (int)sizeof(T));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gr = group_rows(kind), groups = (hi - lo + gr - 1) / gr;
+  const int kslices = (K + KC - 1) / KC;
+  for (int grp = 0; grp < groups; ++grp) {
+    const int first = lo + grp * gr, valid = min(gr, hi - first);
+    // this warp's page rows and output rows
+    const int i0 = kind == GATE_UP ? warp : 2 * warp;
+    const int i1 = kind == GATE_UP ? 8 + warp : 2 * warp + 1;
+    const bool has0 = kind == GATE_UP ? warp < valid : i0 < valid;
+    const bool has1 = kind == GATE_UP ? has0 : i1 < valid;
+    float acc[2][BT];
+#pragma unroll
+    for (int b = 0; b < BT; ++b) acc[0][b] = acc[1][b] = 0.f;
+    for (int ks = 0; ks < kslices; ++ks) {
+      const int slot = consumed % p.pages;
+      ring_wait<T>(p, bars + slot, (unsigned)(consumed / p.pages) & 1u);
+      const T* page = reinterpret_cast<const T*>(ring + (size_t)slot * PAGE_BYTES);
+      const int k0 = ks * KC, kw = min(KC, K - k0);
+      if (has0) {
+        const T* r0 = page + (size_t)i0 * KC;
+        const T* r1 = has1 ? page + (size_t)i1 * KC : r0;
+#pragma unroll 4
+        for (int c = lane * N; c < kw; c += 32 * N) {
+          const int4 raw[2] = {*reinterpret_cast<const int4*>(r0 + c),
+                               *reinterpret_cast<const int4*>(r1 + c)};
+          dot_step<T, BT>(raw, xs, K, k0 + c, acc);
+        }
+      }
+      __syncthreads();  // every warp is done with the slot
+      if (threadIdx.x == 0) {
+#if __CUDA_ARCH__ >= 900
+        // the slot's reads (generic proxy) before the bulk copies' writes (async proxy)
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+        ring_issue<T>(p, cur, ring, bars);
+      }
+      ++consumed;
+    }
+    if (has0) {
+#pragma unroll
+      for (int b = 0; b < BT; ++b) {
+        acc[0][b] = warp_sum(acc[0][b]);
+        acc[1][b] = warp_sum(acc[1][b]);
+      }
+      if (kind == GATE_UP) {
+        store_row<T, BT>(p, kind, first + warp, acc[0], acc[1]);
+      } else {
+        store_row<T, BT>(p, kind, first + i0, acc[0], acc[0]);
+        if (has1) store_row<T, BT>(p, kind, first + i1, acc[1], acc[1]);
+      }
+    }
+  }
+}
+
 template <typename T, int BT>
 __device__ void gemv_task(const Params& p, int kind, int layer, int lo, int hi, int widx,
-                          T* xs) {
+                          T* xs, PageCursor& cur, int& consumed, unsigned char* ring,
+                          unsigned long long* bars) {
   const T* w = static_cast<const T*>(p.weights[widx]);
   int K = p.H;
   const T* x = static_cast<const T*>(p.stream);
@@ -322,6 +479,10 @@ __device__ void gemv_task(const Params& p, int kind, int layer, int lo, int hi, 
   if (kind == O_PROJ) { x = static_cast<const T*>(p.attn_out); K = p.Hq * p.D; }
   if (kind == DOWN) { x = static_cast<const T*>(p.act); K = p.I; }
   stage_input<T, BT>(p, x, K, norm_w, xs);
+  if (p.pages > 0) {
+    gemv_pages<T, BT>(p, kind, lo, hi, xs, K, cur, consumed, ring, bars);
+    return;
+  }
   const int warp = threadIdx.x / 32;
   float acc[2][BT];
   if (kind == GATE_UP) {  // a warp takes gate row r with up row I + r
@@ -573,6 +734,19 @@ __device__ void round_kernel(const Params* pp) {
   T* xs = reinterpret_cast<T*>(smem);
   __shared__ int s_task[8];
   __shared__ int s_last;  // this attention split completed its head: it merges
+  __shared__ __align__(8) unsigned long long bars[MAX_PAGES];  // the page ring's mbarriers
+  unsigned char* ring = smem + p.page_offset;
+  PageCursor cur{p.queue_off[blockIdx.x], 0, 0, 0};  // (thread 0's)
+  int consumed = 0;                                    // (every thread's)
+#if __CUDA_ARCH__ >= 900
+  if (p.pages > 0 && threadIdx.x == 0) {
+    for (int i = 0; i < p.pages; ++i)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_u32(bars + i)));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int i = 0; i < p.pages; ++i) ring_issue<T>(p, cur, ring, bars);
+  }
+#endif
+  __syncthreads();
   const int cta = blockIdx.x, q_end = p.queue_off[cta + 1];
   int ahead = p.queue_off[cta] - 1;  // (thread 0) the last queue entry prefetched
   for (int qi = p.queue_off[cta]; qi < q_end; ++qi) {
@@ -612,7 +786,7 @@ __device__ void round_kernel(const Params* pp) {
     const int kind = s_task[0], layer = s_task[1], lo = s_task[2], hi = s_task[3];
     const int head = s_task[4], split = s_task[5], widx = s_task[6], then = s_task[7];
     if (kind == ATTN) attn_task<T>(p, layer, head, split, smem);
-    else gemv_task<T, BT>(p, kind, layer, lo, hi, widx, xs);
+    else gemv_task<T, BT>(p, kind, layer, lo, hi, widx, xs, cur, consumed, ring, bars);
     __syncthreads();  // every thread's stores are issued before the signal
     if (threadIdx.x == 0) {
       __threadfence();

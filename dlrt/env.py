@@ -62,6 +62,18 @@ def persistent_prefetch_bytes() -> int:
     return int(value)
 
 
+def persistent_pages() -> int:
+    """DLRT_PERSISTENT_PAGES: shared-memory weight pages (32 KiB each) of the persistent round
+    kernel's page ring, at most 6 and as many as fit beside its other shared memory (0: the
+    projections read their weights from global memory; the ring needs sm_90, so older GPUs
+    run without it; `dlrt.runtime.persistent.kernel`). Default 0. ValueError unless a
+    non-negative integer."""
+    value = os.environ.get("DLRT_PERSISTENT_PAGES") or "0"
+    if not (value.isascii() and value.isdigit()):
+        raise ValueError(f"DLRT_PERSISTENT_PAGES={value!r}: expected a page count >= 0")
+    return int(value)
+
+
 def persistent_wait_limit_s() -> float:
     """DLRT_PERSISTENT_WAIT_LIMIT: seconds a CTA of the persistent round kernel waits for a
     dependency before it traps (a fault, not a hang; 0: no limit, e.g. under a debugger).

@@ -14,6 +14,7 @@ bit-identical to the eager launch, with the counters back at zero after every ro
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import re
@@ -101,6 +102,49 @@ def test_source_compiles(tmp_path, arch):
     smem = [int(x) for x in re.findall(r"(\d+) bytes smem", proc.stderr)]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
     assert len(smem) == 6 and max(smem) <= STATIC_SHARED and not any(spills), proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_params_layout_matches_the_source(tmp_path):
+    """`_Params` (ctypes) against the CUDA `Params`: every field's offset and the size, from a
+    host program compiled with the kernel source (runs without a GPU)."""
+    from dlrt.runtime.persistent.kernel import _Params
+
+    names = [n for n, _ in _Params._fields_]
+    main = tmp_path / "layout.cu"
+    main.write_text(f'#include "{csrc_path("persistent_round.cu")}"\n#include <cstddef>\n'
+                    "int main() {\n" + "".join(
+                        f'  printf("%zu\\n", offsetof(Params, {n}));\n' for n in names)
+                    + '  printf("%zu\\n", sizeof(Params));\n}\n')
+    exe = tmp_path / "layout"
+    proc = subprocess.run(["nvcc", "-arch=sm_90", "-o", str(exe), str(main)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True,
+                                          check=True).stdout.split()]
+    assert got == [getattr(_Params, n).offset for n in names] + [ctypes.sizeof(_Params)]
+
+
+def test_ring_layout():
+    from dlrt.runtime.persistent.kernel import (
+        MAX_PAGES,
+        PAGE_BYTES,
+        STATIC_SHARED,
+        ring_layout,
+        shared_bytes,
+    )
+
+    plan = build_plan(_real("SDAR-8B-Chat"), 4, 132, 16)
+    base = shared_bytes(plan, 2)
+    limit = 227 * 1024
+    pages, offset, total = ring_layout(plan, 2, 6, limit, (9, 0))
+    assert offset % 128 == 0 and base <= offset < base + 128
+    assert 0 < pages <= MAX_PAGES and total == offset + pages * PAGE_BYTES
+    assert total + STATIC_SHARED <= limit < total + STATIC_SHARED + PAGE_BYTES or \
+        pages == MAX_PAGES
+    assert ring_layout(plan, 2, 2, limit, (9, 0))[0] == 2  # as asked, when they fit
+    assert ring_layout(plan, 2, 6, limit, (8, 0)) == (0, offset, base)  # no bulk copies
+    assert ring_layout(plan, 2, 0, limit, (9, 0)) == (0, offset, base)
 
 
 # --- GPU -------------------------------------------------------------------------------------
@@ -207,6 +251,38 @@ def test_bf16_sdar_1_7b_against_the_plan_run_gpu(context):
     assert (top >= w.amax(-1) - tol * w.abs().amax(-1)).all()
     for a, b in zip(_block_kv(c_b, lens), _block_kv(c_a, lens), strict=True):
         assert _rel(a, b) < tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,over,dtype,block,context", [
+    (None, AWKWARD, torch.float32, 4, 9), (None, AWKWARD, torch.float32, 12, 30),
+    (None, dict(AWKWARD, hidden_size=1040, intermediate_size=2064), torch.float32, 5, 3),
+    ("SDAR-1.7B-Chat", None, torch.bfloat16, 4, 4095)])
+def test_page_ring_equals_global_reads_gpu(monkeypatch, name, over, dtype, block, context):
+    """Weights through the shared-memory page ring (1 page: every page refilled as soon as it
+    is used; 3 pages) give bit-identical logits and K/V to weights read from global memory:
+    each lane sums the same 16-byte pieces in the same order either way. The third config's
+    K (1040 / 2064 fp32) spans three and five K slices of a page, the last one partial."""
+    from dlrt.runtime.persistent.kernel import PersistentRound
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the page ring needs sm_90")
+    config = _real(name) if name else tiny(**over)
+    model, caches, _, tokens, lens = _setup(config, dtype, block, context, caches=3,
+                                            std=0.02 if name else 0.08)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plan = build_plan(config, block, workers=sms if name else 7, splits=4)
+    out = []
+    for pages, cache in zip((0, 1, 3), caches, strict=True):
+        monkeypatch.setenv("DLRT_PERSISTENT_PAGES", str(pages))
+        rnd = PersistentRound(plan, model, cache, lens, block)
+        assert rnd.pages == pages
+        out.append(rnd.forward(tokens).clone())
+        torch.cuda.synchronize()
+    assert torch.equal(out[1], out[0]) and torch.equal(out[2], out[0])
+    for c in caches[1:]:
+        for a, b in zip(_block_kv(c, lens), _block_kv(caches[0], lens), strict=True):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.gpu

@@ -44,6 +44,17 @@ def test_persistent_prefetch_bytes(monkeypatch):
         env.persistent_prefetch_bytes()
 
 
+def test_persistent_pages(monkeypatch):
+    monkeypatch.delenv("DLRT_PERSISTENT_PAGES", raising=False)
+    assert env.persistent_pages() == 0
+    monkeypatch.setenv("DLRT_PERSISTENT_PAGES", "4")
+    assert env.persistent_pages() == 4
+    for bad in ("-1", "four", "2.5"):
+        monkeypatch.setenv("DLRT_PERSISTENT_PAGES", bad)
+        with pytest.raises(ValueError, match="DLRT_PERSISTENT_PAGES"):
+            env.persistent_pages()
+
+
 def test_persistent_wait_limit(monkeypatch):
     monkeypatch.delenv("DLRT_PERSISTENT_WAIT_LIMIT", raising=False)
     assert env.persistent_wait_limit_s() == 2.0

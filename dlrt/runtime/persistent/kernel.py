@@ -7,7 +7,10 @@ one launch of `plan.workers` resident CTAs per round.
 
 When a CTA picks a task, it asks L2 to prefetch the first DLRT_PERSISTENT_PREFETCH bytes
 (default 64 KiB) of the weight rows of the next projection in its queue (`dlrt.env`), so they
-stream during this task's waits and work.
+stream during this task's waits and work. With DLRT_PERSISTENT_PAGES > 0 (sm_90), the
+projections read their weights from a ring of that many 32 KiB shared-memory pages instead,
+which one thread fills with bulk copies in the order the CTA will use them, pages ahead of the
+task that needs them (`ring_layout`; the ring's own description is in the CUDA source).
 `lens` is a static int32 [2] device buffer (start, kv_len) the caller fills before each round,
 so one captured launch serves every context. forward() is capturable (a CUDA graph, or the
 body of the block graph's WHILE node): the kernel zeroes its counters at the end of a round.
@@ -30,6 +33,8 @@ from dlrt.runtime.persistent.plan import RoundPlan, build_plan
 KINDS = {"qkv": 0, "attn": 1, "o": 2, "gate_up": 3, "down": 4, "lm_head": 5}
 THREADS = 256
 MAX_B = 16
+PAGE_BYTES = 32 * 1024  # a weight page: 16 rows by PAGE_BYTES / (16 * itemsize) columns
+MAX_PAGES = 6
 BLOCK_BOUNDS = (4, 8, MAX_B)  # one kernel per bound: its loops over block rows unrolled to it
 CHUNK_KEYS = 32  # CH of csrc/persistent_round.cu: keys per attention chunk in shared memory
 STATIC_SHARED = 9 * 1024  # norm_rope's per-warp rows, the parameters, the task (ptxas: 8608)
@@ -49,7 +54,8 @@ class _Params(ctypes.Structure):
                                           "final_norm", "k_cache", "v_cache", "page_table",
                                           "lens", "cos", "sin", "stream", "qkv", "attn_out",
                                           "act", "logits", "part_ml", "part_o", "timeline")]
-                + [("prefetch_bytes", ctypes.c_longlong), ("wait_limit_ns", ctypes.c_longlong)])
+                + [("prefetch_bytes", ctypes.c_longlong), ("wait_limit_ns", ctypes.c_longlong)]
+                + [("pages", ctypes.c_int), ("page_offset", ctypes.c_int)])
 
 
 def encode(plan: RoundPlan, device) -> dict[str, torch.Tensor]:
@@ -107,6 +113,19 @@ def shared_bytes(plan: RoundPlan, itemsize: int) -> int:
     attn = (2 * CHUNK_KEYS * (d * itemsize + 16) + (2 * rows * d + 2 * rows) * 4
             + 16 + 2 * plan.block * d * itemsize)  # the block's K/V from a 16-byte boundary
     return max(gemv, attn)
+
+
+def ring_layout(plan: RoundPlan, itemsize: int, requested: int, limit: int,
+                cc: tuple[int, int]) -> tuple[int, int, int]:
+    """The weight page ring a CTA gets: (pages, byte offset of the ring in the dynamic shared
+    memory, dynamic shared bytes in all). `requested` pages (DLRT_PERSISTENT_PAGES), at most
+    MAX_PAGES and as many as fit in `limit` bytes a CTA beside the static part and
+    `shared_bytes`; none before sm_90 (compute capability `cc`), which has no bulk copies."""
+    base = shared_bytes(plan, itemsize)
+    offset = -(-base // 128) * 128
+    fit = max(0, (limit - STATIC_SHARED - offset) // PAGE_BYTES)
+    pages = min(requested, MAX_PAGES, fit) if cc >= (9, 0) else 0
+    return pages, offset, offset + pages * PAGE_BYTES if pages else base
 
 
 def check_supported(plan: RoundPlan, dtype: torch.dtype, device: torch.device) -> None:
@@ -219,6 +238,12 @@ class PersistentRound:
         p.timeline = self.timeline.data_ptr() if timeline else None
         p.prefetch_bytes = env.persistent_prefetch_bytes()
         p.wait_limit_ns = int(env.persistent_wait_limit_s() * 1e9)
+        props = torch.cuda.get_device_properties(dev)
+        limit = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
+        p.pages, p.page_offset, self.smem = ring_layout(
+            plan, weights[0].element_size(), env.persistent_pages(), limit,
+            (props.major, props.minor))
+        self.pages = p.pages  # the weight page ring (0: weights read from global memory)
         raw = bytes(p)
         self.params = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(dev)
         bound = block_bound(b)  # the kernel unrolled for B <= bound
@@ -227,7 +252,6 @@ class PersistentRound:
                     f"_b{bound}")
             _KERNELS[dtype, bound] = Kernel("persistent_round.cu", name, "the persistent round")
         self.kernel = _KERNELS[dtype, bound]
-        self.smem = shared_bytes(plan, weights[0].element_size())
         self.kernel.set_shared_bytes(self.smem)
         if self.kernel.max_blocks_per_sm(THREADS, self.smem) < 1:
             raise ValueError(f"the persistent round kernel does not fit an SM with {self.smem} "
