@@ -75,7 +75,8 @@ struct Params {
   void* logits;    // [B, V]
   float* part_ml;  // [Hkv, splits, B G, 2]
   float* part_o;   // [Hkv, splits, B G, D]
-  long long* timeline;  // nullptr, or [T, 3] ns: task picked, its waits done, its work done
+  long long* timeline;  // nullptr, or [T, 4] ns: task picked, its waits done, its work done,
+                        // and the time its CTA waited for weight pages within the work
   long long prefetch_bytes;  // weight bytes of a task prefetched into L2 before its waits
   // A round takes milliseconds: a dependency that has not arrived after this long never will
   // (a CTA not resident, a plan fault), and the kernel traps instead of hanging the device
@@ -407,9 +408,10 @@ __device__ void ring_issue(const Params& p, PageCursor& cur, unsigned char* ring
 // A projection task from the page ring: per row group, the warp's two rows (gate_up: its gate
 // row and up row) over each K slice's page, then the group's epilogue.
 template <typename T, int BT>
-__device__ void gemv_pages(const Params& p, int kind, int lo, int hi, const T* xs, int K,
-                           PageCursor& cur, int& consumed, unsigned char* ring,
-                           unsigned long long* bars) {
+__device__ long long gemv_pages(const Params& p, int kind, int lo, int hi, const T* xs, int K,
+                                PageCursor& cur, int& consumed, unsigned char* ring,
+                                unsigned long long* bars) {
+  long long page_wait = 0;  // ns waited for pages (stamped rounds only)
   constexpr int N = Vec<T>::N, KC = PAGE_BYTES / (PAGE_ROWS * (int)sizeof(T));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gr = group_rows(kind), groups = (hi - lo + gr - 1) / gr;
@@ -426,7 +428,9 @@ __device__ void gemv_pages(const Params& p, int kind, int lo, int hi, const T* x
     for (int b = 0; b < BT; ++b) acc[0][b] = acc[1][b] = 0.f;
     for (int ks = 0; ks < kslices; ++ks) {
       const int slot = consumed % p.pages;
+      const long long w0 = p.timeline != nullptr ? now_ns() : 0;
       ring_wait<T>(p, bars + slot, (unsigned)(consumed / p.pages) & 1u);
+      if (p.timeline != nullptr) page_wait += now_ns() - w0;
       const T* page = reinterpret_cast<const T*>(ring + (size_t)slot * PAGE_BYTES);
       const int k0 = ks * KC, kw = min(KC, K - k0);
       if (has0) {
@@ -463,12 +467,14 @@ __device__ void gemv_pages(const Params& p, int kind, int lo, int hi, const T* x
       }
     }
   }
+  return page_wait;
 }
 
+// A projection task; returns the ns its thread waited for weight pages (0 without the ring).
 template <typename T, int BT>
-__device__ void gemv_task(const Params& p, int kind, int layer, int lo, int hi, int widx,
-                          T* xs, PageCursor& cur, int& consumed, unsigned char* ring,
-                          unsigned long long* bars) {
+__device__ long long gemv_task(const Params& p, int kind, int layer, int lo, int hi, int widx,
+                               T* xs, PageCursor& cur, int& consumed, unsigned char* ring,
+                               unsigned long long* bars) {
   const T* w = static_cast<const T*>(p.weights[widx]);
   int K = p.H;
   const T* x = static_cast<const T*>(p.stream);
@@ -479,10 +485,7 @@ __device__ void gemv_task(const Params& p, int kind, int layer, int lo, int hi, 
   if (kind == O_PROJ) { x = static_cast<const T*>(p.attn_out); K = p.Hq * p.D; }
   if (kind == DOWN) { x = static_cast<const T*>(p.act); K = p.I; }
   stage_input<T, BT>(p, x, K, norm_w, xs);
-  if (p.pages > 0) {
-    gemv_pages<T, BT>(p, kind, lo, hi, xs, K, cur, consumed, ring, bars);
-    return;
-  }
+  if (p.pages > 0) return gemv_pages<T, BT>(p, kind, lo, hi, xs, K, cur, consumed, ring, bars);
   const int warp = threadIdx.x / 32;
   float acc[2][BT];
   if (kind == GATE_UP) {  // a warp takes gate row r with up row I + r
@@ -490,7 +493,7 @@ __device__ void gemv_task(const Params& p, int kind, int layer, int lo, int hi, 
       rows_dot<T, BT>(w + (size_t)r * K, w + (size_t)(p.I + r) * K, xs, K, acc);
       store_row<T, BT>(p, kind, r, acc[0], acc[1]);
     }
-    return;
+    return 0;
   }
   for (int r = lo + 2 * warp; r < hi; r += 2 * WARPS) {  // else rows r and r + 1
     const bool two = r + 1 < hi;
@@ -498,6 +501,7 @@ __device__ void gemv_task(const Params& p, int kind, int layer, int lo, int hi, 
     store_row<T, BT>(p, kind, r, acc[0], acc[0]);
     if (two) store_row<T, BT>(p, kind, r + 1, acc[1], acc[1]);
   }
+  return 0;
 }
 
 // q/k RMSNorm over D and neox RoPE of one head vector (lane holds dims lane + 32 i)
@@ -752,7 +756,7 @@ __device__ void round_kernel(const Params* pp) {
   for (int qi = p.queue_off[cta]; qi < q_end; ++qi) {
     const int t = p.queue[qi];
     if (threadIdx.x == 0) {
-      if (p.timeline != nullptr) p.timeline[3 * t] = now_ns();
+      if (p.timeline != nullptr) p.timeline[4 * t] = now_ns();
       // this task's weights (if not asked for already), then the next projection's in the
       // queue: its weights stream into L2 during this task's waits and work
       if (ahead < qi) prefetch_task<T>(p, p.task + 8 * t);
@@ -780,13 +784,14 @@ __device__ void round_kernel(const Params* pp) {
         }
       }
       for (int i = 0; i < 8; ++i) s_task[i] = p.task[8 * t + i];
-      if (p.timeline != nullptr) p.timeline[3 * t + 1] = now_ns();
+      if (p.timeline != nullptr) p.timeline[4 * t + 1] = now_ns();
     }
     __syncthreads();
     const int kind = s_task[0], layer = s_task[1], lo = s_task[2], hi = s_task[3];
     const int head = s_task[4], split = s_task[5], widx = s_task[6], then = s_task[7];
+    long long page_wait = 0;
     if (kind == ATTN) attn_task<T>(p, layer, head, split, smem);
-    else gemv_task<T, BT>(p, kind, layer, lo, hi, widx, xs, cur, consumed, ring, bars);
+    else page_wait = gemv_task<T, BT>(p, kind, layer, lo, hi, widx, xs, cur, consumed, ring, bars);
     __syncthreads();  // every thread's stores are issued before the signal
     if (threadIdx.x == 0) {
       __threadfence();
@@ -807,7 +812,10 @@ __device__ void round_kernel(const Params* pp) {
         atomicAdd(p.counters + then, 1);
       }
     }
-    if (threadIdx.x == 0 && p.timeline != nullptr) p.timeline[3 * t + 2] = now_ns();
+    if (threadIdx.x == 0 && p.timeline != nullptr) {
+      p.timeline[4 * t + 2] = now_ns();
+      p.timeline[4 * t + 3] = page_wait;
+    }
   }
   if (threadIdx.x == 0) {
     __threadfence();

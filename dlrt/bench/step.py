@@ -282,8 +282,9 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
 def _timeline(llm, bench) -> dict[str, Any]:
     """With round_kernel='persistent': one round of the kernel with its task stamps
     (`dlrt.runtime.persistent.kernel.timeline_summary`): the round's span and the mean busy
-    and waiting microseconds per SM, busy and waiting microseconds by task kind, the mean
-    handoff of a dependency (the third of three rounds); {} otherwise."""
+    and waiting microseconds per SM, the mean page wait, busy / waiting / page-wait
+    microseconds and weight GB/s by task kind, the mean handoff of a dependency (the third of
+    three rounds); {} otherwise."""
     rounds = getattr(llm.runner.persistent, "rounds", None)
     if not rounds or bench.p.b not in rounds:
         return {}
@@ -304,7 +305,10 @@ def _timeline(llm, bench) -> dict[str, Any]:
                 timeline_busy_by_kind_us=t["busy_by_kind_us"],
                 timeline_wait_by_kind_us=t["wait_by_kind_us"],
                 timeline_handoff_us=t["handoff_us"],
-                timeline_handoff_by_kind_us=t["handoff_by_kind_us"])
+                timeline_handoff_by_kind_us=t["handoff_by_kind_us"],
+                timeline_page_wait_us=t["mean_page_wait_us"],
+                timeline_page_wait_by_kind_us=t["page_wait_by_kind_us"],
+                timeline_gbps_by_kind=t["gbps_by_kind"], persistent_pages=stamped.pages)
 
 
 def _launch_api_us(wg, g_round, reps: int = 20) -> dict[str, float]:
@@ -381,7 +385,8 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     print(table(rows, BYTE_COLUMNS))
     if "timeline_span_us" in rows[0]:  # round_kernel='persistent': where a round's time went
         print(table(rows, ["context", "timeline_span_us", "timeline_busy_us",
-                           "timeline_wait_us", "timeline_handoff_us"]))
+                           "timeline_wait_us", "timeline_page_wait_us", "timeline_handoff_us",
+                           "persistent_pages"]))
     print(table([summary], list(summary)))
     for shape, rec in llm.linear_plan.records.items():
         if "reference_us" in rec:  # a quantised shape ("fp8,N,K"): every candidate

@@ -331,7 +331,7 @@ def test_graph_and_while_node_replay_gpu():
 
 
 @pytest.mark.gpu
-def test_timeline_stamps_every_task_gpu():
+def test_timeline_stamps_every_task_gpu(monkeypatch):
     from dlrt.runtime.persistent.kernel import PersistentRound, timeline_summary
 
     config = tiny(**AWKWARD)
@@ -341,6 +341,14 @@ def test_timeline_stamps_every_task_gpu():
     rnd.forward(tokens)
     torch.cuda.synchronize()
     s = rnd.timeline.cpu()
-    assert (s > 0).all() and (s[:, 0] <= s[:, 1]).all() and (s[:, 1] <= s[:, 2]).all()
+    assert (s[:, :3] > 0).all() and (s[:, 0] <= s[:, 1]).all() and (s[:, 1] <= s[:, 2]).all()
+    assert not s[:, 3].any()  # no page ring: no page waits
     summary = timeline_summary(plan, s)
     assert summary["span_us"] > 0 and len(summary["busy_us"]) == plan.workers
+    if torch.cuda.get_device_capability() >= (9, 0):  # with the ring: page waits within work
+        monkeypatch.setenv("DLRT_PERSISTENT_PAGES", "2")
+        rnd = PersistentRound(plan, model, cache, lens, 4, timeline=True)
+        rnd.forward(tokens)
+        torch.cuda.synchronize()
+        s = rnd.timeline.cpu()
+        assert rnd.pages == 2 and (s[:, 3] >= 0).all() and (s[:, 3] <= s[:, 2] - s[:, 1]).all()

@@ -219,6 +219,21 @@ def test_timeline_summary():
     assert s["wait_us"] == [1.0 * w * len(q) for w, q in enumerate(plan.queues)]
     assert s["span_us"] == max(3.0 * len(plan.queues[1]), 2.0 * len(plan.queues[0]))
     assert sum(s["busy_by_kind_us"].values()) == 2.0 * len(plan.tasks)
+    assert s["mean_page_wait_us"] == 0.0  # three columns: no page ring
+    # each projection kind's weight bytes over its busy time per worker (2 us a task)
+    for kind, gbps in s["gbps_by_kind"].items():
+        tasks = [t for t in plan.tasks if t.kind == kind]
+        want = sum(t.weight_bytes for t in tasks) / (2.0 * len(tasks) / 2) / 1e3
+        assert gbps == pytest.approx(want)
+    assert set(s["gbps_by_kind"]) == {"qkv", "o", "gate_up", "down", "lm_head"}
+    # a page column: 0.5 us of every projection task's work waited for pages
+    paged = torch.cat([stamps, torch.tensor([[500 if t.weight else 0] for t in plan.tasks])],
+                      dim=1)
+    s = timeline_summary(plan, paged)
+    gemv = sum(1 for t in plan.tasks if t.weight)
+    assert s["mean_page_wait_us"] == pytest.approx(0.5 * gemv / 2)
+    assert s["page_wait_by_kind_us"]["attn"] == 0.0
+    assert sum(s["page_wait_by_kind_us"].values()) == pytest.approx(0.5 * gemv)
 
 
 def test_timeline_handoff():

@@ -232,8 +232,9 @@ class PersistentRound:
         for k in ("cos", "sin", "stream", "qkv", "attn_out", "act", "logits", "part_ml",
                   "part_o"):
             setattr(p, k, getattr(self, k).data_ptr())
-        # per task: picked, waits done, work done (globaltimer ns); see `timeline_summary`
-        self.timeline = (torch.zeros(len(plan.tasks), 3, dtype=torch.int64, device=dev)
+        # per task: picked, waits done, work done (globaltimer ns), ns waited for weight pages;
+        # see `timeline_summary`
+        self.timeline = (torch.zeros(len(plan.tasks), 4, dtype=torch.int64, device=dev)
                          if timeline else None)
         p.timeline = self.timeline.data_ptr() if timeline else None
         p.prefetch_bytes = env.persistent_prefetch_bytes()
@@ -317,22 +318,33 @@ class PersistentRounds:
 
 
 def timeline_summary(plan: RoundPlan, stamps: torch.Tensor) -> dict:
-    """Where a round's time went, from the kernel's stamps ([T, 3] ns: picked, waits done, work
-    done). Per worker (SM): busy (running tasks) and waiting (on a dependency's counters),
-    microseconds; their means over the workers and the span of the round (first pick to
-    last finish); busy and waiting microseconds by task kind (summed over the workers); the
-    handoff, mean microseconds from the finish of the last task a waiting task depends on to
-    its work starting (the cost of one dependency: the signal, the poll, the pick), overall
-    and by kind. Waiting on a weight page is not told apart yet: the weights stream inside
-    the tasks' time (busy)."""
+    """Where a round's time went, from the kernel's stamps ([T, 4] ns: picked, waits done, work
+    done, time waited for weight pages within the work; [T, 3]: no page column). Per worker
+    (SM): busy (running tasks; includes the page waits) and waiting (on a dependency's
+    counters), microseconds; their means over the workers, the mean page wait, and the span of
+    the round (first pick to last finish); busy, waiting and page-wait microseconds by task
+    kind (summed over the workers); the weight bandwidth of each projection kind, its weight
+    bytes over its busy time spread over the workers (GB/s); the handoff, mean microseconds
+    from the finish of the last task a waiting task depends on to its work starting (the cost
+    of one dependency: the signal, the poll, the pick), overall and by kind."""
     s = stamps.to("cpu", torch.int64)
+    if s.shape[1] == 3:
+        s = torch.cat([s, torch.zeros(s.shape[0], 1, dtype=torch.int64)], dim=1)
     busy = [sum(int(s[t, 2] - s[t, 1]) for t in q) / 1e3 for q in plan.queues]
     wait = [sum(int(s[t, 1] - s[t, 0]) for t in q) / 1e3 for q in plan.queues]
+    pages = [sum(int(s[t, 3]) for t in q) / 1e3 for q in plan.queues]
     kinds: dict[str, float] = {}
     waits: dict[str, float] = {}
+    page_kinds: dict[str, float] = {}
+    weight_bytes: dict[str, int] = {}
     for t in plan.tasks:
         kinds[t.kind] = kinds.get(t.kind, 0.0) + int(s[t.id, 2] - s[t.id, 1]) / 1e3
         waits[t.kind] = waits.get(t.kind, 0.0) + int(s[t.id, 1] - s[t.id, 0]) / 1e3
+        page_kinds[t.kind] = page_kinds.get(t.kind, 0.0) + int(s[t.id, 3]) / 1e3
+        weight_bytes[t.kind] = weight_bytes.get(t.kind, 0) + t.weight_bytes
+    n = max(len(busy), 1)
+    gbps = {k: weight_bytes[k] / (kinds[k] / n) / 1e3 for k in kinds
+            if weight_bytes[k] and kinds[k] > 0}
     # handoff: from the moment a task's last dependency finished to its work starting, for
     # the tasks that were picked before that moment (they waited on it)
     done_at = [0] * len(plan.counter_names)
@@ -346,9 +358,9 @@ def timeline_summary(plan: RoundPlan, stamps: torch.Tensor) -> dict:
             if ready > int(s[t.id, 0]):
                 hand.setdefault(t.kind, []).append((int(s[t.id, 1]) - ready) / 1e3)
     every = [x for v in hand.values() for x in v]
-    n = max(len(busy), 1)
     return dict(span_us=int(s[:, 2].max() - s[:, 0].min()) / 1e3, busy_us=busy, wait_us=wait,
-                mean_busy_us=sum(busy) / n, mean_wait_us=sum(wait) / n, busy_by_kind_us=kinds,
-                wait_by_kind_us=waits,
+                page_wait_us=pages, mean_busy_us=sum(busy) / n, mean_wait_us=sum(wait) / n,
+                mean_page_wait_us=sum(pages) / n, busy_by_kind_us=kinds,
+                wait_by_kind_us=waits, page_wait_by_kind_us=page_kinds, gbps_by_kind=gbps,
                 handoff_us=sum(every) / len(every) if every else 0.0,
                 handoff_by_kind_us={k: sum(v) / len(v) for k, v in hand.items()})
