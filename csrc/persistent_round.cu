@@ -166,22 +166,19 @@ template <> struct Vec<__nv_bfloat16> {
   }
 };
 
-// The input rows of a projection into shared memory (T; rows B..BT-1 zero): norm_w ==
-// nullptr: x as it is; else RMSNorm(x) * norm_w with the reference's roundings. The rows are
+// The input rows of a projection into shared memory (T): norm_w == nullptr: x as it is; else
+// RMSNorm(x) * norm_w with the reference's roundings. The rows are
 // copied with 16-byte L2 loads, STAGE_UNROLL of them in flight per thread (K * sizeof(T) is a
 // multiple of 16, `check_supported`); the norm's statistics and scaling then read shared
 // memory.
 constexpr int STAGE_UNROLL = 8;
-template <typename T, int BT>
+template <typename T>
 __device__ void stage_input(const Params& p, const T* x, int K, const T* norm_w, T* xs) {
   __shared__ float rstd[MAX_B];
   constexpr int N = Vec<T>::N;
   const int pieces = p.B * K / N;
   const int4* src = reinterpret_cast<const int4*>(x);
   int4* dst = reinterpret_cast<int4*>(xs);
-  // rows B..BT-1 zero: the projections' loops run over BT rows without a guard
-  for (int i = pieces + threadIdx.x; i < BT * K / N; i += THREADS)
-    dst[i] = make_int4(0, 0, 0, 0);
   for (int i0 = threadIdx.x; i0 < pieces; i0 += THREADS * STAGE_UNROLL) {
     int4 v[STAGE_UNROLL];
 #pragma unroll
@@ -220,13 +217,21 @@ __device__ void stage_input(const Params& p, const T* x, int K, const T* norm_w,
 }
 
 // acc[r][b] = sum_k w_r[k] * xs[b, k] for two weight rows w_0, w_1 (w_1 == nullptr: one) and
-// the BT staged input rows (warp-wide; every lane gets the sums). Each staged input value read
-// from shared memory serves both rows. The main loop takes UNROLL 16-byte weight loads per
-// row and lane at once (fewer for larger BT, whose products per load are more), with no
-// branch between the loads and their products; a tail loop takes the last K % (32 N UNROLL).
+// the staged input rows (warp-wide; every lane gets the sums). The loops run over BT rows
+// without a guard: rows b >= B read row 0 again (`x_rows`), and their sums are never stored.
+// Each staged input value read from shared memory serves both weight rows. The main loop
+// takes UNROLL 16-byte weight loads per row and lane at once (fewer for larger BT, whose
+// products per load are more), with no branch between the loads and their products; a tail
+// loop takes the last K % (32 N UNROLL).
+template <int BT>
+__device__ __forceinline__ void x_rows(int B, int K, int (&xoff)[BT]) {
+#pragma unroll
+  for (int b = 0; b < BT; ++b) xoff[b] = b < B ? b * K : 0;
+}
+
 template <typename T, int BT>
-__device__ __forceinline__ void dot_step(const int4 (&raw)[2], const T* xs, int K, int k,
-                                         float (&acc)[2][BT]) {
+__device__ __forceinline__ void dot_step(const int4 (&raw)[2], const T* xs, const int (&xoff)[BT],
+                                         int k, float (&acc)[2][BT]) {
   constexpr int N = Vec<T>::N;
   float wv[2][N];
   Vec<T>::unpack(raw[0], wv[0]);
@@ -234,7 +239,7 @@ __device__ __forceinline__ void dot_step(const int4 (&raw)[2], const T* xs, int 
 #pragma unroll
   for (int b = 0; b < BT; ++b) {
     float xv[N];  // 16 bytes per lane, consecutive lanes: no bank conflicts
-    Vec<T>::load_shared(xs + (size_t)b * K + k, xv);
+    Vec<T>::load_shared(xs + xoff[b] + k, xv);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       acc[0][b] = fmaf(wv[0][j], xv[j], acc[0][b]);
@@ -244,8 +249,8 @@ __device__ __forceinline__ void dot_step(const int4 (&raw)[2], const T* xs, int 
 }
 
 template <typename T, int BT>
-__device__ __forceinline__ void rows_dot(const T* w0, const T* w1, const T* xs, int K,
-                                         float (&acc)[2][BT]) {
+__device__ __forceinline__ void rows_dot(const T* w0, const T* w1, const T* xs,
+                                         const int (&xoff)[BT], int K, float (&acc)[2][BT]) {
   constexpr int N = Vec<T>::N, UNROLL = BT <= 4 ? 8 : BT <= 8 ? 4 : 2;
   constexpr int STEP = 32 * N * UNROLL;
   const int lane = threadIdx.x % 32;
@@ -263,13 +268,13 @@ __device__ __forceinline__ void rows_dot(const T* w0, const T* w1, const T* xs, 
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u)
-      dot_step<T, BT>(raw[u], xs, K, k0 + (u * 32 + lane) * N, acc);
+      dot_step<T, BT>(raw[u], xs, xoff, k0 + (u * 32 + lane) * N, acc);
   }
   for (int k = k0 + lane * N; k < K; k += 32 * N) {
     int4 raw[2];
     raw[0] = __ldg(reinterpret_cast<const int4*>(w0 + k));
     raw[1] = __ldg(reinterpret_cast<const int4*>(w1r + k));
-    dot_step<T, BT>(raw, xs, K, k, acc);
+    dot_step<T, BT>(raw, xs, xoff, k, acc);
   }
 #pragma unroll
   for (int b = 0; b < BT; ++b) {
@@ -370,7 +375,11 @@ __device__ void ring_issue(const Params& p, PageCursor& cur, unsigned char* ring
 #if __CUDA_ARCH__ >= 900
   constexpr int KC = PAGE_BYTES / (PAGE_ROWS * (int)sizeof(T));
   const int end = p.queue_off[blockIdx.x + 1];
-  while (cur.qi < end && p.task[8 * p.queue[cur.qi] + 6] < 0) ++cur.qi;  // attention: no page
+  // attention tasks have no pages, nor would an empty tile (the consumer's groups loop is
+  // empty too)
+  while (cur.qi < end && (p.task[8 * p.queue[cur.qi]] == ATTN ||
+                          p.task[8 * p.queue[cur.qi] + 3] <= p.task[8 * p.queue[cur.qi] + 2]))
+    ++cur.qi;
   if (cur.qi >= end) return;
   const int* d = p.task + 8 * p.queue[cur.qi];
   const int kind = d[0], lo = d[2], hi = d[3], K = task_k(p, kind);
@@ -416,6 +425,8 @@ __device__ long long gemv_pages(const Params& p, int kind, int lo, int hi, const
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gr = group_rows(kind), groups = (hi - lo + gr - 1) / gr;
   const int kslices = (K + KC - 1) / KC;
+  int xoff[BT];
+  x_rows<BT>(p.B, K, xoff);
   for (int grp = 0; grp < groups; ++grp) {
     const int first = lo + grp * gr, valid = min(gr, hi - first);
     // this warp's page rows and output rows
@@ -440,7 +451,7 @@ __device__ long long gemv_pages(const Params& p, int kind, int lo, int hi, const
         for (int c = lane * N; c < kw; c += 32 * N) {
           const int4 raw[2] = {*reinterpret_cast<const int4*>(r0 + c),
                                *reinterpret_cast<const int4*>(r1 + c)};
-          dot_step<T, BT>(raw, xs, K, k0 + c, acc);
+          dot_step<T, BT>(raw, xs, xoff, k0 + c, acc);
         }
       }
       __syncthreads();  // every warp is done with the slot
@@ -484,20 +495,23 @@ __device__ long long gemv_task(const Params& p, int kind, int layer, int lo, int
   if (kind == LM_HEAD) norm_w = static_cast<const T*>(p.final_norm);
   if (kind == O_PROJ) { x = static_cast<const T*>(p.attn_out); K = p.Hq * p.D; }
   if (kind == DOWN) { x = static_cast<const T*>(p.act); K = p.I; }
-  stage_input<T, BT>(p, x, K, norm_w, xs);
+  stage_input<T>(p, x, K, norm_w, xs);
   if (p.pages > 0) return gemv_pages<T, BT>(p, kind, lo, hi, xs, K, cur, consumed, ring, bars);
   const int warp = threadIdx.x / 32;
+  int xoff[BT];
+  x_rows<BT>(p.B, K, xoff);
   float acc[2][BT];
   if (kind == GATE_UP) {  // a warp takes gate row r with up row I + r
     for (int r = lo + warp; r < hi; r += WARPS) {
-      rows_dot<T, BT>(w + (size_t)r * K, w + (size_t)(p.I + r) * K, xs, K, acc);
+      rows_dot<T, BT>(w + (size_t)r * K, w + (size_t)(p.I + r) * K, xs, xoff, K, acc);
       store_row<T, BT>(p, kind, r, acc[0], acc[1]);
     }
     return 0;
   }
   for (int r = lo + 2 * warp; r < hi; r += 2 * WARPS) {  // else rows r and r + 1
     const bool two = r + 1 < hi;
-    rows_dot<T, BT>(w + (size_t)r * K, two ? w + (size_t)(r + 1) * K : nullptr, xs, K, acc);
+    rows_dot<T, BT>(w + (size_t)r * K, two ? w + (size_t)(r + 1) * K : nullptr, xs, xoff, K,
+                    acc);
     store_row<T, BT>(p, kind, r, acc[0], acc[0]);
     if (two) store_row<T, BT>(p, kind, r + 1, acc[1], acc[1]);
   }
@@ -749,6 +763,8 @@ __device__ void round_kernel(const Params* pp) {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     for (int i = 0; i < p.pages; ++i) ring_issue<T>(p, cur, ring, bars);
   }
+#else
+  if (p.pages > 0) __trap();  // no bulk copies before sm_90: the host never asks for pages
 #endif
   __syncthreads();
   const int cta = blockIdx.x, q_end = p.queue_off[cta + 1];

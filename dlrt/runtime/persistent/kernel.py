@@ -37,7 +37,8 @@ PAGE_BYTES = 32 * 1024  # a weight page: 16 rows by PAGE_BYTES / (16 * itemsize)
 MAX_PAGES = 6
 BLOCK_BOUNDS = (4, 8, MAX_B)  # one kernel per bound: its loops over block rows unrolled to it
 CHUNK_KEYS = 32  # CH of csrc/persistent_round.cu: keys per attention chunk in shared memory
-STATIC_SHARED = 9 * 1024  # norm_rope's per-warp rows, the parameters, the task (ptxas: 8608)
+# norm_rope's per-warp rows, the parameters, the task, the page ring's mbarriers (ptxas: 8656)
+STATIC_SHARED = 9 * 1024
 _KERNELS: dict[tuple[torch.dtype, int], Kernel] = {}
 
 
@@ -102,14 +103,14 @@ def block_bound(block: int) -> int:
 
 
 def shared_bytes(plan: RoundPlan, itemsize: int) -> int:
-    """Dynamic shared memory of a CTA: the larger of a projection's staged input rows (the
-    widest K; `block_bound(B)` rows, those past B zero) and an attention task's K/V chunk (CH
-    keys, rows padded by 16 bytes) with its query rows and their online-softmax states
-    (fp32) and the block's own K/V rows (B x D each)."""
+    """Dynamic shared memory of a CTA: the larger of a projection's staged input rows (B rows
+    of the widest K) and an attention task's K/V chunk (CH keys, rows padded by 16 bytes)
+    with its query rows and their online-softmax states (fp32) and the block's own K/V rows
+    (B x D each)."""
     c = plan.config
     d, rows = c.head_dim, plan.block * (c.num_heads // c.num_kv_heads)
     widest = max(c.hidden_size, c.num_heads * d, c.intermediate_size)
-    gemv = block_bound(plan.block) * widest * itemsize
+    gemv = plan.block * widest * itemsize
     attn = (2 * CHUNK_KEYS * (d * itemsize + 16) + (2 * rows * d + 2 * rows) * 4
             + 16 + 2 * plan.block * d * itemsize)  # the block's K/V from a 16-byte boundary
     return max(gemv, attn)
@@ -192,6 +193,13 @@ class PersistentRound:
             raise ValueError("PersistentRound: the KV cache's layers must start at 16-byte "
                              "aligned addresses")
         layers = inner.layers
+        norms = [inner.norm.weight] + [n for ly in layers for n in
+                                       (ly.input_layernorm.weight,
+                                        ly.post_attention_layernorm.weight)]
+        if any(n.dtype != dtype or not n.is_contiguous() or n.data_ptr() % 16 for n in norms):
+            raise ValueError("PersistentRound: the RMSNorm weights before the projections must "
+                             f"be contiguous {dtype} at 16-byte aligned addresses (the kernel "
+                             "reads them 16 bytes at a time)")
         self._keep = [enc, weights]
         b, d = plan.block, c.head_dim
         new = lambda *shape: torch.zeros(*shape, dtype=dtype, device=dev)  # noqa: E731
