@@ -3,8 +3,10 @@ static plan of tasks (`plan`), checked on the CPU against the layer-by-layer for
 PyTorch run of the same tasks (`interpret`), and executed on the GPU by
 `csrc/persistent_round.cu` (`kernel`; `round_kernel="persistent"`).
 
-Status: correct on the H200 (its GPU tests), and slower than the layer-by-layer round (SDAR-1.7B
-4.2 ms against 1.6, SDAR-8B 11.7 against 4.6: `benchmarks/results/RESULTS.md`), so
+Status: correct on the H200 (its GPU tests) and slower than the layer-by-layer round (SDAR-1.7B
+4.2 ms against 1.6, SDAR-8B 11.7 against 4.6: `benchmarks/results/RESULTS.md`) as measured
+before the five-step layer (RoPE in the attention tasks, the merge by a head's last split),
+the guard-free projection loop and the weight page ring, which are built and not yet run;
 `round_kernel="auto"` keeps the layers.
 
 What it serves and what the rest would take:
