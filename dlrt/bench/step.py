@@ -288,11 +288,10 @@ def _timeline(llm, bench) -> dict[str, Any]:
     rounds = getattr(llm.runner.persistent, "rounds", None)
     if not rounds or bench.p.b not in rounds:
         return {}
-    from dlrt.runtime.persistent.kernel import PersistentRound, timeline_summary
+    from dlrt.runtime.persistent.kernel import timeline_summary
 
     rnd = rounds[bench.p.b]
-    stamped = PersistentRound(rnd.plan, rnd.model, rnd.cache, rnd.lens, rnd.chunk_block,
-                              timeline=True)
+    stamped = rnd.stamped()  # built for the first context, reused for the others
     bench.p.state.tokens.copy_(bench.init_tokens)
     rnd.lens.copy_(bench.p.state.lens)
     with torch.inference_mode():

@@ -343,6 +343,9 @@ def test_timeline_stamps_every_task_gpu(monkeypatch):
     s = rnd.timeline.cpu()
     assert (s[:, :3] > 0).all() and (s[:, 0] <= s[:, 1]).all() and (s[:, 1] <= s[:, 2]).all()
     assert not s[:, 3].any()  # no page ring: no page waits
+    plain = PersistentRound(plan, model, cache, lens, 4)
+    assert rnd.stamped() is rnd and plain.stamped() is plain.stamped()
+    assert plain.timeline is None and plain.stamped().timeline is not None
     summary = timeline_summary(plan, s)
     assert summary["span_us"] > 0 and len(summary["busy_us"]) == plan.workers
     if torch.cuda.get_device_capability() >= (9, 0):  # with the ring: page waits within work

@@ -181,6 +181,7 @@ class PersistentRound:
                              f"for a {dtype} model on {dev}")
         self.plan, self.model, self.cache, self.lens = plan, model, cache, lens
         self.chunk_block = chunk_block
+        self._stamped: PersistentRound | None = None
         self.dtype, self.device = dtype, dev
         enc = encode(plan, dev)
         weights = [model.get_parameter(n) for n in enc.pop("weights")]  # tied ones too
@@ -265,6 +266,16 @@ class PersistentRound:
         if self.kernel.max_blocks_per_sm(THREADS, self.smem) < 1:
             raise ValueError(f"the persistent round kernel does not fit an SM with {self.smem} "
                              "bytes of shared memory")
+
+    def stamped(self) -> PersistentRound:
+        """This round's twin that stamps every task (`timeline=True`): the same plan, model,
+        cache and lens buffer; built on the first call, then reused."""
+        if self.timeline is not None:
+            return self
+        if self._stamped is None:
+            self._stamped = PersistentRound(self.plan, self.model, self.cache, self.lens,
+                                            self.chunk_block, timeline=True)
+        return self._stamped
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B] int64 at positions lens[0].. -> logits [B, V] (a buffer the next call
