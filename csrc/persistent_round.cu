@@ -21,6 +21,8 @@
 // Element type T: __nv_bfloat16 or float (the fp32 kernel serves the CPU-equivalent tests).
 // Built with nvcc on first use (sm_90; CUDA >= 12).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 #include <cstdio>
 
@@ -86,6 +88,11 @@ struct Params {
   // dynamic shared memory; 0 pages: the projections read their weights from global memory
   int pages;
   int page_offset;
+  // FP8 projections: per weight of `weights`, its block scales (float32, one per 128 columns
+  // of a scale row; nullptr for a T weight) and (is e4m3, weight rows per scale row: 128 for
+  // 128 x 128 blocks, 1 for a scale row per weight row)
+  const float* const* scales;
+  const int* wmeta;
 };
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -216,7 +223,7 @@ __device__ void stage_input(const Params& p, const T* x, int K, const T* norm_w,
   __syncthreads();
 }
 
-// acc[r][b] = sum_k w_r[k] * xs[b, k] for two weight rows w_0, w_1 (w_1 == nullptr: one) and
+// acc[r][b] = sum_k w_r[k] * xs[b, k] for two weight rows (one row: passed twice) and
 // the staged input rows (warp-wide; every lane gets the sums). The loops run over BT rows
 // without a guard: rows b >= B read row 0 again (`x_rows`), and their sums are never stored.
 // Each staged input value read from shared memory serves both weight rows. The main loop
@@ -229,32 +236,67 @@ __device__ __forceinline__ void x_rows(int B, int K, int (&xoff)[BT]) {
   for (int b = 0; b < BT; ++b) xoff[b] = b < B ? b * K : 0;
 }
 
-template <typename T, int BT>
-__device__ __forceinline__ void dot_step(const int4 (&raw)[2], const T* xs, const int (&xoff)[BT],
-                                         int k, float (&acc)[2][BT]) {
-  constexpr int N = Vec<T>::N;
-  float wv[2][N];
-  Vec<T>::unpack(raw[0], wv[0]);
-  Vec<T>::unpack(raw[1], wv[1]);
+// A projection's weights as the kernel reads them: T, or e4m3 codes with a float32 scale per
+// 128 columns of the row (the weight is code * scale rounded to T, as the layer path's
+// dequantised weight). One 16-byte load holds N weights.
+enum WType { W_T = 0, W_E4M3 = 1 };
+template <typename T, int WT> struct WVec;
+template <typename T> struct WVec<T, W_T> {
+  static constexpr int N = Vec<T>::N, ITEM = sizeof(T);
+  __device__ static void unpack(int4 raw, const float*, int, float* out) {
+    Vec<T>::unpack(raw, out);
+  }
+};
+template <typename T> struct WVec<T, W_E4M3> {
+  static constexpr int N = 16, ITEM = 1;
+  // the 16 codes of columns k..k+15 (one 128-column scale block) times the block's scale
+  __device__ static void unpack(int4 raw, const float* scale_row, int k, float* out) {
+    const float scale = __ldg(scale_row + k / 128);
+    const __nv_fp8x2_storage_t* c = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(c[i], __NV_E4M3);  // exact
+      const float2 f = __half22float2(__half2(h));
+      out[2 * i] = rnd<T>(f.x * scale);
+      out[2 * i + 1] = rnd<T>(f.y * scale);
+    }
+  }
+};
+
+// A weight row: its bytes and, for e4m3, its scale row.
+struct WRow {
+  const unsigned char* w;
+  const float* s;
+};
+
+template <typename T, int BT, int WT>
+__device__ __forceinline__ void dot_step(const int4 (&raw)[2], const WRow (&rows)[2], const T* xs,
+                                         const int (&xoff)[BT], int k, float (&acc)[2][BT]) {
+  constexpr int NW = WVec<T, WT>::N, NX = Vec<T>::N;
+  float wv[2][NW];
+  WVec<T, WT>::unpack(raw[0], rows[0].s, k, wv[0]);
+  WVec<T, WT>::unpack(raw[1], rows[1].s, k, wv[1]);
 #pragma unroll
   for (int b = 0; b < BT; ++b) {
-    float xv[N];  // 16 bytes per lane, consecutive lanes: no bank conflicts
-    Vec<T>::load_shared(xs + xoff[b] + k, xv);
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
-      acc[0][b] = fmaf(wv[0][j], xv[j], acc[0][b]);
-      acc[1][b] = fmaf(wv[1][j], xv[j], acc[1][b]);
+    for (int c = 0; c < NW / NX; ++c) {
+      float xv[NX];  // 16 bytes per lane, consecutive lanes: no bank conflicts
+      Vec<T>::load_shared(xs + xoff[b] + k + c * NX, xv);
+#pragma unroll
+      for (int j = 0; j < NX; ++j) {
+        acc[0][b] = fmaf(wv[0][c * NX + j], xv[j], acc[0][b]);
+        acc[1][b] = fmaf(wv[1][c * NX + j], xv[j], acc[1][b]);
+      }
     }
   }
 }
 
-template <typename T, int BT>
-__device__ __forceinline__ void rows_dot(const T* w0, const T* w1, const T* xs,
+template <typename T, int BT, int WT>
+__device__ __forceinline__ void rows_dot(const WRow (&rows)[2], const T* xs,
                                          const int (&xoff)[BT], int K, float (&acc)[2][BT]) {
-  constexpr int N = Vec<T>::N, UNROLL = BT <= 4 ? 8 : BT <= 8 ? 4 : 2;
-  constexpr int STEP = 32 * N * UNROLL;
+  constexpr int N = WVec<T, WT>::N, ITEM = WVec<T, WT>::ITEM;
+  constexpr int UNROLL = BT <= 4 ? 8 : BT <= 8 ? 4 : 2, STEP = 32 * N * UNROLL;
   const int lane = threadIdx.x % 32;
-  const T* w1r = w1 != nullptr ? w1 : w0;  // one row: the second sums repeat the first
 #pragma unroll
   for (int b = 0; b < BT; ++b) acc[0][b] = acc[1][b] = 0.f;
   int k0 = 0;
@@ -262,19 +304,18 @@ __device__ __forceinline__ void rows_dot(const T* w0, const T* w1, const T* xs,
     int4 raw[UNROLL][2];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      const int k = k0 + (u * 32 + lane) * N;
-      raw[u][0] = __ldg(reinterpret_cast<const int4*>(w0 + k));
-      raw[u][1] = __ldg(reinterpret_cast<const int4*>(w1r + k));
+      const size_t off = (size_t)(k0 + (u * 32 + lane) * N) * ITEM;
+      raw[u][0] = __ldg(reinterpret_cast<const int4*>(rows[0].w + off));
+      raw[u][1] = __ldg(reinterpret_cast<const int4*>(rows[1].w + off));
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u)
-      dot_step<T, BT>(raw[u], xs, xoff, k0 + (u * 32 + lane) * N, acc);
+      dot_step<T, BT, WT>(raw[u], rows, xs, xoff, k0 + (u * 32 + lane) * N, acc);
   }
   for (int k = k0 + lane * N; k < K; k += 32 * N) {
-    int4 raw[2];
-    raw[0] = __ldg(reinterpret_cast<const int4*>(w0 + k));
-    raw[1] = __ldg(reinterpret_cast<const int4*>(w1r + k));
-    dot_step<T, BT>(raw, xs, xoff, k, acc);
+    const int4 raw[2] = {__ldg(reinterpret_cast<const int4*>(rows[0].w + (size_t)k * ITEM)),
+                         __ldg(reinterpret_cast<const int4*>(rows[1].w + (size_t)k * ITEM))};
+    dot_step<T, BT, WT>(raw, rows, xs, xoff, k, acc);
   }
 #pragma unroll
   for (int b = 0; b < BT; ++b) {
@@ -373,7 +414,6 @@ template <typename T>
 __device__ void ring_issue(const Params& p, PageCursor& cur, unsigned char* ring,
                            unsigned long long* bars) {
 #if __CUDA_ARCH__ >= 900
-  constexpr int KC = PAGE_BYTES / (PAGE_ROWS * (int)sizeof(T));
   const int end = p.queue_off[blockIdx.x + 1];
   // attention tasks have no pages, nor would an empty tile (the consumer's groups loop is
   // empty too)
@@ -383,15 +423,17 @@ __device__ void ring_issue(const Params& p, PageCursor& cur, unsigned char* ring
   if (cur.qi >= end) return;
   const int* d = p.task + 8 * p.queue[cur.qi];
   const int kind = d[0], lo = d[2], hi = d[3], K = task_k(p, kind);
+  const int item = p.wmeta[2 * d[6]] ? 1 : (int)sizeof(T);  // e4m3 codes or T
+  const int KC = PAGE_BYTES / (PAGE_ROWS * item);
   const int gr = group_rows(kind), groups = (hi - lo + gr - 1) / gr;
   const int kslices = (K + KC - 1) / KC;
-  const T* w = static_cast<const T*>(p.weights[d[6]]);
+  const unsigned char* w = static_cast<const unsigned char*>(p.weights[d[6]]);
   const int slot = cur.issued % p.pages;
   unsigned char* page = ring + (size_t)slot * PAGE_BYTES;
   const int k0 = cur.ks * KC, kw = min(KC, K - k0);
   const int first = lo + cur.grp * gr, valid = min(gr, hi - first);
   const int copies = kind == GATE_UP ? 2 * valid : valid;
-  const unsigned bytes = (unsigned)(kw * sizeof(T));
+  const unsigned bytes = (unsigned)(kw * item);
   unsigned long long* bar = bars + slot;
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                :: "r"(smem_u32(bar)), "r"(bytes * copies) : "memory");
@@ -402,8 +444,8 @@ __device__ void ring_issue(const Params& p, PageCursor& cur, unsigned char* ring
     const int prow = kind == GATE_UP && i >= valid ? 8 + i - valid : i;
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
                  "[%0], [%1], %2, [%3];"
-                 :: "r"(smem_u32(page + (size_t)prow * KC * sizeof(T))),
-                    "l"(w + (size_t)r * K + k0), "r"(bytes), "r"(smem_u32(bar))
+                 :: "r"(smem_u32(page + (size_t)prow * KC * item)),
+                    "l"(w + ((size_t)r * K + k0) * item), "r"(bytes), "r"(smem_u32(bar))
                  : "memory");
   }
   ++cur.issued;
@@ -416,12 +458,14 @@ __device__ void ring_issue(const Params& p, PageCursor& cur, unsigned char* ring
 
 // A projection task from the page ring: per row group, the warp's two rows (gate_up: its gate
 // row and up row) over each K slice's page, then the group's epilogue.
-template <typename T, int BT>
+template <typename T, int BT, int WT>
 __device__ long long gemv_pages(const Params& p, int kind, int lo, int hi, const T* xs, int K,
-                                PageCursor& cur, int& consumed, unsigned char* ring,
-                                unsigned long long* bars) {
+                                const WRow& base, int scale_rows, PageCursor& cur,
+                                int& consumed, unsigned char* ring, unsigned long long* bars) {
   long long page_wait = 0;  // ns waited for pages (stamped rounds only)
-  constexpr int N = Vec<T>::N, KC = PAGE_BYTES / (PAGE_ROWS * (int)sizeof(T));
+  constexpr int N = WVec<T, WT>::N, ITEM = WVec<T, WT>::ITEM;
+  constexpr int KC = PAGE_BYTES / (PAGE_ROWS * ITEM);
+  const int KB = (K + 127) / 128;  // scale blocks a scale row
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gr = group_rows(kind), groups = (hi - lo + gr - 1) / gr;
   const int kslices = (K + KC - 1) / KC;
@@ -434,6 +478,14 @@ __device__ long long gemv_pages(const Params& p, int kind, int lo, int hi, const
     const int i1 = kind == GATE_UP ? 8 + warp : 2 * warp + 1;
     const bool has0 = kind == GATE_UP ? warp < valid : i0 < valid;
     const bool has1 = kind == GATE_UP ? has0 : i1 < valid;
+    // the weight rows' scale rows (e4m3)
+    const int r0 = kind == GATE_UP ? first + warp : first + i0;
+    const int r1 = kind == GATE_UP ? p.I + first + warp : has1 ? first + i1 : r0;
+    WRow rows[2] = {{nullptr, nullptr}, {nullptr, nullptr}};
+    if (WT == W_E4M3) {
+      rows[0].s = base.s + (size_t)(r0 / scale_rows) * KB;
+      rows[1].s = base.s + (size_t)(r1 / scale_rows) * KB;
+    }
     float acc[2][BT];
 #pragma unroll
     for (int b = 0; b < BT; ++b) acc[0][b] = acc[1][b] = 0.f;
@@ -442,16 +494,16 @@ __device__ long long gemv_pages(const Params& p, int kind, int lo, int hi, const
       const long long w0 = p.timeline != nullptr ? now_ns() : 0;
       ring_wait<T>(p, bars + slot, (unsigned)(consumed / p.pages) & 1u);
       if (p.timeline != nullptr) page_wait += now_ns() - w0;
-      const T* page = reinterpret_cast<const T*>(ring + (size_t)slot * PAGE_BYTES);
+      const unsigned char* page = ring + (size_t)slot * PAGE_BYTES;
       const int k0 = ks * KC, kw = min(KC, K - k0);
       if (has0) {
-        const T* r0 = page + (size_t)i0 * KC;
-        const T* r1 = has1 ? page + (size_t)i1 * KC : r0;
+        const unsigned char* p0 = page + (size_t)i0 * KC * ITEM;
+        const unsigned char* p1 = has1 ? page + (size_t)i1 * KC * ITEM : p0;
 #pragma unroll 4
         for (int c = lane * N; c < kw; c += 32 * N) {
-          const int4 raw[2] = {*reinterpret_cast<const int4*>(r0 + c),
-                               *reinterpret_cast<const int4*>(r1 + c)};
-          dot_step<T, BT>(raw, xs, xoff, k0 + c, acc);
+          const int4 raw[2] = {*reinterpret_cast<const int4*>(p0 + (size_t)c * ITEM),
+                               *reinterpret_cast<const int4*>(p1 + (size_t)c * ITEM)};
+          dot_step<T, BT, WT>(raw, rows, xs, xoff, k0 + c, acc);
         }
       }
       __syncthreads();  // every warp is done with the slot
@@ -481,12 +533,42 @@ __device__ long long gemv_pages(const Params& p, int kind, int lo, int hi, const
   return page_wait;
 }
 
+// A projection task's rows from global memory (no page ring), weight type WT.
+template <typename T, int BT, int WT>
+__device__ void gemv_rows(const Params& p, int kind, int lo, int hi, const T* xs, int K,
+                          const WRow& base, int scale_rows) {
+  constexpr int ITEM = WVec<T, WT>::ITEM;
+  const int warp = threadIdx.x / 32, KB = (K + 127) / 128;
+  int xoff[BT];
+  x_rows<BT>(p.B, K, xoff);
+  const auto row = [&](int r) {
+    WRow x{base.w + (size_t)r * K * ITEM, nullptr};
+    if (WT == W_E4M3) x.s = base.s + (size_t)(r / scale_rows) * KB;
+    return x;
+  };
+  float acc[2][BT];
+  if (kind == GATE_UP) {  // a warp takes gate row r with up row I + r
+    for (int r = lo + warp; r < hi; r += WARPS) {
+      const WRow rows[2] = {row(r), row(p.I + r)};
+      rows_dot<T, BT, WT>(rows, xs, xoff, K, acc);
+      store_row<T, BT>(p, kind, r, acc[0], acc[1]);
+    }
+    return;
+  }
+  for (int r = lo + 2 * warp; r < hi; r += 2 * WARPS) {  // else rows r and r + 1
+    const bool two = r + 1 < hi;
+    const WRow rows[2] = {row(r), row(two ? r + 1 : r)};
+    rows_dot<T, BT, WT>(rows, xs, xoff, K, acc);
+    store_row<T, BT>(p, kind, r, acc[0], acc[0]);
+    if (two) store_row<T, BT>(p, kind, r + 1, acc[1], acc[1]);
+  }
+}
+
 // A projection task; returns the ns its thread waited for weight pages (0 without the ring).
 template <typename T, int BT>
 __device__ long long gemv_task(const Params& p, int kind, int layer, int lo, int hi, int widx,
                                T* xs, PageCursor& cur, int& consumed, unsigned char* ring,
                                unsigned long long* bars) {
-  const T* w = static_cast<const T*>(p.weights[widx]);
   int K = p.H;
   const T* x = static_cast<const T*>(p.stream);
   const T* norm_w = nullptr;
@@ -496,25 +578,17 @@ __device__ long long gemv_task(const Params& p, int kind, int layer, int lo, int
   if (kind == O_PROJ) { x = static_cast<const T*>(p.attn_out); K = p.Hq * p.D; }
   if (kind == DOWN) { x = static_cast<const T*>(p.act); K = p.I; }
   stage_input<T>(p, x, K, norm_w, xs);
-  if (p.pages > 0) return gemv_pages<T, BT>(p, kind, lo, hi, xs, K, cur, consumed, ring, bars);
-  const int warp = threadIdx.x / 32;
-  int xoff[BT];
-  x_rows<BT>(p.B, K, xoff);
-  float acc[2][BT];
-  if (kind == GATE_UP) {  // a warp takes gate row r with up row I + r
-    for (int r = lo + warp; r < hi; r += WARPS) {
-      rows_dot<T, BT>(w + (size_t)r * K, w + (size_t)(p.I + r) * K, xs, xoff, K, acc);
-      store_row<T, BT>(p, kind, r, acc[0], acc[1]);
-    }
-    return 0;
+  const WRow base{static_cast<const unsigned char*>(p.weights[widx]), p.scales[widx]};
+  const bool e4m3 = p.wmeta[2 * widx] != 0;
+  const int scale_rows = p.wmeta[2 * widx + 1];
+  if (p.pages > 0) {
+    return e4m3 ? gemv_pages<T, BT, W_E4M3>(p, kind, lo, hi, xs, K, base, scale_rows, cur,
+                                            consumed, ring, bars)
+                : gemv_pages<T, BT, W_T>(p, kind, lo, hi, xs, K, base, scale_rows, cur,
+                                         consumed, ring, bars);
   }
-  for (int r = lo + 2 * warp; r < hi; r += 2 * WARPS) {  // else rows r and r + 1
-    const bool two = r + 1 < hi;
-    rows_dot<T, BT>(w + (size_t)r * K, two ? w + (size_t)(r + 1) * K : nullptr, xs, xoff, K,
-                    acc);
-    store_row<T, BT>(p, kind, r, acc[0], acc[0]);
-    if (two) store_row<T, BT>(p, kind, r + 1, acc[1], acc[1]);
-  }
+  if (e4m3) gemv_rows<T, BT, W_E4M3>(p, kind, lo, hi, xs, K, base, scale_rows);
+  else gemv_rows<T, BT, W_T>(p, kind, lo, hi, xs, K, base, scale_rows);
   return 0;
 }
 

@@ -193,9 +193,14 @@ def _persistent_rounds(model: nn.Module, mconfig: ModelConfig, config: EngineCon
         why.append(f"model family {mconfig.family} (dense SDAR only)")
     if config.decoder != "block":
         why.append(f"decoder {config.decoder} (block only)")
-    if config.quantization != "none" or cache.dtype != config.torch_dtype:
-        why.append(f"quantization {config.quantization}, KV cache {cache.dtype} (unquantised "
-                   "weights and a cache of the model dtype only)")
+    if config.quantization not in ("none", "fp8"):
+        why.append(f"quantization {config.quantization} (unquantised or weight-only fp8 "
+                   "weights only)")
+    elif config.quantization == "fp8" and config.fp8_activations != "weight_only":
+        why.append(f"fp8 with fp8_activations {config.fp8_activations} (the kernel computes "
+                   "the weight-only product: fp8_activations='weight_only')")
+    if cache.dtype != config.torch_dtype:
+        why.append(f"KV cache {cache.dtype} (a cache of the model dtype only)")
     if why:
         raise OptionError("round_kernel 'persistent' does not serve: " + "; ".join(why))
     try:

@@ -104,8 +104,9 @@ class EngineConfig:
     round_kernel: str = _option(
         "auto", "the forward of a block's round: layers (a kernel per op; auto), persistent "
         "(csrc/persistent_round.cu: one resident CTA per SM runs the whole round; CUDA, dense "
-        "SDAR models with the block decoder, bfloat16 / float32 weights and KV cache; it does "
-        "not yet match the layer path's speed and is chosen only when asked for)",
+        "SDAR models with the block decoder, bfloat16 / float32 weights or weight-only fp8 "
+        "projections, a KV cache of the model dtype; it does not yet match the layer path's "
+        "speed and is chosen only when asked for)",
         ("auto", "layers", "persistent"))
     linear_kernels: str = _option(
         "auto", "projections on CUDA with Triton kernels: auto (per weight shape, cuBLAS or the "

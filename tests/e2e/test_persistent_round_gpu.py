@@ -4,8 +4,9 @@ persistent kernel; device_loop, host_loop and eager commit identical greedy toke
 the same in all three), the tokens equal the layer path's in fp32 (the two differ only in fp32
 summation order: identical unless a logit pair is within ~1e-6, which these prompts do not hit),
 and in bf16 the tokens that differ from the layer path are counted and reported (rounding
-points are the same; summation orders and the attention's p precision are not). Models the
-kernel does not serve are refused by name."""
+points are the same; summation orders and the attention's p precision are not); the same for
+weight-only FP8 projections. Models and precisions the kernel does not serve are refused by
+name."""
 
 from __future__ import annotations
 
@@ -66,7 +67,29 @@ def test_bf16_modes_identical_and_flips_counted(wide_heads):
     assert len(a) == len(b) == 48
 
 
-def test_unserved_models_are_named(tiny_sdar_moe, tiny_sdar):
+def test_fp8_weight_only_modes_identical(wide_heads):
+    """Weight-only FP8 projections on the kernel: the three execution modes commit the same
+    tokens; the tokens differing from the layer path (its FP8 kernels sum in another order
+    and precision) are counted."""
+    llms = {kind: LLM(wide_heads, device="cuda", dtype="bfloat16", max_model_len=4096,
+                      round_kernel=kind, quantization="fp8", fp8_activations="weight_only")
+            for kind in ("layers", "persistent")}
+    prompt = [(3 * i + 5) % 150000 for i in range(30)]
+    out = {k: _run_modes(llm, prompt, max_new_tokens=32, temperature=0, ignore_eos=True,
+                         remasking_strategy="low_confidence_static")
+           for k, llm in llms.items()}
+    _assert_same(out["persistent"])
+    a, b = out["persistent"]["eager"][0], out["layers"]["eager"][0]
+    flips = sum(x != y for x, y in zip(a, b, strict=True))
+    print(f"fp8 tokens differing from the layer path: {flips} of {len(a)}")
+    assert len(a) == len(b) == 32
+
+
+def test_unserved_models_are_named(tiny_sdar_moe, tiny_sdar, wide_heads):
+    with pytest.raises(OptionError, match="fp8_activations='weight_only'"):
+        LLM(wide_heads, device="cuda", round_kernel="persistent", quantization="fp8")
+    with pytest.raises(OptionError, match="quantization nvfp4"):
+        LLM(wide_heads, device="cuda", round_kernel="persistent", quantization="nvfp4")
     with pytest.raises(OptionError, match="dense SDAR only"):
         LLM(tiny_sdar_moe, device="cuda", round_kernel="persistent")
     with pytest.raises(OptionError, match="head_dim 16"):

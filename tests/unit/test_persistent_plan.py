@@ -258,3 +258,34 @@ def test_timeline_handoff():
     assert all(v == pytest.approx(0.5) for v in s["handoff_by_kind_us"].values())
     stamps[:, 1] += 700  # work starting later after the same dependencies: 1.2 us
     assert timeline_summary(plan, stamps)["handoff_us"] == pytest.approx(1.2)
+
+
+def test_plan_run_with_fp8_weights(tiny_sdar):
+    """Weight-only FP8 projections (128 x 128 blocks, quantised while loading): the plan run
+    dequantises each weight as the layer path's reference does (code x scale rounded to the
+    model dtype), so in fp32 the two agree to the summation order; W8A8 layers are refused."""
+    from dlrt import LLM
+    from dlrt.layers.quant.fp8 import set_activations
+
+    llm = LLM(tiny_sdar, max_model_len=64, quantization="fp8", fp8_activations="weight_only",
+              dtype="float32")
+    model, config = llm.model, llm.config
+    assert model.model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
+    caches = [PagedKVCache(config.num_layers, config.num_kv_heads, config.head_dim, 64,
+                           torch.float32, "cpu") for _ in range(2)]
+    runner = ModelRunner(model, get_ops("reference"), SDPABackend(caches[0], config.num_heads),
+                         caches[0], torch.device("cpu"))
+    gen = torch.Generator().manual_seed(3)
+    runner.forward_at(torch.randint(0, config.vocab_size, (9,), generator=gen), 0, 4, rows=None)
+    for name in ("k", "v"):
+        getattr(caches[1], name).copy_(getattr(caches[0], name))
+    tokens = torch.randint(0, config.vocab_size, (4,), generator=gen)
+    lens = torch.tensor([9, 13], dtype=torch.int32)
+    want = runner.forward(tokens, lens, 4, rows=slice(None))
+    plan = build_plan(config, 4, workers=3, splits=2, itemsize=1)
+    got = run_plan(plan, model, caches[1], tokens, lens, 4)
+    err = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    assert err < 1e-5, err
+    set_activations(model, "dynamic")
+    with pytest.raises(ValueError, match="weight-only product"):
+        run_plan(plan, model, caches[1], tokens, lens, 4)

@@ -12,9 +12,11 @@ the guard-free projection loop and the weight page ring, which are built and not
 What it serves and what the rest would take:
 - dense SDAR models with bf16 / fp32 weights and a KV cache of the model dtype, the block
   decoder's rounds and folded rounds (B and 2B rows, at most 16);
-- FP8 block-scaled weights: a second weight type for the projection tasks (e4m3 rows and their
-  128 x 128 scales, dequantised in registers or multiplied on FP8 tensor cores with the
-  activation quantised in the task's prologue) and an FP8 KV cache read by the attention task;
+- weight-only FP8 projections (`fp8_activations="weight_only"`): e4m3 rows and their 128-column
+  block scales as a second weight type of the projection tasks, from global memory or the
+  page ring, dequantised in registers (built, not yet run on a GPU). W8A8 would quantise the
+  staged input in the task's prologue and multiply codes (FP8 tensor cores or code-by-code);
+  an FP8 KV cache would be dequantised by the attention task as it loads a chunk;
 - MoE layers: routing as a task (router GEMV + top-k), then expert tasks whose weight rows are
   known only after routing, so they cannot be prefetched before their dependency: the plan
   would hold a task per (expert, row tile) that exits when the expert is untouched;

@@ -9,7 +9,8 @@ mul as `silu_and_mul`, q/k norm and RoPE as `qk_norm_rope_write`. Attention diff
 layer path only in fp32 summation order: each split keeps an online-softmax state (max, sum,
 fp32 output) of its keys and the merge rescales them, as the paged kernel does; a split holds
 ceil(kv_len / splits) keys of the context read at run time.
-Dense SDAR models with an unquantised model-dtype or FP8 KV cache.
+Dense SDAR models with model-dtype or weight-only FP8 projections (dequantised as the layer
+path's reference does) and an unquantised model-dtype or FP8 KV cache.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 
 from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.attention.sdpa import chunk_mask
+from dlrt.layers.quant.fp8 import dequantize_fp8_block
 from dlrt.ops import reference as ref
 from dlrt.runtime.persistent.plan import RoundPlan, simulate
 
@@ -45,13 +47,30 @@ class _Round:
         self.act = new(c.intermediate_size)
         self.logits = new(c.vocab_size)
         self.parts: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
+        self.weights: dict[str, torch.Tensor] = {}
 
     def norm(self, name: str) -> torch.Tensor:
         w = self.model.get_parameter(name)  # by path: tied weights too, as the kernel
         return ref.rms_norm(self.stream, w, self.c.rms_norm_eps)
 
+    def weight(self, name: str) -> torch.Tensor:
+        """The projection weight `name` in the model dtype: the parameter, or a weight-only
+        FP8 layer's weight dequantised (code times block scale, rounded to the model dtype,
+        as the layer path's reference). ValueError for an FP8 layer with quantised
+        activations (W8A8), which the kernel does not compute."""
+        if name not in self.weights:
+            w = self.model.get_parameter(name)  # by path: tied weights too, as the kernel
+            if w.dtype == torch.float8_e4m3fn:
+                module = self.model.get_submodule(name.rpartition(".")[0])
+                if getattr(module.method, "activations", None) != "weight_only":
+                    raise ValueError(f"run_plan: {name} is an FP8 layer with quantised "
+                                     "activations; the plan computes the weight-only product")
+                w = dequantize_fp8_block(w, module.weight_scale_inv, self.dtype)
+            self.weights[name] = w
+        return self.weights[name]
+
     def linear(self, x: torch.Tensor, weight: str, lo: int, hi: int) -> torch.Tensor:
-        return F.linear(x, self.model.get_parameter(weight)[lo:hi])
+        return F.linear(x, self.weight(weight)[lo:hi])
 
     def run(self, t) -> None:
         getattr(self, "_" + t.kind)(t)

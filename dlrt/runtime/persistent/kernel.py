@@ -14,8 +14,11 @@ task that needs them (`ring_layout`; the ring's own description is in the CUDA s
 `lens` is a static int32 [2] device buffer (start, kv_len) the caller fills before each round,
 so one captured launch serves every context. forward() is capturable (a CUDA graph, or the
 body of the block graph's WHILE node): the kernel zeroes its counters at the end of a round.
-Dense SDAR models in bf16 or fp32 with a cache of the model dtype; block rows <= 16, head_dim a
-multiple of 32 up to 256, every projection's K a multiple of 16 bytes.
+Dense SDAR models in bf16 or fp32 with a cache of the model dtype, projections in the model
+dtype or weight-only FP8 (128 x 128 block scales, `dlrt.layers.quant.fp8`: the weight is the
+code times its scale rounded to the model dtype, as the layer path dequantises it); block rows
+<= 16, head_dim a multiple of 32 up to 256, every projection's K a multiple of 16 bytes (and of
+16 elements for FP8).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from dlrt import env
 from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.runtime.cubin import VOID_P, Kernel
 from dlrt.runtime.persistent.plan import RoundPlan, build_plan
+
+FP8 = torch.float8_e4m3fn
 
 KINDS = {"qkv": 0, "attn": 1, "o": 2, "gate_up": 3, "down": 4, "lm_head": 5}
 THREADS = 256
@@ -56,7 +61,8 @@ class _Params(ctypes.Structure):
                                           "lens", "cos", "sin", "stream", "qkv", "attn_out",
                                           "act", "logits", "part_ml", "part_o", "timeline")]
                 + [("prefetch_bytes", ctypes.c_longlong), ("wait_limit_ns", ctypes.c_longlong)]
-                + [("pages", ctypes.c_int), ("page_offset", ctypes.c_int)])
+                + [("pages", ctypes.c_int), ("page_offset", ctypes.c_int)]
+                + [("scales", VOID_P), ("wmeta", VOID_P)])
 
 
 def encode(plan: RoundPlan, device) -> dict[str, torch.Tensor]:
@@ -160,6 +166,32 @@ def check_supported(plan: RoundPlan, dtype: torch.dtype, device: torch.device) -
         raise ValueError("the persistent round kernel does not serve: " + "; ".join(problems))
 
 
+def _fp8_scales(model, name: str, weight: torch.Tensor) -> tuple[torch.Tensor | None,
+                                                                   list[int]]:
+    """(scales, [is e4m3, weight rows per scale row]) of the projection weight `name`: for a
+    weight-only FP8 layer (`dlrt.layers.quant.fp8`) its float32 block scales
+    [ceil(N/128) or N, ceil(K/128)]; else (None, [0, 1]).
+
+    Raises ValueError for an FP8 layer whose activations are quantised (W8A8: the kernel
+    computes the weight-only product) or whose K is not a multiple of 16."""
+    if weight.dtype != FP8:
+        return None, [0, 1]
+    module = model.get_submodule(name.rpartition(".")[0])
+    method = getattr(module, "method", None)
+    if getattr(method, "activations", None) != "weight_only":
+        raise ValueError(f"PersistentRound: {name} is an FP8 layer with "
+                         f"{getattr(method, 'activations', '?')} activations; the kernel "
+                         "computes the weight-only product (fp8_activations='weight_only')")
+    n, k = weight.shape
+    if k % 16:
+        raise ValueError(f"PersistentRound: {name} has K {k}; FP8 weights need a multiple "
+                         "of 16 (one 16-byte load)")
+    scale = module.weight_scale_inv
+    if scale.dtype != torch.float32 or not scale.is_contiguous():
+        raise ValueError(f"PersistentRound: {name}'s scales must be contiguous float32")
+    return scale, [1, 1 if scale.shape[0] == n else 128]
+
+
 def _ptrs(tensors, device) -> torch.Tensor:
     return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=device)
 
@@ -183,13 +215,20 @@ class PersistentRound:
         self.chunk_block = chunk_block
         self._stamped: PersistentRound | None = None
         self.dtype, self.device = dtype, dev
+        item = torch.tensor([], dtype=dtype).element_size()
         enc = encode(plan, dev)
-        weights = [model.get_parameter(n) for n in enc.pop("weights")]  # tied ones too
-        if any(w.dtype != dtype or not w.is_contiguous() or w.data_ptr() % 16
+        names = enc.pop("weights")
+        weights = [model.get_parameter(n) for n in names]  # tied ones too
+        scales, wmeta = [], []
+        for name, w in zip(names, weights, strict=True):
+            scale, meta = _fp8_scales(model, name, w)
+            scales.append(scale)
+            wmeta.append(meta)
+        if any(w.dtype not in (dtype, FP8) or not w.is_contiguous() or w.data_ptr() % 16
                for w in weights):
-            raise ValueError("PersistentRound: the projections must be plain contiguous "
-                             f"{dtype} weights at 16-byte aligned addresses (the kernel reads "
-                             "16 bytes at a time; quantised layers keep the layer path)")
+            raise ValueError("PersistentRound: the projections must be contiguous "
+                             f"{dtype} or float8_e4m3fn weights at 16-byte aligned addresses "
+                             "(the kernel reads 16 bytes at a time)")
         if any(t.data_ptr() % 16 for t in (*cache.k, *cache.v)):
             raise ValueError("PersistentRound: the KV cache's layers must start at 16-byte "
                              "aligned addresses")
@@ -224,7 +263,10 @@ class PersistentRound:
             k_norm=[ly.self_attn.k_norm.weight for ly in layers],
             k_cache=list(cache.k), v_cache=list(cache.v))
         ptrs = {k: _ptrs(v, dev) for k, v in ptr_lists.items()}
-        self._keep.append(ptrs)
+        ptrs["scales"] = torch.tensor([0 if t is None else t.data_ptr() for t in scales],
+                                      dtype=torch.int64, device=dev)
+        ptrs["wmeta"] = torch.tensor(wmeta, dtype=torch.int32, device=dev)
+        self._keep += [ptrs, scales]
         p = _Params(num_counters=len(plan.counter_names), B=b, H=c.hidden_size,
                     Hq=c.num_heads, Hkv=c.num_kv_heads, D=d, I=c.intermediate_size,
                     V=c.vocab_size, L=c.num_layers, splits=plan.splits,
@@ -251,8 +293,7 @@ class PersistentRound:
         props = torch.cuda.get_device_properties(dev)
         limit = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
         p.pages, p.page_offset, self.smem = ring_layout(
-            plan, weights[0].element_size(), env.persistent_pages(), limit,
-            (props.major, props.minor))
+            plan, item, env.persistent_pages(), limit, (props.major, props.minor))
         self.pages = p.pages  # the weight page ring (0: weights read from global memory)
         raw = bytes(p)
         self.params = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(dev)
@@ -317,8 +358,14 @@ class PersistentRounds:
         splits = max(1, min(64, sms // c.num_kv_heads))
         self.block = block
         self.rounds = {}
+        # bytes per weight element by projection kind (FP8 layers: 1)
+        item = {kind: model.get_parameter(weight).element_size() for kind, weight in (
+            ("qkv", "model.layers.0.self_attn.qkv_proj.weight"),
+            ("o", "model.layers.0.self_attn.o_proj.weight"),
+            ("gate_up", "model.layers.0.mlp.gate_up_proj.weight"),
+            ("down", "model.layers.0.mlp.down_proj.weight"), ("lm_head", "lm_head.weight"))}
         for n in (block, 2 * block):
-            plan = build_plan(c, n, sms, splits)
+            plan = build_plan(c, n, sms, splits, itemsize=item)
             if n == 2 * block:  # the folded round only where it fits; else the layers
                 try:
                     check_supported(plan, model.model.embed_tokens.weight.dtype, dev)

@@ -125,12 +125,14 @@ def _head_columns(c: ModelConfig, g: int) -> list[tuple[int, int]]:
 
 
 def build_plan(config: ModelConfig, block: int, workers: int, splits: int = 4,
-               rows: dict[str, int] | None = None, itemsize: int = 2) -> RoundPlan:
+               rows: dict[str, int] | None = None,
+               itemsize: int | dict[str, int] = 2) -> RoundPlan:
     """The plan of one round of `block` rows of a dense SDAR-like model on `workers` workers.
 
     rows: rows per tile by kind ("qkv", "o", "gate_up", "down", "lm_head"); default
     `tile_rows` of each weight (about one tile per worker). itemsize: bytes per weight element
-    (the page stream's bytes per task). Raises ValueError for a MoE model, heads that do not
+    (the page stream's bytes per task), one for all kinds or by kind (FP8 projections beside
+    a model-dtype LM head). Raises ValueError for a MoE model, heads that do not
     group, or non-positive sizes.
     """
     c = config
@@ -160,8 +162,9 @@ def build_plan(config: ModelConfig, block: int, workers: int, splits: int = 4,
     def gemm(kind, layer, waits, signals_of, weight):
         rows_per = 2 if kind == "gate_up" else 1  # gate and up rows
         for lo, hi in _tiles(sizes[kind], rows[kind]):
+            item = itemsize if isinstance(itemsize, int) else itemsize[kind]
             add(kind, layer, lo=lo, hi=hi, waits=waits, signals=signals_of(lo, hi),
-                weight=weight, weight_bytes=rows_per * (hi - lo) * k_of[kind] * itemsize)
+                weight=weight, weight_bytes=rows_per * (hi - lo) * k_of[kind] * item)
 
     prev: tuple[tuple[int, int], ...] = ()
     for layer in range(c.num_layers):
