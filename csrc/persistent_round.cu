@@ -801,14 +801,15 @@ __device__ void prefetch_task(const Params& p, const int* d) {
   const int kind = d[0], lo = d[2], hi = d[3], widx = d[6];
   if (widx < 0 || p.prefetch_bytes <= 0) return;
   const int K = kind == O_PROJ ? p.Hq * p.D : kind == DOWN ? p.I : p.H;
-  const T* w = static_cast<const T*>(p.weights[widx]);
-  const long long tile = (long long)(hi - lo) * K * sizeof(T);
+  const size_t row = (size_t)K * (p.wmeta[2 * widx] ? 1 : sizeof(T));  // e4m3 codes or T
+  const unsigned char* w = static_cast<const unsigned char*>(p.weights[widx]);
+  const long long tile = (long long)(hi - lo) * row;
   if (kind == GATE_UP) {
     const long long each = min(tile, p.prefetch_bytes / 2);
-    prefetch_l2(w + (size_t)lo * K, each);
-    prefetch_l2(w + (size_t)(p.I + lo) * K, each);
+    prefetch_l2(w + lo * row, each);
+    prefetch_l2(w + (p.I + lo) * row, each);
   } else {
-    prefetch_l2(w + (size_t)lo * K, min(tile, p.prefetch_bytes));
+    prefetch_l2(w + lo * row, min(tile, p.prefetch_bytes));
   }
 }
 
