@@ -6,8 +6,9 @@
 # Usage: bash benchmarks/device/persistent_round.sh [--no-tests] [--context LIST]
 #          [--tags "TAG..."] MODEL...
 #   MODEL: a folder under .devtools/models (SDAR-1.7B-Chat, SDAR-8B-Chat); --context default 0
-#   TAG: layers, persistent, or persistent with -pfN (DLRT_PERSISTENT_PREFETCH=N) and/or
-#   -pagesM (DLRT_PERSISTENT_PAGES=M), e.g. persistent-pages4-pf0; run in the order given;
+#   TAG: layers or persistent, with -pfN (DLRT_PERSISTENT_PREFETCH=N), -pagesM
+#   (DLRT_PERSISTENT_PAGES=M) and/or -fp8 (weight-only FP8 projections, quantised while
+#   loading), e.g. persistent-pages4-pf0, layers-fp8; run in the order given;
 #   default "layers persistent persistent-pf0 layers persistent"
 # Carry: .devtools. Records: $OUT/step/TAG; tests $OUT/tests.txt.
 set -uo pipefail
@@ -21,7 +22,7 @@ while [ $# -gt 0 ]; do
     *) models+=("$1"); shift ;;
   esac
 done
-[ ${#models[@]} -gt 0 ] || { sed -n 5,12p "$0"; exit 2; }
+[ ${#models[@]} -gt 0 ] || { sed -n 5,13p "$0"; exit 2; }
 if [ $tests = 1 ]; then
   timeout 300 python3 -m pytest -q -m gpu tests/kernels/test_persistent_round.py \
     tests/e2e/test_persistent_round_gpu.py -p no:cacheprovider -rf -s > "$OUT/tests.txt" 2>&1
@@ -33,12 +34,14 @@ for model in "${models[@]}"; do
     kind=${tag%%-*}
     pf=$(echo "$tag" | sed -n 's/.*-pf\([0-9]*\).*/\1/p')
     pages=$(echo "$tag" | sed -n 's/.*-pages\([0-9]*\).*/\1/p')
+    quant=()
+    case $tag in *-fp8*) quant=(--quantization fp8 --fp8-activations weight_only) ;; esac
     echo "== $tag $model $context" >> "$LOG"
     DLRT_PERSISTENT_PREFETCH=${pf:-${DLRT_PERSISTENT_PREFETCH:-65536}} \
     DLRT_PERSISTENT_PAGES=${pages:-${DLRT_PERSISTENT_PAGES:-0}} \
       timeout 200 python3 -m dlrt bench step --model "$M/$model" \
       --load-format dummy --context "$context" --rounds 100 --temperature 0 \
-      --remasking-strategy low_confidence_static --round-kernel $kind \
+      --remasking-strategy low_confidence_static --round-kernel $kind "${quant[@]}" \
       --out "$OUT/step/$tag" >> "$LOG" 2>&1 || echo "$tag $model failed"
     elapsed "$tag $model"
   done
