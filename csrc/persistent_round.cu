@@ -280,7 +280,9 @@ __device__ __forceinline__ void dot_step(const int4 (&raw)[2], const WRow (&rows
   for (int b = 0; b < BT; ++b) {
 #pragma unroll
     for (int c = 0; c < NW / NX; ++c) {
-      float xv[NX];  // 16 bytes per lane, consecutive lanes: no bank conflicts
+      // 16 bytes per lane; consecutive lanes 16 x NW / NX bytes apart (e4m3: 2-way bank
+      // conflicts in bf16, 4-way in fp32)
+      float xv[NX];
       Vec<T>::load_shared(xs + xoff[b] + k + c * NX, xv);
 #pragma unroll
       for (int j = 0; j < NX; ++j) {

@@ -296,21 +296,34 @@ def test_page_ring_equals_global_reads_gpu(monkeypatch, name, over, dtype, block
             assert torch.equal(a, b)
 
 
+# (hidden, intermediate, heads, kv heads, head_dim): parts off 128 rows, so qkv and gate_up keep
+# a scale row per weight row, o / down in 128-row blocks, K = 400 ending in a partial column
+# block; then every part a multiple of 128 (all in blocks, as real models: gate_up's up rows
+# at scale row (I + r) / 128) with down's K = 2176 over two page slices
+FP8_ROWS = (256, 400, 4, 2, 32)
+FP8_BLOCKS = (256, 2176, 4, 2, 64)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype,block,context", [(torch.float32, 4, 9),
-                                                  (torch.float32, 5, 40),
-                                                  (torch.bfloat16, 4, 300)])
-def test_fp8_weights_against_the_plan_run_gpu(tmp_path, monkeypatch, dtype, block, context):
+@pytest.mark.parametrize("sizes,dtype,block,context", [
+    (FP8_ROWS, torch.float32, 4, 9), (FP8_ROWS, torch.float32, 5, 40),
+    (FP8_ROWS, torch.bfloat16, 4, 300), (FP8_BLOCKS, torch.float32, 5, 17),
+    (FP8_BLOCKS, torch.bfloat16, 8, 100)])
+def test_fp8_weights_against_the_plan_run_gpu(tmp_path, monkeypatch, sizes, dtype, block,
+                                              context):
     """Weight-only FP8 projections (quantised while loading, 128 x 128 block scales; the LM
     head stays in the model dtype): the kernel dequantises each 16-code load with its block's
     scale, rounded to the model dtype as the plan run does. fp32: relative error < 1e-5;
-    bf16: < 2e-2. Through the page ring (2 pages): bit-identical to global reads."""
+    bf16: < 2e-2. Through the page ring (2 pages): bit-identical to global reads. Blocks of
+    5-8 rows take the projections' unrolled main loop (2048 columns a step) at K = 2176."""
     from dlrt import LLM
     from dlrt.checkpoint.make import make_checkpoint
     from dlrt.runtime.persistent.kernel import PersistentRound
 
     hf = preset("tiny-sdar")[0]
-    hf.update(head_dim=32, hidden_size=256, intermediate_size=400, num_hidden_layers=2)
+    h, inter, heads, kv_heads, d = sizes
+    hf.update(hidden_size=h, intermediate_size=inter, num_attention_heads=heads,
+              num_key_value_heads=kv_heads, head_dim=d, num_hidden_layers=2)
     (tmp_path / "cfg").mkdir()
     (tmp_path / "cfg" / "config.json").write_text(json.dumps(hf))
     path = make_checkpoint(tmp_path / "cfg", tmp_path / "ckpt", dtype="float32")
@@ -327,7 +340,9 @@ def test_fp8_weights_against_the_plan_run_gpu(tmp_path, monkeypatch, dtype, bloc
         c.v.normal_()
     tokens = torch.randint(0, config.vocab_size, (block,), generator=gen).cuda()
     lens = torch.tensor([context, context + block], dtype=torch.int32, device="cuda")
-    plan = build_plan(config, block, workers=7, splits=3, itemsize=1)
+    item = torch.tensor([], dtype=dtype).element_size()
+    plan = build_plan(config, block, workers=7, splits=3,
+                      itemsize=dict(qkv=1, o=1, gate_up=1, down=1, lm_head=item))
     want = run_plan(plan, model, made[0], tokens, lens, block)
     out = []
     for pages, cache in zip((0, 2), made[1:], strict=True):

@@ -42,7 +42,7 @@ PAGE_BYTES = 32 * 1024  # a weight page: 16 rows by PAGE_BYTES / (16 * itemsize)
 MAX_PAGES = 6
 BLOCK_BOUNDS = (4, 8, MAX_B)  # one kernel per bound: its loops over block rows unrolled to it
 CHUNK_KEYS = 32  # CH of csrc/persistent_round.cu: keys per attention chunk in shared memory
-# norm_rope's per-warp rows, the parameters, the task, the page ring's mbarriers (ptxas: 8656)
+# norm_rope's per-warp rows, the parameters, the task, the page ring's mbarriers (ptxas: 8672)
 STATIC_SHARED = 9 * 1024
 _KERNELS: dict[tuple[torch.dtype, int], Kernel] = {}
 
