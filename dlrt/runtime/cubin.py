@@ -39,18 +39,22 @@ def nvcc(why: str) -> str:
     return found
 
 
-def build_cubin(name: str, arch: str, what: str, hint: str = "set CUDA_HOME") -> Path:
-    """Compile csrc/<name> for `arch` (e.g. 'sm_90') once; cached by source hash. Without
-    nvcc: DlrtError "<what> needs nvcc (CUDA >= 12.4) to build csrc/<name>; <hint>"."""
+def build_cubin(name: str, arch: str, what: str, hint: str = "set CUDA_HOME",
+                defines: dict[str, str] | None = None) -> Path:
+    """Compile csrc/<name> for `arch` (e.g. 'sm_90') once, with the preprocessor `defines`
+    (-DNAME=VALUE); cached by source hash, arch and defines. Without nvcc: DlrtError "<what>
+    needs nvcc (CUDA >= 12.4) to build csrc/<name>; <hint>"."""
     src_path = csrc_path(name)
     src = src_path.read_bytes()
-    tag = hashlib.sha256(src + arch.encode()).hexdigest()[:16]
+    flags = [f"-D{k}={v}" for k, v in sorted((defines or {}).items())]
+    tag = hashlib.sha256(src + arch.encode() + " ".join(flags).encode()).hexdigest()[:16]
     out = env.cache_dir() / "kernels" / f"{src_path.stem}-{arch}-{tag}.cubin"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
         why = f"{what} needs nvcc (CUDA >= 12.4) to build csrc/{name}; {hint}"
-        cmd = [nvcc(why), "-cubin", f"-arch={arch}", "-O3", "-o", str(tmp), str(src_path)]
+        cmd = [nvcc(why), "-cubin", f"-arch={arch}", "-O3", *flags, "-o", str(tmp),
+               str(src_path)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise DlrtError(f"building {src_path.name} failed: {proc.stderr.strip()}")
@@ -59,13 +63,15 @@ def build_cubin(name: str, arch: str, what: str, hint: str = "set CUDA_HOME") ->
 
 
 class Kernel:
-    """One `extern "C"` kernel of csrc/<source>, loaded for the current device."""
+    """One `extern "C"` kernel of csrc/<source> (built with `defines`), loaded for the current
+    device."""
 
-    def __init__(self, source: str, name: str, what: str, hint: str = "set CUDA_HOME"):
+    def __init__(self, source: str, name: str, what: str, hint: str = "set CUDA_HOME",
+                 defines: dict[str, str] | None = None):
         from cuda.bindings import driver
 
         major, minor = torch.cuda.get_device_capability()
-        data = build_cubin(source, f"sm_{major}{minor}", what, hint).read_bytes()
+        data = build_cubin(source, f"sm_{major}{minor}", what, hint, defines).read_bytes()
         torch.cuda.init()
         self._driver = driver
         self._module = check(driver.cuModuleLoadData(data))

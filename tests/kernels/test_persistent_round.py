@@ -106,6 +106,32 @@ def test_source_compiles(tmp_path, arch):
     assert len(smem) == 6 and max(smem) <= STATIC_SHARED and not any(spills), proc.stderr
 
 
+def test_one_kernel_builds_by_its_id():
+    """Each `#if ... DLRT_ROUND_ONLY == n` of the source guards the kernel `kernel_id` gives n."""
+    from dlrt.runtime.persistent.kernel import KERNEL_NAMES, kernel_id
+
+    src = csrc_path("persistent_round.cu").read_text()
+    found = re.findall(r"DLRT_ROUND_ONLY == (\d)\nDLRT_ROUND_KERNEL\((\w+),", src)
+    assert [(int(n), name) for n, name in found] == [(kernel_id(k), k) for k in KERNEL_NAMES]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_build_of_one_kernel(tmp_path, monkeypatch):
+    """`build_cubin` with DLRT_ROUND_ONLY compiles that kernel alone, cached apart from the
+    full build (the defines are part of the cache key)."""
+    from dlrt.runtime.cubin import build_cubin
+    from dlrt.runtime.persistent.kernel import kernel_id
+
+    monkeypatch.setenv("DLRT_CACHE_DIR", str(tmp_path))
+    name = "dlrt_persistent_round_bf16_b8"
+    one = build_cubin("persistent_round.cu", "sm_90", "test",
+                      defines={"DLRT_ROUND_ONLY": str(kernel_id(name))})
+    data = one.read_bytes()
+    assert name.encode() in data and b"dlrt_persistent_round_bf16_b4" not in data
+    other = build_cubin("persistent_round.cu", "sm_90", "test", defines={"DLRT_ROUND_ONLY": "1"})
+    assert other != one and b"dlrt_persistent_round_bf16_b4" in other.read_bytes()
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_params_layout_matches_the_source(tmp_path):
     """`_Params` (ctypes) against the CUDA `Params`: every field's offset and the size, from a

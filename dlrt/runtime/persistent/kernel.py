@@ -103,6 +103,15 @@ def encode(plan: RoundPlan, device) -> dict[str, torch.Tensor]:
                 weights=names)
 
 
+KERNEL_NAMES = tuple(f"dlrt_persistent_round_{t}_b{n}" for t in ("bf16", "f32")
+                     for n in BLOCK_BOUNDS)
+
+
+def kernel_id(name: str) -> int:
+    """The DLRT_ROUND_ONLY value that builds only kernel `name` (1..6, the source's order)."""
+    return KERNEL_NAMES.index(name) + 1
+
+
 def block_bound(block: int) -> int:
     """The kernel serving `block` rows: the smallest of BLOCK_BOUNDS >= block."""
     return next(n for n in BLOCK_BOUNDS if block <= n)
@@ -301,7 +310,8 @@ class PersistentRound:
         if (dtype, bound) not in _KERNELS:
             name = (f"dlrt_persistent_round_{'bf16' if dtype == torch.bfloat16 else 'f32'}"
                     f"_b{bound}")
-            _KERNELS[dtype, bound] = Kernel("persistent_round.cu", name, "the persistent round")
+            _KERNELS[dtype, bound] = Kernel("persistent_round.cu", name, "the persistent round",
+                                            defines={"DLRT_ROUND_ONLY": str(kernel_id(name))})
         self.kernel = _KERNELS[dtype, bound]
         self.kernel.set_shared_bytes(self.smem)
         if self.kernel.max_blocks_per_sm(THREADS, self.smem) < 1:
