@@ -387,8 +387,13 @@ struct PageCursor {
 // the rows of a projection task's page group: rows a warp-pair group covers
 __device__ __forceinline__ int group_rows(int kind) { return kind == GATE_UP ? 8 : PAGE_ROWS; }
 
-[[maybe_unused]] __device__ __forceinline__ int task_k(const Params& p, int kind) {
+// a projection's K (its input row length) and the bytes of one weight element (e4m3 or T)
+__device__ __forceinline__ int task_k(const Params& p, int kind) {
   return kind == O_PROJ ? p.Hq * p.D : kind == DOWN ? p.I : p.H;
+}
+template <typename T>
+__device__ __forceinline__ int weight_item(const Params& p, int widx) {
+  return p.wmeta[2 * widx] ? 1 : (int)sizeof(T);
 }
 
 template <typename T>
@@ -425,7 +430,7 @@ __device__ void ring_issue(const Params& p, PageCursor& cur, unsigned char* ring
   if (cur.qi >= end) return;
   const int* d = p.task + 8 * p.queue[cur.qi];
   const int kind = d[0], lo = d[2], hi = d[3], K = task_k(p, kind);
-  const int item = p.wmeta[2 * d[6]] ? 1 : (int)sizeof(T);  // e4m3 codes or T
+  const int item = weight_item<T>(p, d[6]);
   const int KC = PAGE_BYTES / (PAGE_ROWS * item);
   const int gr = group_rows(kind), groups = (hi - lo + gr - 1) / gr;
   const int kslices = (K + KC - 1) / KC;
@@ -571,14 +576,14 @@ template <typename T, int BT>
 __device__ long long gemv_task(const Params& p, int kind, int layer, int lo, int hi, int widx,
                                T* xs, PageCursor& cur, int& consumed, unsigned char* ring,
                                unsigned long long* bars) {
-  int K = p.H;
+  const int K = task_k(p, kind);
   const T* x = static_cast<const T*>(p.stream);
   const T* norm_w = nullptr;
   if (kind == QKV) norm_w = static_cast<const T*>(p.in_norm[layer]);
   if (kind == GATE_UP) norm_w = static_cast<const T*>(p.post_norm[layer]);
   if (kind == LM_HEAD) norm_w = static_cast<const T*>(p.final_norm);
-  if (kind == O_PROJ) { x = static_cast<const T*>(p.attn_out); K = p.Hq * p.D; }
-  if (kind == DOWN) { x = static_cast<const T*>(p.act); K = p.I; }
+  if (kind == O_PROJ) x = static_cast<const T*>(p.attn_out);
+  if (kind == DOWN) x = static_cast<const T*>(p.act);
   stage_input<T>(p, x, K, norm_w, xs);
   const WRow base{static_cast<const unsigned char*>(p.weights[widx]), p.scales[widx]};
   const bool e4m3 = p.wmeta[2 * widx] != 0;
@@ -802,8 +807,7 @@ template <typename T>
 __device__ void prefetch_task(const Params& p, const int* d) {
   const int kind = d[0], lo = d[2], hi = d[3], widx = d[6];
   if (widx < 0 || p.prefetch_bytes <= 0) return;
-  const int K = kind == O_PROJ ? p.Hq * p.D : kind == DOWN ? p.I : p.H;
-  const size_t row = (size_t)K * (p.wmeta[2 * widx] ? 1 : sizeof(T));  // e4m3 codes or T
+  const size_t row = (size_t)task_k(p, kind) * weight_item<T>(p, widx);
   const unsigned char* w = static_cast<const unsigned char*>(p.weights[widx]);
   const long long tile = (long long)(hi - lo) * row;
   if (kind == GATE_UP) {

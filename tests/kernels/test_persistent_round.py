@@ -366,9 +366,8 @@ def test_fp8_weights_against_the_plan_run_gpu(tmp_path, monkeypatch, sizes, dtyp
         c.v.normal_()
     tokens = torch.randint(0, config.vocab_size, (block,), generator=gen).cuda()
     lens = torch.tensor([context, context + block], dtype=torch.int32, device="cuda")
-    item = torch.tensor([], dtype=dtype).element_size()
     plan = build_plan(config, block, workers=7, splits=3,
-                      itemsize=dict(qkv=1, o=1, gate_up=1, down=1, lm_head=item))
+                      itemsize=lambda w: model.get_parameter(w).element_size())
     want = run_plan(plan, model, made[0], tokens, lens, block)
     out = []
     for pages, cache in zip((0, 2), made[1:], strict=True):

@@ -284,6 +284,13 @@ def test_plan_run_with_fp8_weights(tiny_sdar):
     want = runner.forward(tokens, lens, 4, rows=slice(None))
     plan = build_plan(config, 4, workers=3, splits=2, itemsize=1)
     got = run_plan(plan, model, caches[1], tokens, lens, 4)
+    # bytes per element by weight: 1 for the FP8 projections, 4 for the fp32 LM head
+    sized = build_plan(config, 4, workers=3, splits=2,
+                       itemsize=lambda w: model.get_parameter(w).element_size())
+    for t in sized.tasks:
+        if t.kind in ("down", "lm_head"):
+            k = config.intermediate_size if t.kind == "down" else config.hidden_size
+            assert t.weight_bytes == (t.hi - t.lo) * k * (4 if t.kind == "lm_head" else 1)
     err = ((got.double() - want.double()).norm() / want.double().norm()).item()
     assert err < 1e-5, err
     set_activations(model, "dynamic")

@@ -22,7 +22,7 @@ from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.attention.sdpa import chunk_mask
 from dlrt.layers.quant.fp8 import dequantize_fp8_block
 from dlrt.ops import reference as ref
-from dlrt.runtime.persistent.plan import RoundPlan, simulate
+from dlrt.runtime.persistent.plan import RoundPlan, fp8_layer, simulate
 
 
 class _Round:
@@ -60,11 +60,8 @@ class _Round:
         activations (W8A8), which the kernel does not compute."""
         if name not in self.weights:
             w = self.model.get_parameter(name)  # by path: tied weights too, as the kernel
-            if w.dtype == torch.float8_e4m3fn:
-                module = self.model.get_submodule(name.rpartition(".")[0])
-                if getattr(module.method, "activations", None) != "weight_only":
-                    raise ValueError(f"run_plan: {name} is an FP8 layer with quantised "
-                                     "activations; the plan computes the weight-only product")
+            module = fp8_layer(self.model, name)
+            if module is not None:
                 w = dequantize_fp8_block(w, module.weight_scale_inv, self.dtype)
             self.weights[name] = w
         return self.weights[name]

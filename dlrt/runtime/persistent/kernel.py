@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from dlrt import env
 from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.runtime.cubin import VOID_P, Kernel
-from dlrt.runtime.persistent.plan import RoundPlan, build_plan
+from dlrt.runtime.persistent.plan import RoundPlan, build_plan, fp8_layer
 
 FP8 = torch.float8_e4m3fn
 
@@ -183,14 +183,9 @@ def _fp8_scales(model, name: str, weight: torch.Tensor) -> tuple[torch.Tensor | 
 
     Raises ValueError for an FP8 layer whose activations are quantised (W8A8: the kernel
     computes the weight-only product) or whose K is not a multiple of 16."""
-    if weight.dtype != FP8:
+    module = fp8_layer(model, name)
+    if module is None:
         return None, [0, 1]
-    module = model.get_submodule(name.rpartition(".")[0])
-    method = getattr(module, "method", None)
-    if getattr(method, "activations", None) != "weight_only":
-        raise ValueError(f"PersistentRound: {name} is an FP8 layer with "
-                         f"{getattr(method, 'activations', '?')} activations; the kernel "
-                         "computes the weight-only product (fp8_activations='weight_only')")
     n, k = weight.shape
     if k % 16:
         raise ValueError(f"PersistentRound: {name} has K {k}; FP8 weights need a multiple "
@@ -368,12 +363,9 @@ class PersistentRounds:
         splits = max(1, min(64, sms // c.num_kv_heads))
         self.block = block
         self.rounds = {}
-        # bytes per weight element by projection kind (FP8 layers: 1)
-        item = {kind: model.get_parameter(weight).element_size() for kind, weight in (
-            ("qkv", "model.layers.0.self_attn.qkv_proj.weight"),
-            ("o", "model.layers.0.self_attn.o_proj.weight"),
-            ("gate_up", "model.layers.0.mlp.gate_up_proj.weight"),
-            ("down", "model.layers.0.mlp.down_proj.weight"), ("lm_head", "lm_head.weight"))}
+        def item(weight: str) -> int:  # bytes per element of each weight (FP8 layers: 1)
+            return model.get_parameter(weight).element_size()
+
         for n in (block, 2 * block):
             plan = build_plan(c, n, sms, splits, itemsize=item)
             if n == 2 * block:  # the folded round only where it fits; else the layers

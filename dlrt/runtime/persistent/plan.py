@@ -44,7 +44,10 @@ zeroes them for the next round (`final_counts`).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch
 
 from dlrt.config.model import ModelConfig
 
@@ -105,6 +108,21 @@ class RoundPlan:
         return counts
 
 
+def fp8_layer(model, weight: str):
+    """The weight-only FP8 layer (`dlrt.layers.quant.fp8`) holding the projection weight at
+    path `weight`, or None for a weight in the model dtype. ValueError for an FP8 layer with
+    quantised activations (W8A8), which the persistent round does not compute."""
+    if model.get_parameter(weight).dtype != torch.float8_e4m3fn:
+        return None
+    module = model.get_submodule(weight.rpartition(".")[0])
+    activations = getattr(getattr(module, "method", None), "activations", "?")
+    if activations != "weight_only":
+        raise ValueError(f"{weight} is an FP8 layer with {activations} activations; the "
+                         "persistent round computes the weight-only product "
+                         "(fp8_activations='weight_only')")
+    return module
+
+
 def _tiles(n: int, rows: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + rows, n)) for lo in range(0, n, rows)]
 
@@ -126,14 +144,14 @@ def _head_columns(c: ModelConfig, g: int) -> list[tuple[int, int]]:
 
 def build_plan(config: ModelConfig, block: int, workers: int, splits: int = 4,
                rows: dict[str, int] | None = None,
-               itemsize: int | dict[str, int] = 2) -> RoundPlan:
+               itemsize: int | Callable[[str], int] = 2) -> RoundPlan:
     """The plan of one round of `block` rows of a dense SDAR-like model on `workers` workers.
 
     rows: rows per tile by kind ("qkv", "o", "gate_up", "down", "lm_head"); default
     `tile_rows` of each weight (about one tile per worker). itemsize: bytes per weight element
-    (the page stream's bytes per task), one for all kinds or by kind (FP8 projections beside
-    a model-dtype LM head). Raises ValueError for a MoE model, heads that do not
-    group, or non-positive sizes.
+    (the page stream's bytes per task), one for all weights or a function of the weight's
+    parameter path (FP8 projections beside a model-dtype LM head). Raises ValueError for a MoE
+    model, heads that do not group, or non-positive sizes.
     """
     c = config
     if c.moe_layers:
@@ -162,7 +180,7 @@ def build_plan(config: ModelConfig, block: int, workers: int, splits: int = 4,
     def gemm(kind, layer, waits, signals_of, weight):
         rows_per = 2 if kind == "gate_up" else 1  # gate and up rows
         for lo, hi in _tiles(sizes[kind], rows[kind]):
-            item = itemsize if isinstance(itemsize, int) else itemsize[kind]
+            item = itemsize if isinstance(itemsize, int) else itemsize(weight)
             add(kind, layer, lo=lo, hi=hi, waits=waits, signals=signals_of(lo, hi),
                 weight=weight, weight_bytes=rows_per * (hi - lo) * k_of[kind] * item)
 
