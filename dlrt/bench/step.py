@@ -21,8 +21,9 @@ read (weights it touches, the KV cache of the context at the cache's element siz
 layer counts the most experts the block's rows can touch, min(E, k * B), each read once. The
 summary and the JSON record name the KV cache dtype. With `--round-kernel persistent` the round
 is the persistent kernel's (the stage variants then measure nothing of it), and each context
-adds one stamped round's timeline: its span, the mean busy and waiting microseconds per SM, and
-busy microseconds by task kind.
+adds one stamped round's timeline (`_timeline`): its span, the mean busy, waiting and page-wait
+microseconds per SM, the mean handoff of a dependency, and by task kind the busy, waiting and
+page-wait microseconds and the weight GB/s.
 """
 
 from __future__ import annotations

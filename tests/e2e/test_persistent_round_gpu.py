@@ -42,6 +42,15 @@ def _pair(path, dtype):
     return llms
 
 
+def _count_flips(out: dict, label: str, n: int) -> None:
+    """Print how many of the persistent path's eager tokens differ from the layer path's;
+    both decoded all n tokens."""
+    a, b = out["persistent"]["eager"][0], out["layers"]["eager"][0]
+    assert len(a) == len(b) == n
+    flips = sum(x != y for x, y in zip(a, b, strict=True))
+    print(f"{label} tokens differing from the layer path: {flips} of {n}")
+
+
 @pytest.mark.parametrize("prompt_len", [1, 6, 37, 1500])
 def test_fp32_tokens_equal_the_layer_path(wide_heads, prompt_len):
     llms = _pair(wide_heads, "float32")
@@ -61,10 +70,7 @@ def test_bf16_modes_identical_and_flips_counted(wide_heads):
                          remasking_strategy="low_confidence_static")
            for k, llm in llms.items()}
     _assert_same(out["persistent"])
-    a, b = out["persistent"]["eager"][0], out["layers"]["eager"][0]
-    flips = sum(x != y for x, y in zip(a, b, strict=False))
-    print(f"bf16 tokens differing from the layer path: {flips} of {len(a)}")
-    assert len(a) == len(b) == 48
+    _count_flips(out, "bf16", 48)
 
 
 def test_fp8_weight_only_modes_identical(wide_heads):
@@ -79,10 +85,7 @@ def test_fp8_weight_only_modes_identical(wide_heads):
                          remasking_strategy="low_confidence_static")
            for k, llm in llms.items()}
     _assert_same(out["persistent"])
-    a, b = out["persistent"]["eager"][0], out["layers"]["eager"][0]
-    flips = sum(x != y for x, y in zip(a, b, strict=True))
-    print(f"fp8 tokens differing from the layer path: {flips} of {len(a)}")
-    assert len(a) == len(b) == 32
+    _count_flips(out, "fp8", 32)
 
 
 def test_unserved_models_are_named(tiny_sdar_moe, tiny_sdar, wide_heads):
