@@ -26,6 +26,15 @@ from dlrt.checkpoint.quant import QuantScheme, quantize_model, resolve_scheme
 from dlrt.config.engine import EngineConfig
 from dlrt.config.model import ModelConfig
 from dlrt.decoding.options import DecoderDefaults
+from dlrt.distributed.ranks import Ranks
+from dlrt.distributed.tp import (
+    TensorParallel,
+    VocabShard,
+    check_same_checkpoint,
+    check_sizes,
+    shard_model,
+    tensor_parallel_group,
+)
 from dlrt.errors import ConfigError, OptionError
 from dlrt.layers.quant.fp8 import check_fused_input, set_activations
 from dlrt.models.registry import build_model, family, model_config
@@ -89,14 +98,17 @@ class Engine:
         device = config.torch_device
         scheme = resolve_scheme(config.quantization, folder.hf_config, folder.path)
         config = dataclasses.replace(config, quantization=scheme.name if scheme else "none")
+        tp = _tensor_parallel(config, mconfig, folder, scheme)
         _report_quantization(scheme, device)
         ops = get_ops(config.kernels)
-        model = _load(mconfig, ops, folder, config, scheme)
+        model = _load(mconfig, ops, folder, config, scheme, tp)
         plan = _plan_linears(model, config, defaults)
         plan.apply(model)
-        cache = _kv_cache(mconfig, config, model, folder)
-        backend = get_backend(config.attention_backend, cache, mconfig.num_heads)
+        cache = _kv_cache(mconfig, config, model, folder, tp.size)
+        backend = get_backend(config.attention_backend, cache, mconfig.num_heads // tp.size)
         runner = ModelRunner(model, ops, backend, cache, device)
+        if tp.size > 1:
+            runner.vocab = VocabShard(tp, mconfig.vocab_size, mconfig.mask_token_id)
         if config.round_kernel == "persistent":
             runner.persistent = _persistent_rounds(model, mconfig, config, cache, defaults)
         executor = Executor(config.execution_mode, device, backend)
@@ -106,12 +118,40 @@ class Engine:
                       eos, ops, model, plan, runner, executor, decoder)
 
 
+def _tensor_parallel(config: EngineConfig, mconfig: ModelConfig, folder: CheckpointFolder,
+                     scheme: QuantScheme | None) -> TensorParallel:
+    """The ranks' group (size 1 without tensor parallelism), after checking, before any weight
+    loads, that the model splits evenly, every rank opened the same checkpoint and the
+    options fit.
+
+    Raises:
+        ConfigError: a size that does not split (`check_sizes`).
+        CheckpointError: ranks that opened different checkpoints.
+        OptionError: quantised weights, or CUDA graphs without an all-reduce they can hold.
+    """
+    size = config.tensor_parallel_size
+    if size == 1:
+        return TensorParallel(0, 1)
+    check_sizes(mconfig, size)
+    ranks = Ranks()
+    check_same_checkpoint(ranks, folder)
+    if scheme is not None:
+        raise OptionError(f"tensor_parallel_size {size} with {scheme.name} weights: sharded "
+                          "quantised weights (block scales cut with their rows) are not built "
+                          "yet; use unquantised weights or tensor_parallel_size 1")
+    return tensor_parallel_group(ranks, config.torch_device, config.execution_mode)
+
+
 def _load(config: ModelConfig, ops: Ops, folder: CheckpointFolder, engine: EngineConfig,
-          scheme: QuantScheme | None) -> nn.Module:
-    """Build on the meta device, convert the quantised modules, materialise on the engine's
-    device, fill the weights (quantising them while loading for an online scheme)."""
+          scheme: QuantScheme | None, tp: TensorParallel) -> nn.Module:
+    """Build on the meta device, cut it to this rank's share (tensor parallelism), convert the
+    quantised modules, materialise on the engine's device, fill the weights (quantising them
+    while loading for an online scheme; a rank reads only its slices)."""
     with torch.device("meta"):
         model = build_model(config, ops)
+    cut = shard_model(model, config, family(config.family), tp)
+    if cut:
+        log.info("rank %d of %d: %d module(s) cut", tp.rank, tp.size, len(cut))
     if scheme is not None:
         names = quantize_model(model, config.hidden_size, scheme, set(folder.tensor_files))
         set_activations(model, engine.fp8_activations)
@@ -128,9 +168,10 @@ def _load(config: ModelConfig, ops: Ops, folder: CheckpointFolder, engine: Engin
 
 
 def _kv_cache(config: ModelConfig, engine: EngineConfig, model: nn.Module,
-              folder: CheckpointFolder) -> PagedKVCache:
+              folder: CheckpointFolder, tp_size: int = 1) -> PagedKVCache:
     """The paged KV cache in the model dtype, or in FP8 with the checkpoint's per-layer
-    k_scale / v_scale (`dlrt.checkpoint.kv_scales`; 1.0 when it holds none)."""
+    k_scale / v_scale (`dlrt.checkpoint.kv_scales`; 1.0 when it holds none); with tensor
+    parallelism, of this rank's KV heads."""
     kv_dtype = engine.torch_kv_cache_dtype
     scales = None
     if kv_dtype == KV_FP8:
@@ -138,7 +179,7 @@ def _kv_cache(config: ModelConfig, engine: EngineConfig, model: nn.Module,
         log.info("FP8 KV cache (e4m3), %s", "the checkpoint's per-layer k/v scales"
                  if scales else "scales 1.0 (the checkpoint holds no k_scale / v_scale)")
     k_scale, v_scale = scales or (None, None)
-    return PagedKVCache(config.num_layers, config.num_kv_heads, config.head_dim,
+    return PagedKVCache(config.num_layers, config.num_kv_heads // tp_size, config.head_dim,
                         engine.max_model_len, kv_dtype, engine.torch_device,
                         k_scale=k_scale, v_scale=v_scale)
 

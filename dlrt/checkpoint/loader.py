@@ -13,10 +13,15 @@ Quantised modules (`dlrt.layers.quant.convert`) read each part's format tensors 
 function `make_checkpoint` writes quantised checkpoints with, so both load the same bits.
 KV-cache scales (`...self_attn.k_scale` / `v_scale`) are not weights: `checkpoint.kv_scales`
 reads them for an FP8 KV cache.
+
+Tensor parallelism: a parameter with a `Shard` (`module.shards`, `dlrt.layers.shard`) holds
+one rank's piece of its checkpoint tensors; only that piece is read (`get_slice`), and dummy
+weights are the same piece of the full seeded tensor.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import zlib
 from collections import defaultdict
@@ -33,6 +38,7 @@ from dlrt.errors import CheckpointError
 from dlrt.layers.linear import MergedLinear
 from dlrt.layers.moe import StackedExperts
 from dlrt.layers.quant import QuantFormat, expand_rows
+from dlrt.layers.shard import Shard
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +49,9 @@ class WeightSpec:
     index is None): a row range of a merged projection (slice) or of one stacked expert
     ((e, slice)).
 
-    Quantised tensors: `dtype` is the format's stored dtype, `expand` the held rows per stored
-    row (0: a scalar for all rows). Online quantisation: `source` is the unquantised
+    Sharded parameters: `src` indexes the checkpoint tensor (of `full_shape`) and `shape` is
+    the piece's. Quantised tensors: `dtype` is the format's stored dtype, `expand` the held
+    rows per stored row (0: a scalar for all rows). Online quantisation: `source` is the unquantised
     checkpoint tensor (of `source_shape`) that `fmt.quantize` turns into `key`'s value.
     """
 
@@ -57,6 +64,8 @@ class WeightSpec:
     source: str | None = None
     source_shape: tuple[int, ...] | None = None
     fmt: QuantFormat | None = None
+    src: tuple[slice, ...] | None = None  # a rank's piece of the checkpoint tensor (`Shard`)
+    full_shape: tuple[int, ...] | None = None  # the checkpoint tensor's shape when `src`
 
     @property
     def suffix(self) -> str:
@@ -118,16 +127,47 @@ def weight_specs(model: nn.Module, online: bool = False) -> list[WeightSpec]:
             specs += _quant_specs(module, owner, leaf, name, online)
         elif isinstance(module, MergedLinear):
             parent = owner.rpartition(".")[0]
+            shard = getattr(module, "shards", {}).get(leaf)
             for part, lo, hi in module.ranges():
-                specs.append(WeightSpec(f"{parent}.{part}.{leaf}", name, slice(lo, hi),
-                                        (hi - lo, *p.shape[1:])))
+                specs.append(_cut(WeightSpec(f"{parent}.{part}.{leaf}", name, slice(lo, hi),
+                                             (hi - lo, *p.shape[1:])), shard))
         elif isinstance(module, StackedExperts):
+            first = module.first_expert
             for e in range(p.shape[0]):
                 for part, rows in module.checkpoint_parts(leaf):
-                    specs.append(WeightSpec(f"{owner}.{e}.{part}", name, (e, rows),
+                    specs.append(WeightSpec(f"{owner}.{first + e}.{part}", name, (e, rows),
                                             (rows.stop - rows.start, *p.shape[2:])))
         else:
-            specs.append(WeightSpec(name, name, None, tuple(p.shape)))
+            shard = getattr(module, "shards", {}).get(leaf)
+            if shard is not None and shard.groups:
+                specs += _grouped(name, tuple(p.shape), shard)
+            else:
+                specs.append(_cut(WeightSpec(name, name, None, tuple(p.shape)), shard))
+    return specs
+
+
+def _cut(spec: WeightSpec, shard: Shard | None) -> WeightSpec:
+    """The spec reading `shard`'s piece of its checkpoint tensor (unchanged without one)."""
+    if shard is None:
+        return spec
+    full = list(spec.shape)
+    full[shard.dim] *= shard.size
+    return dataclasses.replace(spec, key=shard.key or spec.key, src=shard.source(tuple(full)),
+                               full_shape=tuple(full))
+
+
+def _grouped(name: str, shape: tuple[int, ...], shard: Shard) -> list[WeightSpec]:
+    """One spec per row group of a fused checkpoint tensor, each reading the rank's rows of
+    its group (LLaDA2's query_key_value: q, k, v)."""
+    full = (sum(shard.groups), *shape[1:])
+    specs, here, there = [], 0, 0
+    for rows in shard.groups:
+        piece = shard.piece(rows)
+        n = piece.stop - piece.start
+        specs.append(WeightSpec(shard.key or name, name, slice(here, here + n), (n, *shape[1:]),
+                                src=(slice(there + piece.start, there + piece.stop),),
+                                full_shape=full))
+        here, there = here + n, there + rows
     return specs
 
 
@@ -250,11 +290,16 @@ def _load_file(params: dict[str, nn.Parameter], path: Path, specs: list[WeightSp
     with safe_open(path, framework="pt", device="cpu") as f:
         for s in specs:
             shape = tuple(f.get_slice(s.read_key).get_shape())
-            want = s.source_shape if s.source else s.shape
-            if not (shape == want if s.source else _shape_ok(s, shape)):
+            want = s.source_shape if s.source else s.full_shape or s.shape
+            if not (shape == want if s.source or s.src else _shape_ok(s, shape)):
                 raise CheckpointError(f"tensor {s.read_key} in {path.name} has shape "
                                       f"{list(shape)}, the model expects {list(want)}")
-            value = quantized.take(s, f.get_tensor) if s.source else f.get_tensor(s.key)
+            if s.source:
+                value = quantized.take(s, f.get_tensor)
+            elif s.src is not None:  # this rank's piece only
+                value = f.get_slice(s.key)[s.src]
+            else:
+                value = f.get_tensor(s.key)
             _check_dtype(s, value, path.name)
             dst = params[s.param].data
             if dst.is_floating_point() and not value.is_floating_point():
@@ -295,6 +340,9 @@ def spec_value(spec: WeightSpec, seed: int, std: float, dtype: torch.dtype,
                device: torch.device | str) -> torch.Tensor:
     """The seeded value of a checkpoint tensor in its stored layout: `random_tensor` in
     `dtype`, or for a quantised tensor the format's quantisation of its source's value."""
+    if spec.src is not None:  # a rank's piece of the full seeded tensor
+        full = dataclasses.replace(spec, shape=spec.full_shape, src=None, full_shape=None)
+        return random_tensor(full, seed, std, spec.dtype or dtype, device)[spec.src]
     if spec.source is None:
         return random_tensor(spec, seed, std, spec.dtype or dtype, device)
     source = WeightSpec(spec.source, spec.param, spec.index, spec.source_shape)

@@ -27,6 +27,7 @@ from dlrt.attention.registry import backend_names, check_backend, default_backen
 from dlrt.checkpoint.quant import QUANTIZATIONS
 from dlrt.config.model import ModelConfig
 from dlrt.decoding.options import DecoderDefaults
+from dlrt.distributed.ranks import local_ranks, world_size
 from dlrt.errors import ConfigError, OptionError
 from dlrt.layers.quant.fp8 import ACTIVATIONS
 from dlrt.models.registry import family
@@ -108,6 +109,10 @@ class EngineConfig:
         "projections, a KV cache of the model dtype; it does not yet match the layer path's "
         "speed and is chosen only when asked for)",
         ("auto", "layers", "persistent"))
+    tensor_parallel_size: int | None = _option(
+        None, "ranks the model is cut across (attention heads, MLP widths, experts, "
+        "vocabulary), one process each under torchrun; default: torchrun's world size (1 "
+        "without torchrun); 1 under torchrun: every rank holds the whole model")
     linear_kernels: str = _option(
         "auto", "projections on CUDA with Triton kernels: auto (per weight shape, cuBLAS or the "
         "skinny Triton GEMM, whichever was timed faster at load), cublas, triton (the fastest "
@@ -154,7 +159,10 @@ class EngineConfig:
                 Triton kernels without Triton, an attention backend that does not read the
                 KV cache's dtype (FlashInfer and an FP8 cache).
         """
+        tp = _tensor_parallel(self.tensor_parallel_size, self.device)
         device = _device(self.device)
+        if tp > 1 and device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", local_ranks()[0])  # this rank's GPU
         dtype = self.dtype if self.dtype != "auto" else (
             "bfloat16" if device.type == "cuda" else "float32")
         mode = self.execution_mode if self.execution_mode != "auto" else (
@@ -180,9 +188,13 @@ class EngineConfig:
         round_kernel = "layers" if self.round_kernel == "auto" else self.round_kernel
         if round_kernel == "persistent" and device.type != "cuda":
             raise OptionError("round_kernel 'persistent' needs a CUDA device; use 'layers'")
+        if round_kernel == "persistent" and tp > 1:
+            raise OptionError("round_kernel 'persistent' runs one GPU's whole round; with "
+                              f"tensor_parallel_size {tp} use 'layers'")
         return dataclasses.replace(self, device=str(device), dtype=dtype, execution_mode=mode,
                                    kernels=kernels, attention_backend=attention,
-                                   kv_cache_dtype=kv, round_kernel=round_kernel)
+                                   kv_cache_dtype=kv, round_kernel=round_kernel,
+                                   tensor_parallel_size=tp)
 
     def resolve(self, config: ModelConfig, tokenizer_mask_id: int | None = None,
                 path: str | Path | None = None
@@ -229,15 +241,35 @@ def _check_value(f: dataclasses.Field, value: Any) -> None:
     name, choices = f.name, f.metadata["choices"]
     if name in ("model",):
         return  # a path: checked when the checkpoint is opened
-    want = int if name in ("seed", "max_model_len", "mask_token_id") else str
+    want = int if name in ("seed", "max_model_len", "mask_token_id",
+                           "tensor_parallel_size") else str
     if isinstance(value, bool) or not isinstance(value, want):
         raise OptionError(f"{name} must be {'an integer' if want is int else 'a string'}, "
                           f"got {value!r}")
     if name == "seed" and not 0 <= value < 2**63:
         raise OptionError(f"seed={value!r} must be in [0, 2^63)")
+    if name == "tensor_parallel_size" and value < 1:
+        raise OptionError(f"tensor_parallel_size={value!r} must be at least 1")
     if choices is not None and value not in choices:
         raise OptionError(f"{name} {value!r}: unknown {name.replace('_', ' ')}; one of "
                           f"{list(choices)}")
+
+
+def _tensor_parallel(size: int | None, device: str) -> int:
+    """The tensor-parallel size: given, else torchrun's world size. It must be 1 or the world
+    size, and a host's ranks need a GPU each when the model runs on CUDA."""
+    world = world_size()
+    tp = world if size is None else size
+    if tp not in (1, world):
+        raise OptionError(f"tensor_parallel_size {tp} needs {tp} processes, one per rank: start "
+                          f"them with torchrun --nproc-per-node {tp} (this process is one of "
+                          f"{world})")
+    if tp > 1 and _device(device).type == "cuda":
+        here, gpus = local_ranks()[1], torch.cuda.device_count()
+        if here > gpus:
+            raise OptionError(f"tensor_parallel_size {tp}: {here} ranks on this host but only "
+                              f"{gpus} GPU(s); start at most {gpus} ranks per host")
+    return tp
 
 
 def _device(device: str) -> torch.device:

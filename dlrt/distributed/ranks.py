@@ -15,11 +15,23 @@ from typing import Any
 import torch
 
 
+def world_size() -> int:
+    """The number of ranks torchrun started (WORLD_SIZE; 1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def local_ranks() -> tuple[int, int]:
+    """(this process's rank on its host, the number of ranks on its host): torchrun's
+    LOCAL_RANK and LOCAL_WORLD_SIZE; (0, 1) without torchrun."""
+    return (int(os.environ.get("LOCAL_RANK", "0")),
+            int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))))
+
+
 class Ranks:
     def __init__(self):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.world = world_size()
         self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.local_rank = local_ranks()[0]
         self._group = None
         if self.world > 1:
             import torch.distributed as dist
@@ -30,6 +42,11 @@ class Ranks:
             if not dist.is_initialized():
                 dist.init_process_group("gloo", timeout=forever)
             self._group = dist.new_group(backend="gloo", timeout=forever)
+
+    @property
+    def group(self):
+        """The ranks' gloo group (None in one process)."""
+        return self._group
 
     @property
     def leader(self) -> bool:

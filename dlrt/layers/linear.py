@@ -12,16 +12,24 @@ from dlrt.layers.quant.unquantized import CUBLAS
 
 
 class LinearBase(nn.Module):
-    """weight [out, in]; `method` computes x [..., in] -> [..., out]."""
+    """weight [out, in]; `method` computes x [..., in] -> [..., out].
+
+    Under tensor parallelism (`dlrt.distributed.tp`) the weight is this rank's rows (column
+    parallel) or columns (row parallel) and `shards` says which; a row-parallel layer's
+    output is a partial sum and `reduce` (the ranks' all-reduce) completes it.
+    """
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.method: LinearMethod = CUBLAS
+        self.shards: dict = {}  # parameter name -> `dlrt.layers.shard.Shard`
+        self.reduce = None  # x -> the sum of x over the ranks, or None (not row parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.method.apply(self, x)
+        y = self.method.apply(self, x)
+        return y if self.reduce is None else self.reduce(y)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, method={self.method.name}"

@@ -32,6 +32,12 @@ class Family:
         decoder's).
     supports_editing: whether the model was trained to rewrite decided tokens (LLaDA2.1's
         editing, `editing_threshold`).
+    tp_plan: how tensor parallelism cuts the linear layers that are not inside a `SwiGLU` or
+        `FusedMoE` (those are cut by type): (module-name pattern (fnmatch), kind) pairs, kind
+        "heads" (the fused QKV projection: the rank's query and KV heads), "column" (the
+        rank's rows of each part), "row" (the rank's input columns; the output is summed
+        over the ranks) or "vocab" (the LM head: the rank's vocabulary rows). See
+        `dlrt.distributed.tp`.
     """
 
     name: str
@@ -46,6 +52,7 @@ class Family:
     tokenizer: str | None = None
     decoder_defaults: DecoderDefaults | None = None
     supports_editing: bool = False
+    tp_plan: tuple[tuple[str, str], ...] = ()
 
     @property
     def default_decoder(self) -> str:

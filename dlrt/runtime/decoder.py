@@ -116,9 +116,12 @@ class ProgramBase:
             tokens, masked = canvas[0].index_select(0, rows), canvas[1].index_select(0, rows)
         if editing:
             state.post.add_((~masked.any()).long())
+        op = self.runner.ops.candidates
+        if self.runner.vocab is not None:  # a vocabulary-parallel head: this rank's logits
+            logits, op = self.runner.vocab.for_round(logits, self.kind, op)
         new_tokens, new_masked, commit = denoise_round(
             self.spec, logits, tokens, masked, positions, state.round, state.quota(),
-            candidates_op=self.runner.ops.candidates, editable=state.editable,
+            candidates_op=op, editable=state.editable,
             credit=state.credit, fault=state.fault)
         if canvas is None:
             state.tokens.copy_(new_tokens)

@@ -25,6 +25,9 @@ class ModelRunner:
         # the persistent round kernel (`dlrt.runtime.persistent.kernel.PersistentRounds`):
         # serves the forwards it was built for, the layers serve the rest
         self.persistent = None
+        # tensor parallelism: the LM head's vocabulary shard (`dlrt.distributed.tp.VocabShard`);
+        # the logits a forward returns are then this rank's [n, V/N]
+        self.vocab = None
 
     def arange(self, n: int) -> torch.Tensor:
         """A static [n] int64 0..n-1 on the device (made before any capture uses it)."""
@@ -42,7 +45,8 @@ class ModelRunner:
         """Forward tokens [N] at positions lens[0]..lens[0]+N-1 over cache keys < lens[1].
 
         Writes the chunk's K/V into the cache. Returns logits [n, V] of `rows` (a slice or
-        an index tensor of chunk rows), or None when `rows` is None (no LM head).
+        an index tensor of chunk rows; [n, V/N] of the rank's shard when `vocab` is set), or
+        None when `rows` is None (no LM head).
         Pure tensor code: no host sync unless the backend needs one (SDPA).
         """
         if self.persistent is not None and rows is not None:

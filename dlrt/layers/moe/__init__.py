@@ -49,7 +49,8 @@ class Router(nn.Module):
 
 class StackedExperts(nn.Module):
     """E SwiGLU experts stacked: w13 [E, 2I, H] (gate_proj rows, then up_proj rows) and
-    w2 [E, H, I]. Checkpoint tensors `<experts>.{e}.gate_proj.weight` fill w13[e, :I],
+    w2 [E, H, I] (expert parallel: the rank's E experts, checkpoint ids from
+    `first_expert`). Checkpoint tensors `<experts>.{e}.gate_proj.weight` fill w13[e, :I],
     `up_proj` w13[e, I:], `down_proj` w2[e] (`checkpoint_parts`).
 
     Quantised experts (`dlrt.layers.quant.convert`) hold w13 / w2 in their format, with the
@@ -63,6 +64,7 @@ class StackedExperts(nn.Module):
     def __init__(self, num_experts: int, hidden: int, intermediate: int):
         super().__init__()
         self.num_experts, self.hidden, self.intermediate = num_experts, hidden, intermediate
+        self.first_expert = 0  # checkpoint id of expert 0 here (expert parallel: the rank's)
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
 
@@ -108,6 +110,8 @@ class FusedMoE(nn.Module):
         self.shared_experts = (SwiGLU(hidden, shared_intermediate, ops)
                                if shared_intermediate else None)
         self.method: MoEMethod = moe_method(ops)
+        self.reduce = None  # expert parallel: the ranks' all-reduce of the partial output
+
 
     def route_and_apply(self, x: torch.Tensor) -> torch.Tensor:
         """The routed experts' sum for x [N, H] (router, assignment, experts, combine)."""
@@ -118,7 +122,7 @@ class FusedMoE(nn.Module):
         y = self.route_and_apply(x)
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
-        return y
+        return y if self.reduce is None else self.reduce(y)
 
     def extra_repr(self) -> str:
         s = self.spec

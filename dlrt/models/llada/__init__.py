@@ -8,4 +8,6 @@ from dlrt.models.llada.model import LLaDAModelLM
 LLADA = Family(name="llada", model_types=("llada",), architectures=("LLaDAModelLM",),
                normalise=llada_config, model=LLaDAModelLM, decoders=("canvas", "dllm_var"),
                with_layers=with_layers, embedding="model.transformer.wte.weight",
-               stop_ids=(126081, 126348))
+               stop_ids=(126081, 126348),
+               tp_plan=(("*.qkv", "heads"), ("*.attn_out", "row"), ("*.ff_gate_up", "column"),
+                        ("*.blocks.*.ff_out", "row"), ("model.transformer.ff_out", "vocab")))

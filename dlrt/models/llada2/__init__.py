@@ -12,4 +12,6 @@ LLADA2 = Family(name="llada2", model_types=("llada2_moe",),
                 embedding="model.word_embeddings.weight", tokenizer=None,
                 decoder_defaults=DecoderDefaults(block_length=32,
                                                  remasking_strategy="threshold", threshold=0.95),
-                supports_editing=True)
+                supports_editing=True,
+                tp_plan=(("*.attention.query_key_value", "heads"), ("*.attention.dense", "row"),
+                         ("lm_head", "vocab")))

@@ -7,7 +7,9 @@ from dlrt.models.sdar.model import SDARForCausalLM
 
 _COMMON = dict(normalise=sdar_config, model=SDARForCausalLM, decoders=("block",),
                with_layers=with_layers, embedding="model.embed_tokens.weight",
-               tokenizer="sdar-qwen3")
+               tokenizer="sdar-qwen3",
+               tp_plan=(("*.self_attn.qkv_proj", "heads"), ("*.self_attn.o_proj", "row"),
+                        ("lm_head", "vocab")))
 SDAR = Family(name="sdar", model_types=("sdar",), architectures=("SDARForCausalLM",),
               **_COMMON)
 SDAR_MOE = Family(name="sdar_moe", model_types=("sdar_moe",),
