@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import re
 import sys
 import typing
@@ -126,6 +127,11 @@ def _generate(args: argparse.Namespace) -> int:
     kw = decoding_kwargs(args)
     llm = LLM(**engine_kwargs(args))
     prompt = args.prompt_ids or args.prompt
+    # NOTE: under torchrun every rank runs the request (a cut model needs all of them); rank 0
+    # prints it.
+    if os.environ.get("RANK", "0") != "0":
+        llm.generate(prompt, chat=args.chat, **kw)
+        return 0
     if args.json:
         result = llm.generate(prompt, chat=args.chat, **kw)
         print(json.dumps(result.to_dict(), ensure_ascii=False))
