@@ -3,11 +3,11 @@
     torchrun --nproc-per-node 2 examples/torchrun_generate.py       # two ranks (gloo on CPU)
     python examples/torchrun_generate.py                            # one process, world 1
 
-Rank 0 chooses the request and shares it with the other ranks; every rank generates it
-greedily on its own device; the ranks then gather their token ids and rank 0 prints the text
-and whether all ranks produced the same tokens. This is the pattern `dlrt serve` follows under
-torchrun. Today each rank holds the whole model; tensor parallelism will shard it across the
-ranks, and then the ranks must run every block together, as here.
+Rank 0 chooses the request and shares it with the other ranks; every rank generates it on
+its own device with its share of the model (under torchrun the model is cut across the ranks:
+tensor parallelism, `tensor_parallel_size` defaults to the world size), so the ranks run every
+block together; they then gather their token ids and rank 0 prints the text and whether all
+ranks produced the same tokens. This is the pattern `dlrt serve` follows under torchrun.
 
 Without --model this runs the embedded default: a 7.6M-parameter SDAR demonstration model
 trained on the Python standard library, so its text is Python-looking code (printed with repr()).

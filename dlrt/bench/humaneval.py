@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from dlrt.bench.report import table, write_json
+from dlrt.bench.report import every_rank, table, write_json
 from dlrt.errors import OptionError
 from dlrt.resources import data_path
 
@@ -142,6 +142,11 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
             same_tokens_as_first=all(a["token_ids"] == b["token_ids"]
                                      for a, b in zip(first, results[mode]["rows"], strict=True))))
     print(table(compare, MODE_COLUMNS))
+    per_rank = [dict(rank=r, mode=m, **{k: c[k] for k in MODE_COLUMNS[1:]})
+                for r, cs in enumerate(every_rank(compare)) for c, m in zip(cs, modes,
+                                                                           strict=True)]
+    if per_rank:  # tensor parallelism: each rank's own timing of the same requests
+        print(table(per_rank, ["rank", *MODE_COLUMNS]))
     model = llm.engine_config.model
     name = f"humaneval-{Path(str(model or 'default')).name}"
     path = write_json(name, dict(model=str(model), decoder=llm.decoder_name,

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from dlrt.bench.report import table, write_json
+from dlrt.bench.report import every_rank, table, write_json
 from dlrt.layers.linear import LinearBase
 from dlrt.layers.quant import LinearMethod
 from dlrt.tuning.linear import linear_layers
@@ -388,6 +388,9 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
                            "timeline_wait_us", "timeline_page_wait_us", "timeline_handoff_us",
                            "persistent_pages"]))
     print(table([summary], list(summary)))
+    per_rank = [dict(rank=r, **row) for r, rs in enumerate(every_rank(rows)) for row in rs]
+    if per_rank:  # tensor parallelism: each rank's own round times and floor (its shard)
+        print(table(per_rank, ["rank", *COLUMNS]))
     for shape, rec in llm.linear_plan.records.items():
         if "reference_us" in rec:  # a quantised shape ("fp8,N,K"): every candidate
             print(f"projection [{shape}] after a norm: reference {rec['reference_us']:.1f} us "

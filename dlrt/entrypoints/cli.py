@@ -6,6 +6,7 @@ Decoding flags are derived from `DecodingOptions` (each default written once, th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -159,11 +160,20 @@ def _make_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rank_zero_prints(main):
+    """Under torchrun every rank runs the benchmark (a cut model needs all of them); only rank
+    0's tables reach stdout, each rank writes its own record."""
+    if os.environ.get("RANK", "0") == "0":
+        return main()
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+        return main()
+
+
 def _bench_humaneval(args: argparse.Namespace) -> int:
     from dlrt.bench import humaneval
 
     kw = decoding_kwargs(args)
-    return humaneval.main(args, engine_kwargs(args), kw)
+    return _rank_zero_prints(lambda: humaneval.main(args, engine_kwargs(args), kw))
 
 
 def _bench_quality(args: argparse.Namespace) -> int:
@@ -181,7 +191,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
 def _bench_step(args: argparse.Namespace) -> int:
     from dlrt.bench import step
 
-    return step.main(args, engine_kwargs(args), decoding_kwargs(args))
+    return _rank_zero_prints(lambda: step.main(args, engine_kwargs(args), decoding_kwargs(args)))
 
 
 def _bench_kernels(args: argparse.Namespace) -> int:
