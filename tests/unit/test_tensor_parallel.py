@@ -14,6 +14,7 @@ import torch
 
 from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.attention.registry import get_backend
+from dlrt.checkpoint.default import default_model_path
 from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize
 from dlrt.config.engine import EngineConfig
@@ -101,11 +102,13 @@ def _runner(path: Path, tp: TensorParallel) -> ModelRunner:
 PRESETS = ["tiny_sdar", "tiny_sdar_moe", "tiny_llada", "tiny_llada2"]
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", [*PRESETS, "default"])
 def test_cut_forward_matches_whole_model(preset, request):
     """A prefill of 8 tokens then a block of 4 against the cache: every rank's gathered
-    logits equal the whole model's (max abs < TOL) and the ranks' logits are bit-identical."""
-    path = request.getfixturevalue(preset)
+    logits equal the whole model's (max abs < TOL) and the ranks' logits are bit-identical.
+    "default" is the embedded model, whose LM head is tied to the embedding (a rank reads its
+    rows of the embedding for its head)."""
+    path = default_model_path() if preset == "default" else request.getfixturevalue(preset)
     gen = torch.Generator().manual_seed(11)
     ids = torch.randint(0, 1000, (12,), generator=gen)
     chunk = None if preset == "tiny_llada" else 4  # LLaDA: full attention
