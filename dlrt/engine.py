@@ -114,6 +114,8 @@ class Engine:
         executor = Executor(config.execution_mode, device, backend)
         decoder = build_decoder(config.decoder, runner, mconfig.mask_token_id, defaults,
                                 executor)
+        if tp.size > 1:
+            tp.barrier()  # every rank loaded and tuned: the first sums start together
         return Engine(config, folder, mconfig, defaults, tokenizer,
                       eos, ops, model, plan, runner, executor, decoder)
 

@@ -49,20 +49,38 @@ class TensorParallel:
         rank, size: this process's rank and the number of ranks.
         group: the torch.distributed process group of the ranks (gloo on the CPU, NCCL on
             CUDA); None when size is 1.
-        reducer: an all-reduce to use instead of the group's (x -> sum over the ranks, out of
-            place, the same bits on every rank): the fused peer-to-peer all-reduce
-            (`dlrt.distributed.p2p`) that CUDA graphs and WHILE bodies can hold.
+        reducer: an all-reduce to use instead of the group's: an object with
+            `all_reduce(x) -> sum over the ranks` (out of place, the same bits on every rank)
+            and `capacity_bytes` (its largest message): the fused peer-to-peer all-reduce
+            (`dlrt.distributed.p2p.P2PAllReduce`) that CUDA graphs and WHILE bodies can hold.
+            Larger tensors go through it in row chunks.
     """
 
     def __init__(self, rank: int, size: int, group=None, reducer=None):
         self.rank, self.size, self.group, self.reducer = rank, size, group, reducer
+
+    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The reducer's sum of x, in chunks of whole rows that fit its capacity."""
+        x = x.contiguous()
+        flat = x.view(x.shape[0], -1) if x.dim() > 1 else x.view(-1, 1)
+        per = max(1, self.reducer.capacity_bytes // (flat.shape[1] * x.element_size()))
+        if flat.shape[0] <= per:
+            return self.reducer.all_reduce(x)
+        return torch.cat([self.reducer.all_reduce(c) for c in flat.split(per)]).view(x.shape)
+
+    def barrier(self) -> None:
+        """Wait on the host until every rank gets here (the group's barrier)."""
+        if self.size > 1:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.group)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of x over the ranks (a new tensor, x's shape and dtype)."""
         if self.size == 1:
             return x
         if self.reducer is not None:
-            return self.reducer(x)
+            return self._reduce(x)
         import torch.distributed as dist
 
         out = x.clone()
@@ -79,7 +97,7 @@ class TensorParallel:
             n = x.shape[-1]
             out = x.new_zeros(*x.shape[:-1], self.size * n)
             out[..., self.rank * n:(self.rank + 1) * n] = x
-            return self.reducer(out)
+            return self._reduce(out)
         import torch.distributed as dist
 
         parts = [torch.empty_like(x) for _ in range(self.size)]
@@ -316,8 +334,10 @@ def tensor_parallel_group(ranks, device: torch.device, execution_mode: str) -> T
     ok, why = (p2p_supported(device, devices) if local_ranks()[1] == ranks.world
                else (False, "the ranks span more than one host"))
     if ok:
-        reducer = P2PAllReduce(ranks.group, ranks.rank, ranks.world, device)
-        return TensorParallel(ranks.rank, ranks.world, group, reducer.all_reduce)
+        # NOTE: a rank waits on the device for its peers at every sum; ranks may drift apart by
+        # seconds (kernel builds, tuning on first use), so the wait before an error is long.
+        reducer = P2PAllReduce(ranks.group, ranks.rank, ranks.world, device, timeout_s=120.0)
+        return TensorParallel(ranks.rank, ranks.world, group, reducer)
     if execution_mode == "device_loop":
         raise OptionError(f"execution_mode device_loop with tensor parallelism needs the "
                           f"peer-to-peer all-reduce, and {why}; use execution_mode host_loop "

@@ -275,3 +275,33 @@ def test_tensor_parallel_size_must_match_the_processes(monkeypatch):
         .tensor_parallel_size == 1
     with pytest.raises(OptionError, match="needs 4 processes"):
         EngineConfig.from_kwargs(tensor_parallel_size=4).resolve_device()
+
+
+class _SmallReducer:
+    """A reducer of `capacity_bytes` over thread ranks that records its message sizes."""
+
+    def __init__(self, tp: TensorParallel, capacity_bytes: int):
+        self.tp, self.capacity_bytes, self.sizes = tp, capacity_bytes, []
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        assert x.numel() * x.element_size() <= self.capacity_bytes
+        self.sizes.append(x.numel())
+        return self.tp.all_reduce(x)
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (33,), (3, 2, 3)])
+def test_reducer_messages_larger_than_its_capacity_go_in_row_chunks(shape):
+    """A reducer's sum and gather of tensors past its capacity: chunks of whole rows, the
+    same values as the group's collectives."""
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(shape, generator=gen) for _ in range(2)]
+
+    def work(r, tp):
+        small = _SmallReducer(tp, capacity_bytes=3 * 5 * 4)
+        chunked = TensorParallel(r, 2, reducer=small)
+        return (chunked.all_reduce(xs[r]), chunked.all_gather(xs[r]), small.sizes,
+                tp.all_reduce(xs[r]), tp.all_gather(xs[r]))
+
+    for red, gat, sizes, want_red, want_gat in run_ranks(2, work):
+        assert torch.equal(red, want_red) and torch.equal(gat, want_gat)
+        assert len(sizes) > 2  # split
