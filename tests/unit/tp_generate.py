@@ -4,7 +4,9 @@ across the ranks, runs the same requests, and rank 0 writes every rank's token i
     torchrun --nproc-per-node 2 tests/unit/tp_generate.py CKPT OUT.json REQUESTS.json [OPTIONS]
 
 CKPT may list one folder per rank, comma-separated (ranks that disagree on the checkpoint);
-OPTIONS is a JSON object of engine options.
+OPTIONS is a JSON object of engine options, plus "_modes" (run every request in each of these
+execution modes: the output holds a list per mode) and "_sharpen" (multiply the LM head by it,
+so threshold strategies commit varying numbers per round).
 """
 
 from __future__ import annotations
@@ -19,11 +21,23 @@ from dlrt.distributed.ranks import Ranks
 def main(ckpt: str, out: str, requests: str, options: str = "{}") -> int:
     ranks = Ranks()
     paths = ckpt.split(",")
-    llm = LLM(paths[ranks.rank % len(paths)], **{"dtype": "float32", **json.loads(options)})
+    options = json.loads(options)
+    modes, sharpen = options.pop("_modes", None), options.pop("_sharpen", None)
+    llm = LLM(paths[ranks.rank % len(paths)], **{"dtype": "float32", **options})
+    if sharpen:  # an untied head (the tiny presets)
+        head = next(m for n, m in llm.model.named_modules()
+                    if n in ("lm_head", "model.transformer.ff_out"))
+        head.weight.data *= sharpen
     mine = []
-    for request in json.loads(open(requests).read()):
-        prompt = request.pop("prompt")
-        mine.append(llm.generate(prompt, **request).token_ids)
+    for mode in modes or [None]:
+        if mode is not None:
+            llm.set_execution_mode(mode)
+        ids = []
+        for request in json.loads(open(requests).read()):
+            prompt = request.pop("prompt")
+            ids.append(llm.generate(prompt, **request).token_ids)
+        mine.append(ids)
+    mine = mine if modes else mine[0]
     every = ranks.all_gather(mine)
     if ranks.leader:
         with open(out, "w") as f:
