@@ -102,8 +102,9 @@ def _runner(path: Path, tp: TensorParallel) -> ModelRunner:
 PRESETS = ["tiny_sdar", "tiny_sdar_moe", "tiny_llada", "tiny_llada2"]
 
 
-@pytest.mark.parametrize("preset", [*PRESETS, "default"])
-def test_cut_forward_matches_whole_model(preset, request):
+@pytest.mark.parametrize("preset,size", [(p, 2) for p in (*PRESETS, "default")]
+                         + [("tiny_llada", 4)])  # LLaDA's 4 KV heads split 4 ways
+def test_cut_forward_matches_whole_model(preset, size, request):
     """A prefill of 8 tokens then a block of 4 against the cache: every rank's gathered
     logits equal the whole model's (max abs < TOL) and the ranks' logits are bit-identical.
     "default" is the embedded model, whose LM head is tied to the embedding (a rank reads its
@@ -118,7 +119,7 @@ def test_cut_forward_matches_whole_model(preset, request):
         return gather(runner.forward_at(ids[8:], 8, chunk))
 
     whole = forward(_runner(path, TensorParallel(0, 1)), lambda x: x)
-    cut = run_ranks(2, lambda r, tp: forward(_runner(path, tp), tp.all_gather))
+    cut = run_ranks(size, lambda r, tp: forward(_runner(path, tp), tp.all_gather))
     assert cut[0].shape == whole.shape
     assert (cut[0] - whole).abs().max().item() < TOL
     assert all(torch.equal(c, cut[0]) for c in cut)
