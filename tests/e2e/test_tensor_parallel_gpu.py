@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_tensor_parallel import run_worker
+from test_tensor_parallel_torchrun import run_worker
 
 from dlrt import LLM
 

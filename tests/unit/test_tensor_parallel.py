@@ -2,7 +2,7 @@
 all-gather meet at a barrier (`ThreadRanks`), so a cut model's forward and the vocabulary-parallel
 candidates are checked against the whole model with fresh inputs; the loader reads only each
 rank's slices; sizes that do not split and options that do not fit are named. The same under
-torchrun (processes, gloo): `tests/e2e/test_tensor_parallel.py`."""
+torchrun (processes, gloo): `tests/e2e/test_tensor_parallel_torchrun.py`."""
 
 from __future__ import annotations
 
