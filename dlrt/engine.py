@@ -30,7 +30,7 @@ from dlrt.distributed.ranks import Ranks
 from dlrt.distributed.tp import (
     TensorParallel,
     VocabShard,
-    check_same_checkpoint,
+    check_ranks_agree,
     check_sizes,
     shard_model,
     tensor_parallel_group,
@@ -65,6 +65,7 @@ class Engine:
     runner: ModelRunner
     executor: Executor
     decoder: Any
+    tp: TensorParallel = dataclasses.field(default_factory=lambda: TensorParallel(0, 1))
 
     @staticmethod
     def create(options: EngineConfig) -> Engine:
@@ -117,7 +118,7 @@ class Engine:
         if tp.size > 1:
             tp.barrier()  # every rank loaded and tuned: the first sums start together
         return Engine(config, folder, mconfig, defaults, tokenizer,
-                      eos, ops, model, plan, runner, executor, decoder)
+                      eos, ops, model, plan, runner, executor, decoder, tp)
 
 
 def _tensor_parallel(config: EngineConfig, mconfig: ModelConfig, folder: CheckpointFolder,
@@ -129,14 +130,16 @@ def _tensor_parallel(config: EngineConfig, mconfig: ModelConfig, folder: Checkpo
     Raises:
         ConfigError: a size that does not split (`check_sizes`).
         CheckpointError: ranks that opened different checkpoints.
-        OptionError: quantised weights, or CUDA graphs without an all-reduce they can hold.
+        OptionError: ranks with other engine options, quantised weights, or CUDA graphs
+            without an all-reduce they can hold.
     """
     size = config.tensor_parallel_size
     if size == 1:
         return TensorParallel(0, 1)
     check_sizes(mconfig, size)
     ranks = Ranks()
-    check_same_checkpoint(ranks, folder)
+    same = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("device", "model")}
+    check_ranks_agree(ranks, folder, same)
     if scheme is not None:
         raise OptionError(f"tensor_parallel_size {size} with {scheme.name} weights: sharded "
                           "quantised weights (block scales cut with their rows) are not built "

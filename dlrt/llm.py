@@ -188,6 +188,9 @@ class LLM:
 
     def _stream(self, prompt: Prompt, chat: bool, options: dict[str, Any],
                 stats: dict[str, Any]) -> Iterator[BlockOutput]:
+        if self.engine.tp.size > 1 and options.get("seed") is None:
+            # every rank of a cut model must draw the same samples: rank 0 chooses the seed
+            options = {**options, "seed": self.engine.tp.share(random.randrange(2**31))}
         ids, params = self.check(prompt, chat=chat, **options)
         stats["prompt"] = ids
         # NOTE: one request runs at a time: starting one supersedes any stream still open.

@@ -151,6 +151,7 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     name = f"humaneval-{Path(str(model or 'default')).name}"
     path = write_json(name, dict(model=str(model), decoder=llm.decoder_name,
                                  dtype=str(llm.dtype), attention=llm.attention_backend,
+                                 tensor_parallel_size=llm.engine_config.tensor_parallel_size,
                                  options=options, modes=results, compare=compare),
                       llm.device, args.out)
     print(f"wrote {path}")

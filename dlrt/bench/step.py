@@ -408,6 +408,7 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     path = write_json(name, dict(model=str(model), decoder=llm.decoder_name,
                                  dtype=str(llm.dtype), attention=llm.attention_backend,
                                  kv_cache_dtype=llm.engine_config.kv_cache_dtype,
+                                 tensor_parallel_size=llm.engine_config.tensor_parallel_size,
                                  options=options, rows=rows,
                                  summary=summary, projections=llm.linear_plan.records),
                       llm.device, args.out)

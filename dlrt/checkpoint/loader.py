@@ -232,9 +232,19 @@ def load_safetensors(model: nn.Module, folder: CheckpointFolder, online: bool = 
         log.info("ignored %d activation scale(s) (input_scale): weight-only quantised path",
                  len(activation))
     kv = {k for k in unused if is_kv_scale(k)}  # the KV cache's (`checkpoint.kv_scales`)
-    if unused - activation - kv:
+    others = _other_ranks_experts(model, unused)  # expert parallel: other ranks read them
+    if unused - activation - kv - others:
+        left = unused - activation - kv - others
         log.warning("ignored %d checkpoint tensor(s) the model does not use, e.g. %s",
-                    len(unused - activation - kv), sorted(unused - activation - kv)[:3])
+                    len(left), sorted(left)[:3])
+
+
+def _other_ranks_experts(model: nn.Module, keys: set[str]) -> set[str]:
+    """The keys among `keys` of experts that other ranks hold (expert parallelism)."""
+    prefixes = tuple(f"{name}.{e}." for name, m in model.named_modules()
+                     if isinstance(m, StackedExperts) for e in range(m.total_experts)
+                     if not m.first_expert <= e < m.first_expert + m.num_experts)
+    return {k for k in keys if k.startswith(prefixes)} if prefixes else set()
 
 
 def _shape_ok(spec: WeightSpec, shape: tuple[int, ...]) -> bool:

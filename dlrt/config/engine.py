@@ -261,9 +261,10 @@ def _tensor_parallel(size: int | None, device: str) -> int:
     world = world_size()
     tp = world if size is None else size
     if tp not in (1, world):
+        now = "this process was started without torchrun" if world == 1 else \
+            f"torchrun started {world}"
         raise OptionError(f"tensor_parallel_size {tp} needs {tp} processes, one per rank: start "
-                          f"them with torchrun --nproc-per-node {tp} (this process is one of "
-                          f"{world})")
+                          f"them with torchrun --nproc-per-node {tp} ({now})")
     if tp > 1 and _device(device).type == "cuda":
         here, gpus = local_ranks()[1], torch.cuda.device_count()
         if here > gpus:

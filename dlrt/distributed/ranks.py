@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+LOAD_TIMEOUT = datetime.timedelta(minutes=10)
+
 
 def world_size() -> int:
     """The number of ranks torchrun started (WORLD_SIZE; 1 without torchrun)."""
@@ -38,10 +40,13 @@ class Ranks:
 
             # NOTE: NVLink multicast stays off (it can take the host's GPUs down).
             os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-            forever = datetime.timedelta(days=365)
+            # the default group (start-up, load-time checks) gives up after LOAD_TIMEOUT: a
+            # rank that never arrives is an error, not a hang; the control channel waits
+            # for requests forever
             if not dist.is_initialized():
-                dist.init_process_group("gloo", timeout=forever)
-            self._group = dist.new_group(backend="gloo", timeout=forever)
+                dist.init_process_group("gloo", timeout=LOAD_TIMEOUT)
+            self._group = dist.new_group(backend="gloo",
+                                         timeout=datetime.timedelta(days=365))
 
     @property
     def group(self):
@@ -67,6 +72,10 @@ class Ranks:
         dist.broadcast_object_list(box, src=0, group=self._group)
         return box[0]
 
+    def share(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank (all ranks call it; one process: `obj`)."""
+        return self._broadcast(obj)
+
     def share_request(self, request: dict[str, Any] | None) -> dict[str, Any] | None:
         """Rank 0 sends the request (None: shut down); the others receive it."""
         return self._broadcast(request)
@@ -74,6 +83,24 @@ class Ranks:
     def share_continue(self, go_on: bool) -> bool:
         """After each block rank 0 sends whether the generation goes on."""
         return bool(self._broadcast(go_on))
+
+    def gather_at_load(self, obj: Any) -> list[Any]:
+        """Every rank's `obj` in rank order, over the default group: it gives up after
+        LOAD_TIMEOUT with a DlrtError saying every rank must load the same model."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        from dlrt.errors import DlrtError
+
+        out: list[Any] = [None] * self.world
+        try:
+            dist.all_gather_object(out, obj)
+        except RuntimeError as e:
+            raise DlrtError(f"rank {self.rank}: the other ranks did not all reach the model "
+                            f"load ({e}); every rank must create LLM(...) with the same "
+                            "arguments, and none may have stopped") from e
+        return out
 
     def all_gather(self, obj: Any) -> list[Any]:
         """Every rank's `obj`, in rank order, on every rank (over the gloo group)."""

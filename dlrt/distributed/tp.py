@@ -21,6 +21,7 @@ all ranks commit the same tokens and run the same number of rounds without askin
 
 from __future__ import annotations
 
+import datetime
 import fnmatch
 import hashlib
 from dataclasses import dataclass
@@ -54,10 +55,17 @@ class TensorParallel:
             and `capacity_bytes` (its largest message): the fused peer-to-peer all-reduce
             (`dlrt.distributed.p2p.P2PAllReduce`) that CUDA graphs and WHILE bodies can hold.
             Larger tensors go through it in row chunks.
+        control: the ranks' control channel (`dlrt.distributed.ranks.Ranks`) for host values
+            every rank must agree on (`share`).
     """
 
-    def __init__(self, rank: int, size: int, group=None, reducer=None):
+    def __init__(self, rank: int, size: int, group=None, reducer=None, control=None):
         self.rank, self.size, self.group, self.reducer = rank, size, group, reducer
+        self.control = control
+
+    def share(self, value):
+        """Rank 0's host `value` on every rank (every rank calls it): a request's seed."""
+        return value if self.size == 1 else self.control.share(value)
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The reducer's sum of x, in chunks of whole rows that fit its capacity."""
@@ -127,24 +135,45 @@ def check_sizes(config: ModelConfig, size: int) -> None:
                           f"this model; use a size that divides them")
 
 
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)  # a forward's sum waiting for a peer
+SAMPLE_BYTES = 1 << 16  # bytes read from each weight file's start, middle and end
+
+
 def checkpoint_fingerprint(folder) -> str:
-    """A short hash of what a rank is about to load: config.json and every tensor's file and
-    name (the ranks compare it before any weight loads)."""
+    """A short hash of what a rank is about to load: config.json, every tensor's name and
+    file, and each weight file's size and three 64 KiB samples of its bytes (two checkpoints
+    of one config with other weights differ; the files are not read whole)."""
     h = hashlib.sha256((folder.path / "config.json").read_bytes())
     for key, path in sorted(folder.tensor_files.items()):
-        h.update(f"{key}@{path.name}:{path.stat().st_size}".encode())
+        h.update(f"{key}@{path.name}".encode())
+    for path in sorted(set(folder.tensor_files.values())):
+        size = path.stat().st_size
+        h.update(f"{path.name}:{size}".encode())
+        with open(path, "rb") as f:
+            for at in (0, max(0, size // 2 - SAMPLE_BYTES // 2), max(0, size - SAMPLE_BYTES)):
+                f.seek(at)
+                h.update(f.read(SAMPLE_BYTES))
     return h.hexdigest()[:16]
 
 
-def check_same_checkpoint(ranks, folder) -> None:
-    """Raise CheckpointError when the ranks would load different checkpoints (another
-    config.json, other tensors), naming each rank's folder."""
-    mine = (str(folder.path), checkpoint_fingerprint(folder))
-    every = ranks.all_gather(mine)
-    if any(fp != every[0][1] for _, fp in every):
-        listed = "; ".join(f"rank {r}: {p} ({fp})" for r, (p, fp) in enumerate(every))
+def check_ranks_agree(ranks, folder, options: dict) -> None:
+    """Raise before any weight loads when the ranks would build different models: another
+    checkpoint (CheckpointError naming each rank's folder) or other engine options
+    (OptionError naming the option and each rank's value). `options`: the resolved engine
+    options that must match (the device and the folder's path may differ)."""
+    from dlrt.errors import OptionError
+
+    every = ranks.gather_at_load((str(folder.path), checkpoint_fingerprint(folder), options))
+    if any(fp != every[0][1] for _, fp, _ in every):
+        listed = "; ".join(f"rank {r}: {p} ({fp})" for r, (p, fp, _) in enumerate(every))
         raise CheckpointError(f"the tensor-parallel ranks disagree on the checkpoint "
-                              f"(config.json or tensors differ): {listed}")
+                              f"(config.json or weights differ): {listed}")
+    for name in options:
+        values = [o.get(name) for _, _, o in every]
+        if any(v != values[0] for v in values):
+            listed = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
+            raise OptionError(f"the tensor-parallel ranks disagree on {name} ({listed}); "
+                              "every rank must create LLM(...) with the same arguments")
 
 
 # -- the transform --------------------------------------------------------------------------
@@ -324,9 +353,11 @@ def tensor_parallel_group(ranks, device: torch.device, execution_mode: str) -> T
     from dlrt.errors import OptionError
 
     if device.type != "cuda":
-        return TensorParallel(ranks.rank, ranks.world, dist.new_group(backend="gloo"))
+        return TensorParallel(ranks.rank, ranks.world,
+                              dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT),
+                              control=ranks)
     torch.cuda.set_device(device)
-    group = dist.new_group(backend="nccl")
+    group = dist.new_group(backend="nccl", timeout=COLLECTIVE_TIMEOUT)
     from dlrt.distributed.p2p import P2PAllReduce, p2p_supported
     from dlrt.distributed.ranks import local_ranks
 
@@ -337,9 +368,9 @@ def tensor_parallel_group(ranks, device: torch.device, execution_mode: str) -> T
         # NOTE: a rank waits on the device for its peers at every sum; ranks may drift apart by
         # seconds (kernel builds, tuning on first use), so the wait before an error is long.
         reducer = P2PAllReduce(ranks.group, ranks.rank, ranks.world, device, timeout_s=120.0)
-        return TensorParallel(ranks.rank, ranks.world, group, reducer)
+        return TensorParallel(ranks.rank, ranks.world, group, reducer, control=ranks)
     if execution_mode == "device_loop":
         raise OptionError(f"execution_mode device_loop with tensor parallelism needs the "
                           f"peer-to-peer all-reduce, and {why}; use execution_mode host_loop "
                           f"(NCCL in captured rounds) or eager")
-    return TensorParallel(ranks.rank, ranks.world, group)
+    return TensorParallel(ranks.rank, ranks.world, group, control=ranks)

@@ -429,5 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except DlrtError as e:
-        print(f"error: {e}", file=sys.stderr)
+        where = f"[rank {os.environ.get('RANK', '0')}] " \
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        sys.stderr.write(f"{where}error: {e}\n")  # one write: ranks' lines do not interleave
         return 2

@@ -100,7 +100,10 @@ def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int
     check_defaults(llm, defaults)  # on every rank: all of them stop
     if not ranks.leader:
         log.info("rank %d following rank 0", ranks.rank)
-        follow(llm, ranks)
+        try:
+            follow(llm, ranks)
+        except (KeyboardInterrupt, RuntimeError) as e:  # stopped, or rank 0 is gone
+            log.info("rank %d stops: %s", ranks.rank, e or type(e).__name__)
         return 0
     import uvicorn
 
@@ -123,5 +126,8 @@ def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int
     except KeyboardInterrupt:
         pass
     finally:
-        ranks.share_request(None)  # release the other ranks
+        try:
+            ranks.share_request(None)  # release the other ranks
+        except RuntimeError as e:  # they are gone already (the launcher stopped them)
+            log.info("releasing the other ranks: %s", e)
     return 0 if server.started else 3  # uvicorn's STARTUP_FAILURE

@@ -143,13 +143,20 @@ class Worker:
 
 
 def follow(llm, ranks: Ranks) -> None:
-    """Ranks other than 0: run every request rank 0 shares, block for block, until shutdown."""
+    """Ranks other than 0: run every request rank 0 shares, block for block, until shutdown.
+
+    A request that fails (a `NumericalError`, say) fails on every rank at the same block, as
+    the ranks compute the same values; rank 0 answers it and both go on to the next request.
+    """
     while True:
         request = ranks.share_request(None)
         if request is None:
             return
-        stream = llm.stream(request["prompt_ids"], **request["options"])
-        for _block in stream:
-            if not ranks.share_continue(False):
-                stream.close()
-                break
+        try:
+            stream = llm.stream(request["prompt_ids"], **request["options"])
+            for _block in stream:
+                if not ranks.share_continue(False):
+                    stream.close()
+                    break
+        except Exception:  # rank 0 reports it to the client; keep following
+            log.exception("rank %d: request failed", ranks.rank)

@@ -83,3 +83,36 @@ def test_two_ranks_answer_like_one_process(start_server, llm):
     while any(alive(p) for p in ranks.values()):
         assert time.monotonic() < deadline, f"ranks still running: {ranks}"
         time.sleep(0.1)
+
+
+def _nan_row_copy(src: Path, dst: Path, token: int) -> Path:
+    """A copy of a checkpoint whose embedding row `token` is NaN (its logits are not finite)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    for f in dst.glob("*.safetensors"):
+        tensors = load_file(f)
+        if "model.embed_tokens.weight" in tensors:
+            tensors["model.embed_tokens.weight"][token] = float("nan")
+            save_file(tensors, f, metadata={"format": "pt"})
+    return dst
+
+
+def test_a_failed_request_leaves_every_rank_serving(start_server, tiny_sdar, tmp_path):
+    """A request whose logits are NaN fails on both ranks at the same block: rank 0 answers
+    it with an error, rank 1 keeps following, and the next request is answered."""
+    nan = _nan_row_copy(Path(tiny_sdar), tmp_path / "nan", token=7)
+    server = start_server("torchrun-nan", "--model", str(nan), launcher=TORCHRUN)
+    server.wait_log("rank 1 following rank 0")
+    with httpx.Client(timeout=60) as c:
+        bad = c.post(server.url + "/v1/completions",
+                     json={"prompt": [7, 7, 7], "max_tokens": 8, "temperature": 0})
+        assert bad.status_code >= 500, bad.text
+        assert "non-finite" in bad.text
+    rows = generate(server.url, {"input_ids": [1, 2, 3], "max_new_tokens": 8,
+                                 "temperature": 0})
+    assert rows[-1]["completion_tokens"] == 8
+    ranks = [p for p in server.descendants() if rank_of(p) is not None]
+    assert len(ranks) == 2 and all(alive(p) for p in ranks)

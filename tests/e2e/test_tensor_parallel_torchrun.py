@@ -55,10 +55,36 @@ def test_two_ranks_generate_the_tokens_of_one(preset, request, tmp_path):
     assert all(len(ids) > 0 for ids in want)
 
 
+def test_unseeded_sampling_draws_the_same_tokens_on_every_rank(tiny_sdar, tmp_path):
+    """No seed given: rank 0 chooses it for every rank (else the ranks would commit different
+    tokens, or stop after different rounds and wait on each other)."""
+    requests = [{"prompt": [9, 8, 7], "max_new_tokens": 12, "temperature": 1.0},
+                {"prompt": [9, 8, 7], "max_new_tokens": 12, "temperature": 0.0,
+                 "remasking_strategy": "random"}]
+    proc, out = run_worker(tmp_path, 2, str(tiny_sdar), requests)
+    assert out is not None, proc.stderr[-3000:]
+    assert out["ranks"][0] == out["ranks"][1]
+
+
 def test_ranks_that_disagree_on_the_checkpoint_stop(tiny_sdar, tiny_llada, tmp_path):
     proc, _ = run_worker(tmp_path, 2, f"{tiny_sdar},{tiny_llada}")
     assert proc.returncode != 0
     assert "disagree on the checkpoint" in proc.stderr, proc.stderr[-3000:]
+    # one config, other weights
+    from dlrt.checkpoint.make import make_checkpoint
+
+    other = make_checkpoint("tiny-sdar", tmp_path / "seed7", seed=7, dtype="float32")
+    proc, _ = run_worker(tmp_path, 2, f"{tiny_sdar},{other}")
+    assert proc.returncode != 0
+    assert "disagree on the checkpoint" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_ranks_that_disagree_on_an_option_stop(tiny_sdar, tmp_path):
+    proc, _ = run_worker(tmp_path, 2, str(tiny_sdar),
+                         options={"_per_rank": [{"dtype": "float32"}, {"dtype": "bfloat16"}]})
+    assert proc.returncode != 0
+    assert "disagree on dtype (rank 0: 'float32', rank 1: 'bfloat16')" in proc.stderr, \
+        proc.stderr[-3000:]
 
 
 def test_a_size_that_does_not_split_the_model_is_named(tiny_sdar, tmp_path):

@@ -6,7 +6,8 @@ across the ranks, runs the same requests, and rank 0 writes every rank's token i
 CKPT may list one folder per rank, comma-separated (ranks that disagree on the checkpoint);
 OPTIONS is a JSON object of engine options, plus "_modes" (run every request in each of these
 execution modes: the output holds a list per mode) and "_sharpen" (multiply the LM head by it,
-so threshold strategies commit varying numbers per round).
+so threshold strategies commit varying numbers per round) and "_per_rank" (a list of options
+objects, one per rank: ranks that disagree on an option).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ def main(ckpt: str, out: str, requests: str, options: str = "{}") -> int:
     paths = ckpt.split(",")
     options = json.loads(options)
     modes, sharpen = options.pop("_modes", None), options.pop("_sharpen", None)
+    per_rank = options.pop("_per_rank", None)  # a list: rank r adds per_rank[r] to options
+    if per_rank:
+        options.update(per_rank[ranks.rank])
     llm = LLM(paths[ranks.rank % len(paths)], **{"dtype": "float32", **options})
     if sharpen:  # an untied head (the tiny presets)
         head = next(m for n, m in llm.model.named_modules()

@@ -65,6 +65,7 @@ class StackedExperts(nn.Module):
         super().__init__()
         self.num_experts, self.hidden, self.intermediate = num_experts, hidden, intermediate
         self.first_expert = 0  # checkpoint id of expert 0 here (expert parallel: the rank's)
+        self.total_experts = num_experts  # the layer's experts over every rank
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
 
