@@ -125,7 +125,9 @@ def round_bytes(llm, context: int, b: int) -> dict[str, int]:
     most experts b rows can touch, min(E, k * b), each read once), `kv` (the K/V of `context`
     cached tokens plus the block) and their `total`; `experts_touched` is that count per MoE
     layer and `experts_expected` the mean distinct count under uniform routing. KV bytes are
-    counted at the cache's element size (its dtype: the model's, or 1 byte for FP8)."""
+    counted at the cache's element size (its dtype: the model's, or 1 byte for FP8). Under
+    tensor parallelism: this rank's bytes (its share of the heads, widths, experts and LM head
+    rows; its KV heads)."""
     from dlrt.layers.moe import StackedExperts
     from dlrt.models.registry import family
 
@@ -134,8 +136,9 @@ def round_bytes(llm, context: int, b: int) -> dict[str, int]:
     embedding = family(c.family).embedding
     experts = {id(p) for m in llm.model.modules() if isinstance(m, StackedExperts)
                for p in m.parameters()}
+    tp = llm.engine_config.tensor_parallel_size
     head = {id(m.weight) for m in llm.model.modules()
-            if isinstance(m, LinearBase) and m.out_features == c.vocab_size}
+            if isinstance(m, LinearBase) and m.out_features == c.vocab_size // tp}
     e, k = c.num_experts, c.num_experts_per_tok
     touched = min(e, k * b) if e else 0
     parts = dict(weights=0, lm_head=0, experts=0)
@@ -148,7 +151,8 @@ def round_bytes(llm, context: int, b: int) -> dict[str, int]:
         elif id(p) in head:
             part = "lm_head"
         parts[part] += n
-    parts["kv"] = 2 * c.num_layers * (context + b) * c.num_kv_heads * c.head_dim * kv_item
+    parts["kv"] = 2 * c.num_layers * (context + b) * (c.num_kv_heads // tp) * c.head_dim \
+        * kv_item
     parts["total"] = sum(parts.values())
     parts["experts_touched"] = touched
     parts["experts_expected"] = round(e * (1 - (1 - k / e) ** b), 1) if e else 0
