@@ -364,6 +364,8 @@ def tensor_parallel_group(ranks, device: torch.device, execution_mode: str) -> T
     devices = ranks.all_gather(device.index)
     ok, why = (p2p_supported(device, devices) if local_ranks()[1] == ranks.world
                else (False, "the ranks span more than one host"))
+    every = ranks.all_gather((ok, why))  # every rank takes the same path (setup is collective)
+    ok, why = all(o for o, _ in every), next((w for o, w in every if not o), why)
     if ok:
         # NOTE: a rank waits on the device for its peers at every sum; ranks may drift apart by
         # seconds (kernel builds, tuning on first use), so the wait before an error is long.
