@@ -114,7 +114,8 @@ def run_block(rounds, tokens, masked, editing=0.5, max_post_steps=16, threshold=
     """Decide one block of len(tokens) positions eagerly (flag read between rounds) with the
     scripted candidates; returns (tokens, commit rounds, rounds run, post passes)."""
     b, script = len(tokens), Script(rounds)
-    runner = SimpleNamespace(device=torch.device("cpu"), ops=SimpleNamespace(candidates=script))
+    runner = SimpleNamespace(device=torch.device("cpu"), ops=SimpleNamespace(candidates=script),
+                             vocab=None)
     kind = RoundKind("threshold", SamplingMode(True), editing is not None)
     prog = ProgramBase("test", runner, kind, b, mask_token_id=M)
     opts = DecodingOptions(remasking_strategy="threshold", threshold=threshold,
