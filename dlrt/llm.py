@@ -79,10 +79,17 @@ class LLM:
         one loaded model). Captured graphs are kept per mode.
 
         Raises:
-            OptionError: a mode this device or attention backend cannot run.
+            OptionError: a mode this device or attention backend cannot run, or device_loop
+                with tensor parallelism over NCCL.
         """
         check_mode(mode, self.device)
         check_backend(self.attention_backend, self.device, self.dtype, mode)
+        tp = self.engine.tp
+        if mode == "device_loop" and tp.size > 1 and self.device.type == "cuda" \
+                and tp.reducer is None:
+            raise OptionError("device_loop with tensor parallelism needs the peer-to-peer "
+                              "all-reduce, which these GPUs cannot use (NCCL cannot run inside "
+                              "a WHILE body); use host_loop or eager")
         self.executor.mode = mode
 
     def encode(self, prompt: Prompt, chat: bool = False) -> list[int]:

@@ -245,6 +245,9 @@ class P2PAllReduce:
                 from cuda.bindings import runtime as cudart
 
                 self._rt = cudart
+                # a current context before the module loads (torch may not have made one
+                # current in this thread yet)
+                _check(cudart.cudaSetDevice(device.index))
                 self._kernels = {dt: Kernel("all_reduce.cu", name, "the P2P all-reduce")
                                  for dt, name in KERNELS.items()}
                 sms = torch.cuda.get_device_properties(device).multi_processor_count

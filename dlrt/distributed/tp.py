@@ -49,7 +49,7 @@ class TensorParallel:
     Args:
         rank, size: this process's rank and the number of ranks.
         group: the torch.distributed process group of the ranks (gloo on the CPU, NCCL on
-            CUDA); None when size is 1.
+            CUDA without a reducer); None when size is 1 or a reducer serves every sum.
         reducer: an all-reduce to use instead of the group's: an object with
             `all_reduce(x) -> sum over the ranks` (out of place, the same bits on every rank)
             and `capacity_bytes` (its largest message): the fused peer-to-peer all-reduce
@@ -77,11 +77,12 @@ class TensorParallel:
         return torch.cat([self.reducer.all_reduce(c) for c in flat.split(per)]).view(x.shape)
 
     def barrier(self) -> None:
-        """Wait on the host until every rank gets here (the group's barrier)."""
+        """Wait on the host until every rank gets here, its device work done (over the control
+        channel: no device collective)."""
         if self.size > 1:
-            import torch.distributed as dist
-
-            dist.barrier(group=self.group)
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            self.control.all_gather(None)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of x over the ranks (a new tensor, x's shape and dtype)."""
@@ -339,14 +340,14 @@ class VocabShard:
 def tensor_parallel_group(ranks, device: torch.device, execution_mode: str) -> TensorParallel:
     """The group of every torchrun rank for one tensor-parallel model.
 
-    CPU: a gloo group. CUDA: an NCCL group, and when every pair of the host's GPUs can reach
-    each other's memory the fused peer-to-peer all-reduce (`dlrt.distributed.p2p`) serves every
-    sum in every execution mode (the same kernel everywhere, so the modes commit the same
-    tokens). NCCL collectives cannot run inside a CUDA graph's WHILE body, so without
-    peer access `device_loop` is refused.
+    CPU: a gloo group. CUDA: when every pair of the host's GPUs can reach each other's memory,
+    the fused peer-to-peer all-reduce (`dlrt.distributed.p2p`) serves every sum in every
+    execution mode (the same kernel everywhere, so the modes commit the same tokens); else an
+    NCCL group, and as NCCL collectives cannot run inside a CUDA graph's WHILE body,
+    `device_loop` is refused.
 
     Raises:
-        OptionError: device_loop on GPUs without peer access.
+        OptionError: ranks sharing a GPU; device_loop on GPUs without peer access.
     """
     import torch.distributed as dist
 
@@ -357,11 +358,14 @@ def tensor_parallel_group(ranks, device: torch.device, execution_mode: str) -> T
                               dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT),
                               control=ranks)
     torch.cuda.set_device(device)
-    group = dist.new_group(backend="nccl", timeout=COLLECTIVE_TIMEOUT)
     from dlrt.distributed.p2p import P2PAllReduce, p2p_supported
     from dlrt.distributed.ranks import local_ranks
 
     devices = ranks.all_gather(device.index)
+    if len(set(devices)) < len(devices):
+        raise OptionError(f"tensor parallelism needs a GPU per rank; the ranks' devices are "
+                          f"{[f'cuda:{d}' for d in devices]} (leave device at auto: rank r "
+                          "takes cuda:<local rank>)")
     ok, why = (p2p_supported(device, devices) if local_ranks()[1] == ranks.world
                else (False, "the ranks span more than one host"))
     every = ranks.all_gather((ok, why))  # every rank takes the same path (setup is collective)
@@ -370,9 +374,10 @@ def tensor_parallel_group(ranks, device: torch.device, execution_mode: str) -> T
         # NOTE: a rank waits on the device for its peers at every sum; ranks may drift apart by
         # seconds (kernel builds, tuning on first use), so the wait before an error is long.
         reducer = P2PAllReduce(ranks.group, ranks.rank, ranks.world, device, timeout_s=120.0)
-        return TensorParallel(ranks.rank, ranks.world, group, reducer, control=ranks)
+        return TensorParallel(ranks.rank, ranks.world, None, reducer, control=ranks)
     if execution_mode == "device_loop":
         raise OptionError(f"execution_mode device_loop with tensor parallelism needs the "
                           f"peer-to-peer all-reduce, and {why}; use execution_mode host_loop "
                           f"(NCCL in captured rounds) or eager")
+    group = dist.new_group(backend="nccl", timeout=COLLECTIVE_TIMEOUT)
     return TensorParallel(ranks.rank, ranks.world, group, control=ranks)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -153,11 +154,10 @@ def tune(model: nn.Module, rows: int = 4, policy: str = "auto", timer=time_shape
     for m in layers.values():
         weights.setdefault(_shape_key(m.weight), m.weight)
     path = cache_file or _cache_path(next(iter(weights.values())), rows)
-    cached = json.loads(path.read_text()) if path.is_file() else {}
+    cached = read_cache(path)
     records = {key: dict(cached.get(key) or timer(w, rows)) for key, w in weights.items()}
     if records.keys() - cached.keys():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**cached, **records}, indent=1))
+        write_cache(path, {**cached, **records})
     methods: dict[str, LinearMethod] = {}
     for key, rec in records.items():
         triton = triton_wins(rec) or (policy == "triton" and rec["config"] is not None)
@@ -171,3 +171,20 @@ def tune(model: nn.Module, rows: int = 4, policy: str = "auto", timer=time_shape
 
 def _shape_key(w: torch.Tensor) -> str:
     return f"{w.shape[0]},{w.shape[1]}"
+
+
+def read_cache(path) -> dict:
+    """A timing cache file's records; {} when absent or unreadable (it is timed again)."""
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_cache(path, records: dict) -> None:
+    """Replace the cache file whole (a temporary file, then a rename): processes timing the
+    same shapes at once (tensor-parallel ranks) never leave a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(records, indent=1))
+    os.replace(tmp, path)

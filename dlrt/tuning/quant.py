@@ -21,7 +21,6 @@ dynamic activations).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import asdict
@@ -35,7 +34,7 @@ from dlrt.layers.linear import LinearBase
 from dlrt.layers.quant import LinearMethod
 from dlrt.layers.quant.fp8 import Fp8Linear, _blocks, reference_linear
 from dlrt.layers.quant.nvfp4 import Nvfp4Linear, dequantize_nvfp4
-from dlrt.tuning.linear import COLD_BYTES, MARGIN, _cache_path
+from dlrt.tuning.linear import COLD_BYTES, MARGIN, _cache_path, read_cache, write_cache
 from dlrt.tuning.timing import graph_us
 
 log = logging.getLogger(__name__)
@@ -207,7 +206,7 @@ def tune_quant(model: nn.Module, dtype: torch.dtype, rows: int = 4, policy: str 
         probe = _cache_path(torch.empty(0, dtype=dtype, device=first.device), rows)
         cache_file = probe.with_name(f"quant-{probe.name}")
     path = cache_file
-    cached = json.loads(path.read_text()) if path.is_file() else {}
+    cached = read_cache(path)
     records: dict[str, dict] = {}
     for key, (fmt, m) in shapes.items():
         if key in cached:
@@ -219,8 +218,7 @@ def tune_quant(model: nn.Module, dtype: torch.dtype, rows: int = 4, policy: str 
         records[key] = choose(fmt, configs, lambda fn, f=fmt, lay=m: time(lay, f, fn, rows),
                               lambda fn, f=fmt, lay=m: check(lay, f, fn, rows), policy)
     if records.keys() - cached.keys():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**cached, **records}, indent=1))
+        write_cache(path, {**cached, **records})
     methods: dict[str, LinearMethod] = {}
     for name, (fmt, m) in layers.items():
         rec = records[_shape_key(fmt, m)]

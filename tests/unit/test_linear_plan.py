@@ -84,3 +84,17 @@ def test_two_llms_keep_their_own_choices(pair, tmp_path, monkeypatch):
     out = b.runner.forward_at(tokens, 0, 4)
     assert len(calls) >= 4  # b's projections did
     torch.testing.assert_close(out, before, rtol=1e-4, atol=1e-4)
+
+
+def test_a_timing_cache_is_replaced_whole_and_a_broken_one_is_timed_again(tmp_path):
+    """Ranks timing the same shapes at once replace the file whole (never half-written);
+    a file that does not parse reads as empty, so its shapes are timed again."""
+    from dlrt.tuning.linear import read_cache, write_cache
+
+    path = tmp_path / "cache" / "gemm.json"
+    path.parent.mkdir()
+    path.write_text('{"4096,4096": {"cublas_us": 1.0}}trailing')
+    assert read_cache(path) == {}
+    write_cache(path, {"4096,4096": {"cublas_us": 2.0}})
+    assert read_cache(path) == {"4096,4096": {"cublas_us": 2.0}}
+    assert [p.name for p in path.parent.iterdir()] == ["gemm.json"]
