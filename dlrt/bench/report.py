@@ -63,7 +63,7 @@ def write_json(name: str, payload: dict[str, Any], device: torch.device,
                out_dir: str | Path = "benchmarks/results") -> Path:
     """Write `payload` plus commit, device, command and time to out_dir/name-<time>.json
     (under torchrun: name-rank<R>-<time>.json with the rank and world size, one per rank)."""
-    from dlrt.distributed.ranks import world_size
+    from dlrt.distributed.ranks import process_rank, world_size
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -73,7 +73,7 @@ def write_json(name: str, payload: dict[str, Any], device: torch.device,
               "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("DLRT_")},
               **payload}
     if world_size() > 1:
-        rank = int(os.environ.get("RANK", "0"))
+        rank = process_rank()
         record.update(rank=rank, world=world_size())
         name = f"{name}-rank{rank}"
     path = out / f"{name}-{stamp}.json"

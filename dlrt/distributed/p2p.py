@@ -266,7 +266,6 @@ class P2PAllReduce:
             self.layout = buffer_layout(self.capacity_bytes, world, self.max_ctas)
             raw = None
             try:
-                _check(cudart.cudaSetDevice(device.index))
                 self._own = int(_check(cudart.cudaMalloc(self.layout.total_bytes)))
                 _check(cudart.cudaMemset(self._own, 0, self.layout.total_bytes))
                 _check(cudart.cudaDeviceSynchronize())

@@ -22,6 +22,11 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def process_rank() -> int:
+    """This process's rank among torchrun's (RANK; 0 without torchrun)."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def local_ranks() -> tuple[int, int]:
     """(this process's rank on its host, the number of ranks on its host): torchrun's
     LOCAL_RANK and LOCAL_WORLD_SIZE; (0, 1) without torchrun."""
@@ -32,7 +37,7 @@ def local_ranks() -> tuple[int, int]:
 class Ranks:
     def __init__(self):
         self.world = world_size()
-        self.rank = int(os.environ.get("RANK", "0"))
+        self.rank = process_rank()
         self.local_rank = local_ranks()[0]
         self._group = None
         if self.world > 1:

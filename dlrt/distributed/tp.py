@@ -32,7 +32,7 @@ from torch import nn
 from dlrt.config.model import ModelConfig
 from dlrt.decoding.round import RoundKind
 from dlrt.decoding.strategies import NEEDS_CREDIT, NEEDS_ENTROPY
-from dlrt.errors import CheckpointError, ConfigError
+from dlrt.errors import CheckpointError, ConfigError, OptionError
 from dlrt.layers.attention import Attention
 from dlrt.layers.linear import LinearBase, MergedLinear
 from dlrt.layers.mlp import SwiGLU
@@ -162,8 +162,6 @@ def check_ranks_agree(ranks, folder, options: dict) -> None:
     checkpoint (CheckpointError naming each rank's folder) or other engine options
     (OptionError naming the option and each rank's value). `options`: the resolved engine
     options that must match (the device and the folder's path may differ)."""
-    from dlrt.errors import OptionError
-
     every = ranks.gather_at_load((str(folder.path), checkpoint_fingerprint(folder), options))
     if any(fp != every[0][1] for _, fp, _ in every):
         listed = "; ".join(f"rank {r}: {p} ({fp})" for r, (p, fp, _) in enumerate(every))
@@ -350,8 +348,6 @@ def tensor_parallel_group(ranks, device: torch.device, execution_mode: str) -> T
         OptionError: ranks sharing a GPU; device_loop on GPUs without peer access.
     """
     import torch.distributed as dist
-
-    from dlrt.errors import OptionError
 
     if device.type != "cuda":
         return TensorParallel(ranks.rank, ranks.world,

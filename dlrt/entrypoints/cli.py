@@ -18,6 +18,7 @@ import typing
 
 from dlrt import __version__, env, progress
 from dlrt.decoding.options import DecodingOptions
+from dlrt.distributed.ranks import process_rank, world_size
 from dlrt.errors import DlrtError, OptionError
 
 BENCH_OUT = "benchmarks/runs"  # ignored by git: curated tables go to benchmarks/results
@@ -130,7 +131,7 @@ def _generate(args: argparse.Namespace) -> int:
     prompt = args.prompt_ids or args.prompt
     # NOTE: under torchrun every rank runs the request (a cut model needs all of them); rank 0
     # prints it.
-    if os.environ.get("RANK", "0") != "0":
+    if process_rank() != 0:
         llm.generate(prompt, chat=args.chat, **kw)
         return 0
     if args.json:
@@ -163,7 +164,7 @@ def _make_checkpoint(args: argparse.Namespace) -> int:
 def _rank_zero_prints(main):
     """Under torchrun every rank runs the benchmark (a cut model needs all of them); only rank
     0's tables reach stdout, each rank writes its own record."""
-    if os.environ.get("RANK", "0") == "0":
+    if process_rank() == 0:
         return main()
     with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
         return main()
@@ -429,7 +430,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except DlrtError as e:
-        where = f"[rank {os.environ.get('RANK', '0')}] " \
-            if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        where = f"[rank {process_rank()}] " if world_size() > 1 else ""
         sys.stderr.write(f"{where}error: {e}\n")  # one write: ranks' lines do not interleave
         return 2
