@@ -2,7 +2,7 @@
 // (CUDA IPC peer-to-peer), in one kernel launch with no barrier kernel and no host involvement,
 // so a captured launch serves every replay of a CUDA graph (and every round of a WHILE node).
 // Host side: dlrt/distributed/p2p.py (P2PAllReduce), which builds this file with nvcc on first
-// use (dlrt/runtime/cubin.py). NVLink multicast is never used (no multimem, no cuMulticast*).
+// use (dlrt/kernels/cubin.py). NVLink multicast is never used (no multimem, no cuMulticast*).
 //
 // The symmetric buffer every rank owns (cudaMalloc'd, exported with cudaIpcGetMemHandle and
 // opened by every peer), byte offsets from its base:

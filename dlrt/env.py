@@ -1,7 +1,7 @@
 """Environment variables read by dlrt (all `DLRT_`-prefixed), typed, in one place.
 
 Only whole-process settings live here; every engine option is a field of
-`dlrt.config.engine.EngineConfig`.
+`dlrt.engine.config.EngineConfig`.
 """
 
 from __future__ import annotations

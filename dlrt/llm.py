@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from dlrt.attention.registry import check_backend
-from dlrt.config.engine import EngineConfig
 from dlrt.decoding.options import DecodingOptions, DecodingParams, check_editing, resolve
-from dlrt.engine import Engine
+from dlrt.engine.config import EngineConfig
+from dlrt.engine.engine import Engine
 from dlrt.errors import DlrtError, OptionError, PromptError
 from dlrt.models.registry import family
 from dlrt.outputs import BlockOutput, GenerationResult
@@ -40,7 +40,7 @@ class LLM:
     Args:
         model: checkpoint folder (Hugging Face layout, safetensors only); None = the embedded
             default (a tiny SDAR model with the SDAR tokenizer, made on first use).
-        **options: engine options, the fields of `dlrt.config.engine.EngineConfig` (each
+        **options: engine options, the fields of `dlrt.engine.config.EngineConfig` (each
             documented there, as the CLI's engine flags are): dtype, device, load_format,
             seed (of dummy weights), max_model_len, decoder, mask_token_id, execution_mode,
             attention_backend, quantization, kv_cache_dtype, kernels, linear_kernels. None =

@@ -29,8 +29,8 @@ import torch
 import dlrt
 from dlrt.bench.humaneval import check_writable, for_model, load_prompts
 from dlrt.bench.report import table, write_json
-from dlrt.config.engine import ENGINE_FLAGS
 from dlrt.decoding.options import DecodingOptions
+from dlrt.engine.config import ENGINE_FLAGS
 
 COLUMNS = ["mode", "requests", "mean_ttfb_ms", "mean_tps", "mean_server_tps", "tokens",
            "same_tokens"]

@@ -35,8 +35,8 @@ from collections.abc import Sequence
 
 import torch
 
-from dlrt.runtime.cubin import Kernel
-from dlrt.runtime.cubin import check as _check
+from dlrt.kernels.cubin import Kernel
+from dlrt.kernels.cubin import check as _check
 
 MAX_WORLD = 8  # DLRT_AR_MAX_WORLD of csrc/all_reduce.cu
 MAX_CTAS = 128  # DLRT_AR_MAX_CTAS: the flags region's CTAs per rank

@@ -99,7 +99,7 @@ def _engine_dest(f: dataclasses.Field) -> str:
 
 def add_engine_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
     """One flag per `EngineConfig` field (its default, choices and help are written there)."""
-    from dlrt.config.engine import EngineConfig
+    from dlrt.engine.config import EngineConfig
 
     hints = typing.get_type_hints(EngineConfig)
     for f in dataclasses.fields(EngineConfig):
@@ -116,7 +116,7 @@ def add_engine_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """The engine options given on the command line (every `EngineConfig` field it has)."""
-    from dlrt.config.engine import EngineConfig
+    from dlrt.engine.config import EngineConfig
 
     fields = dataclasses.fields(EngineConfig)
     return {f.name: getattr(args, _engine_dest(f)) for f in fields

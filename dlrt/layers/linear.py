@@ -14,7 +14,7 @@ from dlrt.layers.quant.unquantized import CUBLAS
 class LinearBase(nn.Module):
     """weight [out, in]; `method` computes x [..., in] -> [..., out].
 
-    Under tensor parallelism (`dlrt.distributed.tp`) the weight is this rank's rows (column
+    Under tensor parallelism (`dlrt.distributed.transform`) the weight is this rank's rows (column
     parallel) or columns (row parallel) and `shards` says which; a row-parallel layer's
     output is a partial sum and `reduce` (the ranks' all-reduce) completes it.
     """

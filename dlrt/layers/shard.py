@@ -1,6 +1,6 @@
 """How a parameter holds one rank's share of its checkpoint tensors (tensor parallelism).
 
-`dlrt.distributed.tp.shard_model` sets `module.shards[leaf] = Shard(...)` on the modules it
+`dlrt.distributed.transform.shard_model` sets `module.shards[leaf] = Shard(...)` on the modules it
 cuts; the loader (`dlrt.checkpoint.loader.weight_specs`) reads only those slices of the
 checkpoint tensors (safetensors `get_slice`: the rank's rows or columns, never the whole
 tensor), and seeded dummy weights take the same slices of the full tensors, so a sharded model

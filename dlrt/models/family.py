@@ -9,8 +9,8 @@ from typing import Any
 
 from torch import nn
 
-from dlrt.config.model import ModelConfig
 from dlrt.decoding.options import DecoderDefaults
+from dlrt.models.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Family:
         "heads" (the fused QKV projection: the rank's query and KV heads), "column" (the
         rank's rows of each part), "row" (the rank's input columns; the output is summed
         over the ranks) or "vocab" (the LM head: the rank's vocabulary rows). See
-        `dlrt.distributed.tp`.
+        `dlrt.distributed.transform`.
     """
 
     name: str

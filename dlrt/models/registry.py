@@ -6,8 +6,8 @@ from typing import Any
 
 from torch import nn
 
-from dlrt.config.model import ModelConfig
 from dlrt.errors import ConfigError
+from dlrt.models.config import ModelConfig
 from dlrt.models.family import Family
 from dlrt.models.llada import LLADA
 from dlrt.models.llada2 import LLADA2

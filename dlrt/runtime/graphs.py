@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import torch
 
-from dlrt.runtime.cubin import Kernel
-from dlrt.runtime.cubin import check as _check
+from dlrt.kernels.cubin import Kernel
+from dlrt.kernels.cubin import check as _check
 
 _cond_kernel = None
 

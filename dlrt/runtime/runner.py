@@ -25,7 +25,7 @@ class ModelRunner:
         # the persistent round kernel (`dlrt.runtime.persistent.kernel.PersistentRounds`):
         # serves the forwards it was built for, the layers serve the rest
         self.persistent = None
-        # tensor parallelism: the LM head's vocabulary shard (`dlrt.distributed.tp.VocabShard`);
+        # tensor parallelism: the LM head's vocabulary shard (`dlrt.distributed.vocab.VocabShard`);
         # the logits a forward returns are then this rank's [n, V/N]
         self.vocab = None
 

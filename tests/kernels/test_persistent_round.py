@@ -119,7 +119,7 @@ def test_one_kernel_builds_by_its_id():
 def test_build_of_one_kernel(tmp_path, monkeypatch):
     """`build_cubin` with DLRT_ROUND_ONLY compiles that kernel alone, cached apart from the
     full build (the defines are part of the cache key)."""
-    from dlrt.runtime.cubin import build_cubin
+    from dlrt.kernels.cubin import build_cubin
     from dlrt.runtime.persistent.kernel import kernel_id
 
     monkeypatch.setenv("DLRT_CACHE_DIR", str(tmp_path))

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from dlrt import LLM
-from dlrt.config.engine import EngineConfig
+from dlrt.engine.config import EngineConfig
 from dlrt.entrypoints.cli import build_parser, engine_kwargs
 from dlrt.errors import OptionError
 

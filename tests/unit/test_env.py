@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dlrt import env
-from dlrt.config.engine import EngineConfig
+from dlrt.engine.config import EngineConfig
 from dlrt.errors import OptionError
 
 

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from dlrt import LLM
 from dlrt.checkpoint.make import make_checkpoint
 from dlrt.checkpoint.presets import PRESETS
-from dlrt.config.engine import EngineConfig
+from dlrt.engine.config import EngineConfig
 from dlrt.errors import CheckpointError, OptionError
 from dlrt.layers.quant.fp8 import quantize_fp8_block
 from dlrt.layers.quant.nvfp4 import quantize_nvfp4

@@ -17,10 +17,12 @@ from dlrt.attention.registry import get_backend
 from dlrt.checkpoint.default import default_model_path
 from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize
-from dlrt.config.engine import EngineConfig
 from dlrt.decoding.round import RoundKind, reference_candidates
 from dlrt.decoding.sampling import SamplingMode, SamplingSpec
-from dlrt.distributed.tp import TensorParallel, VocabShard, check_sizes, shard_model
+from dlrt.distributed.group import TensorParallel
+from dlrt.distributed.transform import check_sizes, shard_model
+from dlrt.distributed.vocab import VocabShard
+from dlrt.engine.config import EngineConfig
 from dlrt.errors import ConfigError, OptionError
 from dlrt.layers.shard import Shard
 from dlrt.models.registry import build_model, family, model_config

@@ -11,12 +11,12 @@ import torch
 from torch import nn
 
 from dlrt.attention.base import ForwardContext
-from dlrt.config.model import ModelConfig
 from dlrt.layers.attention import Attention
 from dlrt.layers.linear import Linear, MergedLinear
 from dlrt.layers.mlp import silu_and_mul_for
 from dlrt.layers.norm import RMSNorm
 from dlrt.layers.rotary import RotaryEmbedding
+from dlrt.models.config import ModelConfig
 from dlrt.ops import Ops
 
 

@@ -1,8 +1,8 @@
 """LLaDA2 MoE (inclusionAI/LLaDA2.0): block diffusion, sigmoid-routed experts, partial RoPE."""
 
-from dlrt.config.hf import with_layers
 from dlrt.decoding.options import DecoderDefaults
 from dlrt.models.family import Family
+from dlrt.models.hf import with_layers
 from dlrt.models.llada2.config import llada2_config
 from dlrt.models.llada2.model import LLaDA2MoeModelLM
 

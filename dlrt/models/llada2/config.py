@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlrt.config import hf as f
-from dlrt.config.model import ModelConfig
 from dlrt.errors import ConfigError
+from dlrt.models import hf as f
+from dlrt.models.config import ModelConfig
 
 MASK_TOKEN_ID = 156895
 EOS_TOKEN_ID = 156892

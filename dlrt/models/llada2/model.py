@@ -15,13 +15,13 @@ import torch
 from torch import nn
 
 from dlrt.attention.base import ForwardContext
-from dlrt.config.model import ModelConfig
 from dlrt.layers.attention import Attention
 from dlrt.layers.linear import Linear
 from dlrt.layers.mlp import SwiGLU
 from dlrt.layers.moe import FusedMoE, RouterSpec
 from dlrt.layers.norm import RMSNorm
 from dlrt.layers.rotary import RotaryEmbedding
+from dlrt.models.config import ModelConfig
 from dlrt.ops import Ops
 
 

@@ -1,7 +1,7 @@
 """SDAR dense and MoE (JetAstra/SDAR): Qwen3 / Qwen3-MoE layout with block-diffusion attention."""
 
-from dlrt.config.hf import with_layers
 from dlrt.models.family import Family
+from dlrt.models.hf import with_layers
 from dlrt.models.sdar.config import sdar_config
 from dlrt.models.sdar.model import SDARForCausalLM
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlrt.config import hf as f
-from dlrt.config.model import ModelConfig
 from dlrt.errors import ConfigError
+from dlrt.models import hf as f
+from dlrt.models.config import ModelConfig
 
 
 def sdar_config(hf: dict[str, Any], family: str) -> ModelConfig:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from dlrt import env
 from dlrt.attention.kv_cache import PagedKVCache
-from dlrt.runtime.cubin import VOID_P, Kernel
+from dlrt.kernels.cubin import VOID_P, Kernel
 from dlrt.runtime.persistent.plan import RoundPlan, build_plan, fp8_layer
 
 FP8 = torch.float8_e4m3fn

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dlrt.config.model import ModelConfig
+from dlrt.models.config import ModelConfig
 
 GEMM_KINDS = ("qkv", "o", "gate_up", "down", "lm_head")
 

@@ -23,20 +23,16 @@ from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.checkpoint.kv_scales import read_kv_scales
 from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize
 from dlrt.checkpoint.quant import QuantScheme, quantize_model, resolve_scheme
-from dlrt.config.engine import EngineConfig
-from dlrt.config.model import ModelConfig
 from dlrt.decoding.options import DecoderDefaults
+from dlrt.distributed.agree import check_ranks_agree
+from dlrt.distributed.group import TensorParallel, tensor_parallel_group
 from dlrt.distributed.ranks import Ranks
-from dlrt.distributed.tp import (
-    TensorParallel,
-    VocabShard,
-    check_ranks_agree,
-    check_sizes,
-    shard_model,
-    tensor_parallel_group,
-)
+from dlrt.distributed.transform import check_sizes, shard_model
+from dlrt.distributed.vocab import VocabShard
+from dlrt.engine.config import EngineConfig
 from dlrt.errors import ConfigError, OptionError
 from dlrt.layers.quant.fp8 import check_fused_input, set_activations
+from dlrt.models.config import ModelConfig
 from dlrt.models.registry import build_model, family, model_config
 from dlrt.ops import Ops, get_ops
 from dlrt.runtime.decoders import build_decoder

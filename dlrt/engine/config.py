@@ -25,11 +25,11 @@ from dlrt import env
 from dlrt.attention.kv_cache import KV_FP8
 from dlrt.attention.registry import backend_names, check_backend, default_backend
 from dlrt.checkpoint.quant import QUANTIZATIONS
-from dlrt.config.model import ModelConfig
 from dlrt.decoding.options import DecoderDefaults
 from dlrt.distributed.ranks import local_ranks, world_size
 from dlrt.errors import ConfigError, OptionError
 from dlrt.layers.quant.fp8 import ACTIVATIONS
+from dlrt.models.config import ModelConfig
 from dlrt.models.registry import family
 from dlrt.ops import NAMES as KERNELS
 from dlrt.runtime.decoders import DECODERS, decoder_for
