@@ -1,8 +1,9 @@
 // One-shot push all-reduce (sum) between 2..8 ranks whose GPUs reach each other's memory
 // (CUDA IPC peer-to-peer), in one kernel launch with no barrier kernel and no host involvement,
 // so a captured launch serves every replay of a CUDA graph (and every round of a WHILE node).
-// Host side: dlrt/distributed/p2p.py (P2PAllReduce), which builds this file with nvcc on first
-// use (dlrt/kernels/cubin.py). NVLink multicast is never used (no multimem, no cuMulticast*).
+// Host side: dlrt/distributed/p2p.py (P2PAllReduce), which builds this file on first use with
+// NVRTC, else nvcc (dlrt/kernels/cubin.py). NVLink multicast is never used (no multimem, no
+// cuMulticast*).
 //
 // The symmetric buffer every rank owns (cudaMalloc'd, exported with cudaIpcGetMemHandle and
 // opened by every peer), byte offsets from its base:
@@ -51,9 +52,16 @@
 // land), never a stale L1 line.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
+#else
+// NVRTC has no libc headers: what this file takes from them (printf is built in)
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef unsigned long long uintptr_t;
+#endif
 
 #define DLRT_AR_MAX_WORLD 8
 #define DLRT_AR_MAX_CTAS 128

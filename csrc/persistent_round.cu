@@ -19,12 +19,20 @@
 // SiLU(gate) rounded, times up rounded; q/k RMSNorm and neox RoPE as `rope_rotate`; attention
 // split over the context with fp32 online-softmax states merged per KV head.
 // Element type T: __nv_bfloat16 or float (the fp32 kernel serves the CPU-equivalent tests).
-// Built with nvcc on first use (sm_90; CUDA >= 12).
+// Built on first use with NVRTC, else nvcc (sm_90; CUDA >= 12.4).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#ifndef __CUDACC_RTC__
 #include <stdint.h>
 #include <cstdio>
+#else
+// NVRTC has no libc headers: what this file takes from them (printf is built in)
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef unsigned long long uintptr_t;
+#define INFINITY __int_as_float(0x7f800000)
+#endif
 
 namespace {
 

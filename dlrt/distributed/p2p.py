@@ -207,7 +207,7 @@ class P2PAllReduce:
     call waits for a peer on the device before the kernel traps (the launch fails, the CUDA
     context is lost: an error instead of a hang).
 
-    Construction is collective: every rank builds the kernels (nvcc on first use), allocates
+    Construction is collective: every rank builds the kernels (on first use), allocates
     and zeroes its buffer, and only then exchanges its IPC handle, so no rank writes into a
     buffer before it is zeroed; each rank opens every peer's buffer, and the ranks go on
     together or raise together: a rank that cannot load the kernels, export its buffer or open

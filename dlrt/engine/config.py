@@ -33,7 +33,7 @@ from dlrt.models.config import ModelConfig
 from dlrt.models.registry import family
 from dlrt.ops import NAMES as KERNELS
 from dlrt.runtime.decoders import DECODERS, decoder_for
-from dlrt.runtime.executor import MODES, check_mode
+from dlrt.runtime.executor import MODES, resolve_mode
 from dlrt.tuning.linear import POLICIES as LINEAR_KERNELS
 
 log = logging.getLogger(__name__)
@@ -165,9 +165,7 @@ class EngineConfig:
             device = torch.device("cuda", local_ranks()[0])  # this rank's GPU
         dtype = self.dtype if self.dtype != "auto" else (
             "bfloat16" if device.type == "cuda" else "float32")
-        mode = self.execution_mode if self.execution_mode != "auto" else (
-            "device_loop" if device.type == "cuda" else "eager")
-        check_mode(mode, device)
+        mode = resolve_mode(self.execution_mode, device)
         kernels = self.kernels if self.kernels != "auto" else (
             "triton" if device.type == "cuda" else "reference")
         if kernels == "triton" and device.type != "cuda" \

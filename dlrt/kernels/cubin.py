@@ -1,20 +1,20 @@
-"""Kernels of `csrc/` (shipped as `dlrt/csrc`): compiled with nvcc on first use into the dlrt
-cache (keyed by the source's hash and the target), loaded and launched through the driver API,
-so the launches are captured into CUDA graphs like any other kernel."""
+"""Kernels of `csrc/` (shipped as `dlrt/csrc`): compiled on first use with NVRTC, else nvcc
+(`dlrt.kernels.compiler`), into the dlrt cache (keyed by the source's hash, the target, the
+defines and the compiler with its version), loaded and launched through the driver API, so the
+launches are captured into CUDA graphs like any other kernel."""
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import torch
 
 from dlrt import env
 from dlrt.errors import DlrtError
+from dlrt.kernels.compiler import find_compiler
 from dlrt.resources import csrc_path
 
 
@@ -28,36 +28,34 @@ def check(result):
     return None
 
 
-def nvcc(why: str) -> str:
-    """The nvcc binary (CUDA_HOME, /usr/local/cuda, PATH); else DlrtError(`why`)."""
-    for home in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
-        if home and (Path(home) / "bin" / "nvcc").is_file():
-            return str(Path(home) / "bin" / "nvcc")
-    found = shutil.which("nvcc")
-    if found is None:
-        raise DlrtError(why)
-    return found
-
-
-def build_cubin(name: str, arch: str, what: str, hint: str = "set CUDA_HOME",
+def build_cubin(name: str, arch: str, what: str, hint: str | None = None,
                 defines: dict[str, str] | None = None) -> Path:
     """Compile csrc/<name> for `arch` (e.g. 'sm_90') once, with the preprocessor `defines`
-    (-DNAME=VALUE); cached by source hash, arch and defines. Without nvcc: DlrtError "<what>
-    needs nvcc (CUDA >= 12.4) to build csrc/<name>; <hint>"."""
+    (-DNAME=VALUE), by NVRTC or else nvcc; cached by source hash, arch, defines and compiler.
+
+    Returns:
+        the path of the CUBIN in `env.cache_dir()/kernels`.
+    Raises:
+        DlrtError: no compiler ("<what> cannot build csrc/<name>: <what is missing and how to
+            get it>; <hint>"), or the source does not compile (the compiler's log).
+    """
     src_path = csrc_path(name)
     src = src_path.read_bytes()
-    flags = [f"-D{k}={v}" for k, v in sorted((defines or {}).items())]
-    tag = hashlib.sha256(src + arch.encode() + " ".join(flags).encode()).hexdigest()[:16]
+    defines = dict(defines or {})
+    try:
+        compiler = find_compiler()
+    except DlrtError as e:
+        raise DlrtError(f"{what} cannot build csrc/{name}: {e}" + (f"; {hint}" if hint else "")
+                        ) from e
+    flags = " ".join(f"-D{k}={v}" for k, v in sorted(defines.items()))
+    key = b"\0".join([src, arch.encode(), flags.encode(), compiler.key.encode()])
+    tag = hashlib.sha256(key).hexdigest()[:16]
     out = env.cache_dir() / "kernels" / f"{src_path.stem}-{arch}-{tag}.cubin"
     if not out.is_file():
+        cubin = compiler.compile(src_path, arch, defines)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        why = f"{what} needs nvcc (CUDA >= 12.4) to build csrc/{name}; {hint}"
-        cmd = [nvcc(why), "-cubin", f"-arch={arch}", "-O3", *flags, "-o", str(tmp),
-               str(src_path)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise DlrtError(f"building {src_path.name} failed: {proc.stderr.strip()}")
+        tmp.write_bytes(cubin)
         os.replace(tmp, out)
     return out
 
@@ -66,7 +64,7 @@ class Kernel:
     """One `extern "C"` kernel of csrc/<source> (built with `defines`), loaded for the current
     device."""
 
-    def __init__(self, source: str, name: str, what: str, hint: str = "set CUDA_HOME",
+    def __init__(self, source: str, name: str, what: str, hint: str | None = None,
                  defines: dict[str, str] | None = None):
         from cuda.bindings import driver
 

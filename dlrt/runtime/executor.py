@@ -15,6 +15,7 @@ Graphs are captured on first use per (program, begin phase, mode) and kept in a 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -23,6 +24,7 @@ import torch
 
 from dlrt.attention.base import AttentionBackend
 from dlrt.errors import OptionError
+from dlrt.runtime import graphs
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +33,47 @@ MAX_GRAPHS = 16
 
 
 def check_mode(mode: str, device: torch.device) -> str:
-    """Return `mode` if it can run on `device`; OptionError otherwise."""
+    """Return `mode` if it can run on `device`.
+
+    Raises:
+        OptionError: not one of MODES; a graph mode off CUDA; device_loop where its kernel
+            cannot be built or run (names what is missing: `graphs.device_loop_missing`).
+    """
     if mode not in MODES:
         raise OptionError(f"execution_mode {mode!r} is not one of {MODES}")
     if mode != "eager" and device.type != "cuda":
         raise OptionError(f"execution_mode {mode!r} needs a CUDA device; use 'eager' on "
                           f"{device.type}")
+    if mode == "device_loop":
+        missing = graphs.device_loop_missing()
+        if missing is not None:
+            raise OptionError(f"execution_mode 'device_loop' cannot run here: {missing}; or "
+                              "use 'host_loop'")
     return mode
+
+
+def resolve_mode(mode: str, device: torch.device) -> str:
+    """The execution mode `mode` ("auto" or one of MODES) means on `device`: auto is eager on
+    the CPU; on CUDA device_loop where it can run here, else host_loop, with one warning
+    (logging, once per process) naming what is missing and how to get it.
+
+    Raises:
+        OptionError: as `check_mode`.
+    """
+    if mode == "auto" and device.type != "cuda":
+        mode = "eager"
+    elif mode == "auto":
+        missing = graphs.device_loop_missing()
+        mode = "device_loop" if missing is None else "host_loop"
+        if missing is not None:
+            _warn_host_loop(missing)
+    return check_mode(mode, device)
+
+
+@functools.cache
+def _warn_host_loop(missing: str) -> None:
+    log.warning("execution_mode auto: host_loop (a CUDA graph per round) instead of "
+                "device_loop, which cannot run here: %s", missing)
 
 
 class Executor:

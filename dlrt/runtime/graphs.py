@@ -8,9 +8,10 @@ here with `cuda.bindings`:
 Each part is captured by torch (`torch.cuda.graph(keep_graph=True)`, so torch's memory pool and
 allocator stay in charge) and nested as a child graph. The loop condition is set on the GPU by
 `csrc/graph_cond.cu` (shipped in the package as `dlrt/csrc`), a one-thread kernel that copies a
-device flag into the node's conditional handle; it is compiled with nvcc on first use into the
-dlrt cache and launched through the driver API, so it is captured like any other kernel. All
-capture mechanics live in this module.
+device flag into the node's conditional handle; it is compiled on first use (NVRTC from
+cuda-bindings, else nvcc: `dlrt.kernels.compiler`) into the dlrt cache and launched through the
+driver API, so it is captured like any other kernel; `device_loop_missing` says beforehand
+whether that can work here. All capture mechanics live in this module.
 """
 
 from __future__ import annotations
@@ -20,10 +21,42 @@ from collections.abc import Callable
 
 import torch
 
+from dlrt.kernels.compiler import MIN_CUDA, find_compiler, install_hint, missing_compiler
 from dlrt.kernels.cubin import Kernel
 from dlrt.kernels.cubin import check as _check
 
 _cond_kernel = None
+
+
+def device_loop_missing() -> str | None:
+    """None when the device loop can run here; else what is missing and how to get it.
+
+    It needs cuda-bindings (the graph API), a compiler of CUDA >= 12.4 for csrc/graph_cond.cu
+    (NVRTC, else nvcc) and, where a driver is loaded, a driver of CUDA >= 12.4 whose major
+    version is at least the compiler's (a CUBIN of CUDA 13 does not load on a CUDA 12 driver).
+    Needs no GPU: without a driver only the first two are checked.
+    """
+    try:
+        from cuda.bindings import driver, runtime  # noqa: F401
+    except ImportError:
+        return f"cuda-bindings is not installed; {install_hint()}"
+    missing = missing_compiler()
+    if missing is not None:
+        return missing
+    try:
+        err, version = driver.cuDriverGetVersion()
+    except RuntimeError:  # no libcuda here
+        return None
+    if int(err) != 0:
+        return None
+    have, compiler = (version // 1000, version % 1000 // 10), find_compiler()
+    if have < MIN_CUDA:
+        return (f"the NVIDIA driver supports CUDA {have[0]}.{have[1]}, older than "
+                f"{MIN_CUDA[0]}.{MIN_CUDA[1]} (conditional graph nodes); update the driver")
+    if compiler.version[0] > have[0]:
+        return (f"{compiler} builds for CUDA {compiler.version[0]} drivers, and the NVIDIA "
+                f"driver supports CUDA {have[0]}.{have[1]}; {install_hint()}")
+    return None
 
 
 class _CondKernel:
@@ -31,7 +64,7 @@ class _CondKernel:
 
     def __init__(self):
         self._kernel = Kernel("graph_cond.cu", "dlrt_set_condition", "the device loop",
-                              "set CUDA_HOME or use execution_mode='host_loop'")
+                              "or use execution_mode='host_loop'")
 
     def launch(self, handle, flag: torch.Tensor) -> None:
         """Enqueue on torch's current stream (captured when a capture is running)."""

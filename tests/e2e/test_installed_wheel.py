@@ -25,10 +25,10 @@ import json, sys
 from pathlib import Path
 import dlrt
 from dlrt import LLM
-from dlrt.runtime import graphs
+from dlrt.resources import csrc_path
 site = Path(sys.argv[1]).resolve()
 assert site in Path(dlrt.__file__).resolve().parents, dlrt.__file__
-assert site in graphs._SRC.resolve().parents, graphs._SRC
+assert site in csrc_path("graph_cond.cu").resolve().parents, csrc_path("graph_cond.cu")
 llm = LLM(sys.argv[2], device="cuda", max_model_len=512)
 assert llm.execution_mode == "device_loop"
 opts = dict(max_new_tokens=16, temperature=0, ignore_eos=True)

@@ -1,11 +1,13 @@
-"""Checks shared by the kernel tests: a captured graph's replay against eager calls (GPU), and
+"""Checks shared by the kernel tests: a captured graph's replay against eager calls (GPU),
 sm_90 PTX compiled on the CPU in a subprocess without TRITON_INTERPRET (Triton reads that
-variable at import, so the test process itself may run the interpreter)."""
+variable at import, so the test process itself may run the interpreter), and what a CUBIN
+holds (its architecture and kernels, read from its ELF header and symbol table)."""
 
 from __future__ import annotations
 
 import os
 import re
+import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -75,3 +77,32 @@ def global_loads(lines: list[str]) -> list[int]:
     """Indices of the global loads (plain, cp.async, TMA) among `body` lines."""
     return [i for i, ln in enumerate(lines)
             if re.match(r"ld\.global|cp\.async\.(ca|cg)|cp\.async\.bulk\.tensor", ln)]
+
+
+EM_CUDA = 190
+
+
+def cubin_kernels(cubin: bytes) -> tuple[int, set[str]]:
+    """(SM version, names of the defined global functions) of a CUBIN: a little-endian ELF64
+    image for EM_CUDA, whose e_flags hold the SM version (bits 8-15 from ELF ABI version 8,
+    CUDA 13; bits 0-7 before)."""
+    assert cubin[:4] == b"\x7fELF" and cubin[4] == 2 and cubin[5] == 1, cubin[:16]
+    machine, flags = struct.unpack_from("<H", cubin, 18)[0], struct.unpack_from("<I", cubin, 48)[0]
+    assert machine == EM_CUDA, machine
+    sm = (flags >> 8) & 0xFF if cubin[8] >= 8 else flags & 0xFF
+    shoff = struct.unpack_from("<Q", cubin, 40)[0]
+    shentsize, shnum = struct.unpack_from("<HH", cubin, 58)
+    # each section: name, type, flags, addr, offset, size, link, info, addralign, entsize
+    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize)
+                for i in range(shnum)]
+    names = set()
+    for sec in sections:
+        if sec[1] != 2:  # SHT_SYMTAB
+            continue
+        strtab = sections[sec[6]]
+        for off in range(sec[4], sec[4] + sec[5], 24):
+            st_name, st_info, _, st_shndx = struct.unpack_from("<IBBH", cubin, off)
+            if st_info >> 4 == 1 and st_info & 0xF == 2 and st_shndx != 0:  # global, func, defined
+                start = strtab[4] + st_name
+                names.add(cubin[start:cubin.index(b"\0", start)].decode())
+    return sm, names

@@ -29,6 +29,7 @@ import torch
 from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.attention.sdpa import SDPABackend
 from dlrt.checkpoint.presets import preset
+from dlrt.kernels.compiler import missing_compiler
 from dlrt.models.sdar.config import sdar_config
 from dlrt.models.sdar.model import SDARForCausalLM
 from dlrt.ops import get_ops
@@ -115,7 +116,8 @@ def test_one_kernel_builds_by_its_id():
     assert [(int(n), name) for n, name in found] == [(kernel_id(k), k) for k in KERNEL_NAMES]
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.slow
+@pytest.mark.skipif(missing_compiler() is not None, reason="needs NVRTC or nvcc")
 def test_build_of_one_kernel(tmp_path, monkeypatch):
     """`build_cubin` with DLRT_ROUND_ONLY compiles that kernel alone, cached apart from the
     full build (the defines are part of the cache key)."""
