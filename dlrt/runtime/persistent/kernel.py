@@ -5,12 +5,13 @@ one launch of `plan.workers` resident CTAs per round.
     rnd = PersistentRound(plan, model, cache, lens, chunk_block)
     logits = rnd.forward(tokens)      # [B, V]; the block's K/V written into the cache
 
-When a CTA picks a task, it asks L2 to prefetch the first DLRT_PERSISTENT_PREFETCH bytes
-(default 64 KiB) of the weight rows of the next projection in its queue (`dlrt.env`), so they
-stream during this task's waits and work. With DLRT_PERSISTENT_PAGES > 0 (sm_90), the
-projections read their weights from a ring of that many 32 KiB shared-memory pages instead,
-which one thread fills with bulk copies in the order the CTA will use them, pages ahead of the
-task that needs them (`ring_layout`; the ring's own description is in the CUDA source).
+With DLRT_PERSISTENT_PREFETCH > 0 (default 0: off, it measured slower), a CTA that picks a
+task asks L2 to prefetch that many first bytes of the weight rows of the next projection in its
+queue (`dlrt.env`), so they stream during this task's waits and work. With
+DLRT_PERSISTENT_PAGES > 0 (sm_90), the projections read their weights from a ring of that many
+32 KiB shared-memory pages instead, which one thread fills with bulk copies in the order the
+CTA will use them, pages ahead of the task that needs them (`ring_layout`; the ring's own
+description is in the CUDA source).
 `lens` is a static int32 [2] device buffer (start, kv_len) the caller fills before each round,
 so one captured launch serves every context. forward() is capturable (a CUDA graph, or the
 body of the block graph's WHILE node): the kernel zeroes its counters at the end of a round.
