@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from dlrt import env
 from dlrt.attention.kv_cache import PagedKVCache
+from dlrt.errors import OptionError
 from dlrt.kernels.cubin import VOID_P, Kernel
 from dlrt.runtime.persistent.plan import RoundPlan, build_plan, fp8_layer
 
@@ -176,6 +177,23 @@ def check_supported(plan: RoundPlan, dtype: torch.dtype, device: torch.device) -
         raise ValueError("the persistent round kernel does not serve: " + "; ".join(problems))
 
 
+def check_resident(gpu: str, sms: int, per_sm: int, ctas: int, shared: int) -> None:
+    """Refuse a launch whose `ctas` CTAs cannot all be resident at once: the kernel's CTAs wait
+    on each other, so one left waiting for an SM would spin until the wait limit traps.
+    `per_sm`: how many CTAs of the kernel (its threads, registers and `shared` bytes of dynamic
+    shared memory) fit one SM (cuOccupancyMaxActiveBlocksPerMultiprocessor); `sms` the GPU's.
+
+    Raises:
+        OptionError: naming the GPU, its SMs, the CTAs that fit and what to do instead.
+    """
+    if per_sm * sms >= ctas:
+        return
+    raise OptionError(
+        f"the persistent round kernel needs its {ctas} CTAs resident at once, and {gpu} "
+        f"({sms} SMs) fits {per_sm} per SM with {shared} bytes of dynamic shared memory, "
+        f"{per_sm * sms} in all: use round_kernel='layers' (or fewer DLRT_PERSISTENT_PAGES)")
+
+
 def _fp8_scales(model, name: str, weight: torch.Tensor) -> tuple[torch.Tensor | None,
                                                                    list[int]]:
     """(scales, [is e4m3, weight rows per scale row]) of the projection weight `name`: for a
@@ -206,7 +224,8 @@ class PersistentRound:
     `timeline`, each round also stamps every task (`self.timeline`, `timeline_summary`).
 
     Raises ValueError when the kernel does not serve the plan (`check_supported`), the model's
-    weights are not plain tensors of one dtype, or the cache is not of that dtype."""
+    weights are not plain tensors of one dtype, or the cache is not of that dtype; OptionError
+    when the GPU cannot hold every CTA at once (`check_resident`)."""
 
     def __init__(self, plan: RoundPlan, model, cache: PagedKVCache, lens: torch.Tensor,
                  chunk_block: int | None, timeline: bool = False):
@@ -310,9 +329,10 @@ class PersistentRound:
                                             defines={"DLRT_ROUND_ONLY": str(kernel_id(name))})
         self.kernel = _KERNELS[dtype, bound]
         self.kernel.set_shared_bytes(self.smem)
-        if self.kernel.max_blocks_per_sm(THREADS, self.smem) < 1:
-            raise ValueError(f"the persistent round kernel does not fit an SM with {self.smem} "
-                             "bytes of shared memory")
+        # NOTE: before the first launch: every CTA resident at once, or a named error
+        check_resident(props.name, props.multi_processor_count,
+                       self.kernel.max_blocks_per_sm(THREADS, self.smem), plan.workers,
+                       self.smem)
 
     def stamped(self) -> PersistentRound:
         """This round's twin that stamps every task (`timeline=True`): the same plan, model,
