@@ -54,9 +54,9 @@ def split_k_reduce() -> str:
 def persistent_prefetch_bytes() -> int:
     """DLRT_PERSISTENT_PREFETCH: weight bytes of the next projection task in its queue that a
     CTA of the persistent round kernel asks L2 to prefetch when it picks a task (0: none;
-    `dlrt.runtime.persistent.kernel`). Default 65536. ValueError unless a non-negative
-    integer."""
-    value = os.environ.get("DLRT_PERSISTENT_PREFETCH") or "65536"
+    `dlrt.runtime.persistent.kernel`). Default 0: off (64 KiB measured slower than none,
+    `benchmarks/results/RESULTS.md`). ValueError unless a non-negative integer."""
+    value = os.environ.get("DLRT_PERSISTENT_PREFETCH") or "0"
     if not (value.isascii() and value.isdigit()):
         raise ValueError(f"DLRT_PERSISTENT_PREFETCH={value!r}: expected a byte count >= 0")
     return int(value)

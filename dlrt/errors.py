@@ -25,3 +25,8 @@ class PromptError(DlrtError, ValueError):
 class NumericalError(DlrtError):
     """The model produced non-finite logits (NaN or infinity) where a round decides tokens:
     broken weights, or activations past the dtype's range. Nothing of the block is output."""
+
+
+class RankError(DlrtError):
+    """Under torchrun: another rank failed a call that every rank runs (the message names the
+    rank and its error), or the ranks cannot go on together."""

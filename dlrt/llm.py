@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
+import pickle
 import random
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from dlrt.attention.registry import check_backend
 from dlrt.decoding.options import DecodingOptions, DecodingParams, check_editing, resolve
+from dlrt.distributed.calls import Calls, OutOfStep, Request, on_rank
+from dlrt.distributed.ranks import Ranks, process_rank, world_size
 from dlrt.engine.config import EngineConfig
 from dlrt.engine.engine import Engine
 from dlrt.errors import DlrtError, OptionError, PromptError
@@ -22,6 +27,10 @@ from dlrt.stops import find_stop_string, stop_holdback, trim
 from dlrt.tokenizer import Prompt, TextStream, encode_prompt
 
 DEFAULT_MAX_NEW_TOKENS = 128
+FOLLOWED = frozenset({"_follow_request", "_set_execution_mode", "_collective_rpc"})
+_MADE_UNDER_TORCHRUN: list[bool] = []  # [True] once this torchrun process made its LLM
+
+log = logging.getLogger(__name__)
 
 
 def _engine(path: str, doc: str) -> property:
@@ -47,12 +56,80 @@ class LLM:
             the default.
     Raises:
         CheckpointError, ConfigError, OptionError: the message names the problem; a bad
-            option fails before the checkpoint is read.
+            option fails before the checkpoint is read. Under torchrun the message starts
+            with "rank R: ".
+
+    Under torchrun (one process per rank, every rank running the same script) `LLM(...)`
+    loads the model on every rank (cut across them: tensor parallelism), then only rank 0
+    returns. Every other rank serves rank 0's calls until rank 0's LLM closes and then ends
+    its process (exit status 0; non-zero with a one-line message when rank 0 is gone or the
+    ranks fall out of step). Rank 0's `generate` / `stream` (checked there first: the other
+    ranks never see a bad request), `set_execution_mode`, `collective_rpc` and `close` run on
+    every rank. After each block every rank reports its status: a failure on any rank ends
+    the request on every rank (rank 0's caller gets the rank's own error, or `RankError`
+    naming the rank that failed; the others log it) and the next request starts in step.
+    One LLM per torchrun job. `close()` (also: the end of a `with LLM(...) as llm:` block,
+    and for an LLM still open, its collection or the end of the process) releases the ranks'
+    buffers in rank order and leaves the process group.
     """
 
     def __init__(self, model: str | Path | None = None, **options: Any):
-        self.engine = Engine.create(EngineConfig.from_kwargs(model=model, **options))
+        world = world_size()
+        if world > 1 and _MADE_UNDER_TORCHRUN:
+            raise OptionError("one LLM per torchrun job: the other ranks follow the first LLM "
+                              "and end when it closes")
+        try:
+            self.engine = Engine.create(EngineConfig.from_kwargs(model=model, **options))
+        except DlrtError as e:
+            if world == 1:
+                raise
+            raise on_rank(e, process_rank()) from e
+        if world > 1:
+            _MADE_UNDER_TORCHRUN.append(True)
         self._request = 0  # id of the request allowed to run
+        self._calls = Calls(self.engine.tp.control or (Ranks() if world > 1 else None))
+        # NOTE: closes on `close()`, or when the LLM is collected, or at exit if still open;
+        # it holds the channel and the group, not the LLM
+        self._close = weakref.finalize(self, self._calls.close, self.engine.tp.close)
+        if not self._calls.leader:
+            self._follow()
+
+    def _follow(self) -> None:
+        """A rank other than 0: run rank 0's calls until it closes, then end the process."""
+        rank = self._calls.rank
+        log.info("rank %d following rank 0", rank)
+        try:
+            self._calls.follow(self, FOLLOWED)
+        except OutOfStep as e:
+            raise SystemExit(" ".join(str(e).split())) from None
+        log.info("rank %d closed with rank 0", rank)
+        raise SystemExit(0)
+
+    def close(self) -> None:
+        """Close on every rank (rank 0 tells the others; they end their processes after):
+        release the ranks' buffers (the peer-to-peer all-reduce's, in rank order) and leave
+        the process group. Later calls do nothing; any other call after it raises DlrtError.
+        """
+        if not self._close.alive:
+            return
+        if self._calls.in_step:
+            raise DlrtError("close() inside collective_rpc: close from rank 0's code")
+        self._close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if not self._close.alive:
+            raise DlrtError("this LLM is closed")
+
+    @property
+    def world_size(self) -> int:
+        """The processes this LLM runs on (torchrun's ranks; 1 without torchrun)."""
+        return self._calls.world
 
     # -- what was loaded (read-only views of the engine) ----------------------------------
     engine_config = _engine("config", "the resolved engine options (no 'auto' left)")
@@ -82,6 +159,17 @@ class LLM:
             OptionError: a mode this device or attention backend cannot run, or device_loop
                 with tensor parallelism over NCCL.
         """
+        self._check_open()
+        if self._calls.sharing:
+            self._check_mode(mode)  # before the other ranks hear of it
+        self._calls.call("_set_execution_mode", mode)
+        self._set_execution_mode(mode)
+
+    def _set_execution_mode(self, mode: str) -> None:
+        self._calls.collective(f"set_execution_mode({mode!r})", self._check_mode, mode)
+        self.executor.mode = mode
+
+    def _check_mode(self, mode: str) -> None:
         check_mode(mode, self.device)
         check_backend(self.attention_backend, self.device, self.dtype, mode)
         tp = self.engine.tp
@@ -90,7 +178,31 @@ class LLM:
             raise OptionError("device_loop with tensor parallelism needs the peer-to-peer "
                               "all-reduce, which these GPUs cannot use (NCCL cannot run inside "
                               "a WHILE body); use host_loop or eager")
-        self.executor.mode = mode
+
+    def collective_rpc(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """`fn(llm, *args, **kwargs)` on every rank (under torchrun; else here): every rank's
+        result in rank order (one process: [result]). `fn` is a module-level function (sent
+        by reference, with its arguments and results pickled); it must make the same LLM calls
+        on every rank (inside it, `generate` / `stream` run on each rank without being sent,
+        every rank taking rank 0's prompt and options). Benchmarks use it for per-rank timings.
+
+        Raises:
+            OptionError: `fn` or its arguments cannot be sent (a lambda, a local function).
+            RankError: `fn` failed on another rank (named); its own error on this rank.
+        """
+        self._check_open()
+        try:
+            pickle.dumps((fn, args, kwargs) if self._calls.sharing else fn)
+        except Exception as e:
+            raise OptionError(f"collective_rpc sends fn and its arguments to every rank: "
+                              f"{getattr(fn, '__qualname__', fn)!r} cannot be pickled ({e}); "
+                              "pass a module-level function") from e
+        self._calls.call("_collective_rpc", fn, args, kwargs)
+        return self._collective_rpc(fn, args, kwargs)
+
+    def _collective_rpc(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Any]:
+        what = f"collective_rpc({getattr(fn, '__qualname__', fn)})"
+        return self._calls.collective(what, fn, self, *args, **kwargs)
 
     def encode(self, prompt: Prompt, chat: bool = False) -> list[int]:
         """Token ids of a prompt (see `dlrt.tokenizer.encode_prompt`)."""
@@ -195,51 +307,79 @@ class LLM:
 
     def _stream(self, prompt: Prompt, chat: bool, options: dict[str, Any],
                 stats: dict[str, Any]) -> Iterator[BlockOutput]:
-        if self.engine.tp.size > 1 and options.get("seed") is None:
-            # every rank of a cut model must draw the same samples: rank 0 chooses the seed
-            options = {**options, "seed": self.engine.tp.share(random.randrange(2**31))}
+        self._check_open()
         ids, params = self.check(prompt, chat=chat, **options)
+        # NOTE: rank 0 sends the checked request (its seed included) to the other ranks.
+        ids, params, request = self._calls.start_request(ids, params)
+        yield from self._run(ids, params, request, stats)
+
+    def _follow_request(self, ids: list[int], params: DecodingParams) -> None:
+        """A rank other than 0: run rank 0's request block for block."""
+        _, _, request = self._calls.start_request(ids, params)
+        for _ in self._run(ids, params, request, {}):
+            pass
+
+    def _run(self, ids: list[int], params: DecodingParams, request: Request,
+             stats: dict[str, Any]) -> Iterator[BlockOutput]:
+        """The request's blocks; after each one, every rank's status (`request.end_block`):
+        rank 0 goes on while its consumer asks for more and nothing ended the request."""
         stats["prompt"] = ids
         # NOTE: one request runs at a time: starting one supersedes any stream still open.
         self._request += 1
         me = self._request
-        text = TextStream(self.tokenizer)
-        out: list[int] = []
-        rounds = forwards = 0
-        t0 = time.perf_counter()
-        first_block_s = None
-        blocks = self.decoder.decode(ids, params)
-        for index in itertools.count():
-            if self._request != me:
-                raise DlrtError("this stream was superseded by a newer request on the same LLM "
-                                "(one request runs at a time); finish or close a stream first")
-            block = next(blocks, None)
-            if block is None:
-                return
-            rounds += block.rounds
-            forwards += block.rounds + block.extra_forwards
-            new, finish, why = trim(block.token_ids, params, params.max_new_tokens - len(out))
-            before = len(text)
-            text.extend(new)
-            limit = None
-            if params.stop_strings:
-                hit = find_stop_string(text, params.stop_strings, before, len(out))
-                if hit is not None:
-                    keep, why, limit = hit
-                    new, finish = new[: keep - len(out)], "stop"
-            out += new
-            if finish is None and params.stop_strings:
-                # NOTE: hold back a tail that may be the start of a stop string ending later.
-                limit = stop_holdback(text, params.stop_strings)
-            delta = text.emit(final=finish is not None, limit=limit)
-            first_block_s = first_block_s or time.perf_counter() - t0
-            if finish is not None:
-                total = time.perf_counter() - t0
-                stats.update(total_s=total, timings=dict(
-                    first_block_s=first_block_s, total_s=total,
-                    forwards=forwards, rounds=rounds,
-                    tpf=len(out) / max(rounds, 1)))
-            yield BlockOutput(index, new, delta, block.rounds,
-                              block.commit_rounds[: len(new)], finish, why)
-            if finish is not None:
-                return
+        blocks = None
+        try:
+            text = TextStream(self.tokenizer)
+            out: list[int] = []
+            rounds = forwards = 0
+            t0 = time.perf_counter()
+            first_block_s = None
+            blocks = self.decoder.decode(ids, params)
+            for index in itertools.count():
+                block = next(blocks, None)
+                if block is None:
+                    request.end_block(False)
+                    return
+                rounds += block.rounds
+                forwards += block.rounds + block.extra_forwards
+                new, finish, why = trim(block.token_ids, params,
+                                        params.max_new_tokens - len(out))
+                before = len(text)
+                text.extend(new)
+                limit = None
+                if params.stop_strings:
+                    hit = find_stop_string(text, params.stop_strings, before, len(out))
+                    if hit is not None:
+                        keep, why, limit = hit
+                        new, finish = new[: keep - len(out)], "stop"
+                out += new
+                if finish is None and params.stop_strings:
+                    # NOTE: hold back a tail that may be the start of a stop string ending later.
+                    limit = stop_holdback(text, params.stop_strings)
+                delta = text.emit(final=finish is not None, limit=limit)
+                first_block_s = first_block_s or time.perf_counter() - t0
+                if finish is not None:
+                    total = time.perf_counter() - t0
+                    stats.update(total_s=total, timings=dict(
+                        first_block_s=first_block_s, total_s=total,
+                        forwards=forwards, rounds=rounds,
+                        tpf=len(out) / max(rounds, 1)))
+                try:
+                    yield BlockOutput(index, new, delta, block.rounds,
+                                      block.commit_rounds[: len(new)], finish, why)
+                except GeneratorExit:  # the consumer closed the stream: every rank stops
+                    request.end_block(False)
+                    raise
+                if self._request != me:
+                    raise DlrtError("this stream was superseded by a newer request on the same "
+                                    "LLM (one request runs at a time); finish or close a stream "
+                                    "first")
+                if not request.end_block(finish is None):
+                    return
+        except Exception as e:
+            request.fail(e)  # every rank hears of it (nothing if the request has ended)
+            raise
+        finally:
+            if blocks is not None:
+                blocks.close()
+

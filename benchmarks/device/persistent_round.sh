@@ -9,11 +9,12 @@
 #   TAG: layers or persistent, with -pfN (DLRT_PERSISTENT_PREFETCH=N), -pagesM
 #   (DLRT_PERSISTENT_PAGES=M) and/or -fp8 (weight-only FP8 projections, quantised while
 #   loading), e.g. persistent-pages4-pf0, layers-fp8; run in the order given;
-#   default "layers persistent persistent-pf0 layers persistent"
+#   default "layers persistent persistent-pf65536 layers persistent" (the prefetch is off
+#   unless a tag or DLRT_PERSISTENT_PREFETCH sets it)
 # Carry: .devtools. Records: $OUT/step/TAG; tests $OUT/tests.txt.
 set -uo pipefail
 source benchmarks/device/common.sh
-tests=1 context=0 models=() tags="layers persistent persistent-pf0 layers persistent"
+tests=1 context=0 models=() tags="layers persistent persistent-pf65536 layers persistent"
 while [ $# -gt 0 ]; do
   case $1 in
     --no-tests) tests=0; shift ;;
@@ -37,7 +38,7 @@ for model in "${models[@]}"; do
     quant=()
     case $tag in *-fp8*) quant=(--quantization fp8 --fp8-activations weight_only) ;; esac
     echo "== $tag $model $context" >> "$LOG"
-    DLRT_PERSISTENT_PREFETCH=${pf:-${DLRT_PERSISTENT_PREFETCH:-65536}} \
+    DLRT_PERSISTENT_PREFETCH=${pf:-${DLRT_PERSISTENT_PREFETCH:-0}} \
     DLRT_PERSISTENT_PAGES=${pages:-${DLRT_PERSISTENT_PAGES:-0}} \
       timeout 200 python3 -m dlrt bench step --model "$M/$model" \
       --load-format dummy --context "$context" --rounds 100 --temperature 0 \

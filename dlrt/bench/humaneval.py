@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from dlrt.bench.report import every_rank, table, write_json
+from dlrt.bench.report import table, write_json
 from dlrt.errors import OptionError
 from dlrt.resources import data_path
 
@@ -113,22 +113,8 @@ def run(llm, problems: list[dict[str, str]], options: dict[str, Any], chat: bool
     return rows, summary
 
 
-def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
-    from dlrt import LLM
-
-    problems = load_prompts(args.data, args.num_prompts)
-    check_writable(args.out)
-    llm = LLM(**llm_kwargs)
-    chat = args.chat and llm.tokenizer is not None
-    problems = for_model(llm, problems)
-    modes = args.modes.split(",") if args.modes else [llm.execution_mode]
-    results = {}
-    for mode in modes:
-        llm.set_execution_mode(mode)
-        rows, summary = run(llm, problems, options, chat)
-        print(f"[{mode}]")
-        print(table(rows, COLUMNS))
-        results[mode] = dict(rows=rows, summary=summary)
+def compare_modes(modes: list[str], results: dict[str, dict]) -> list[dict[str, Any]]:
+    """One row per mode (MODE_COLUMNS) from one rank's {mode: {rows, summary}}."""
     first = results[modes[0]]["rows"]
     eager_tps = results["eager"]["summary"]["mean_tps"] if "eager" in results else None
     compare = []
@@ -141,18 +127,40 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
             rounds_per_block=s["rounds_per_block"],
             same_tokens_as_first=all(a["token_ids"] == b["token_ids"]
                                      for a, b in zip(first, results[mode]["rows"], strict=True))))
-    print(table(compare, MODE_COLUMNS))
-    per_rank = [dict(rank=r, mode=m, **{k: c[k] for k in MODE_COLUMNS[1:]})
-                for r, cs in enumerate(every_rank(compare)) for c, m in zip(cs, modes,
-                                                                           strict=True)]
-    if per_rank:  # tensor parallelism: each rank's own timing of the same requests
-        print(table(per_rank, ["rank", *MODE_COLUMNS]))
+    return compare
+
+
+def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
+    from dlrt import LLM
+
+    problems = load_prompts(args.data, args.num_prompts)
+    check_writable(args.out)
+    llm = LLM(**llm_kwargs)
+    chat = args.chat and llm.tokenizer is not None
+    problems = for_model(llm, problems)
+    modes = args.modes.split(",") if args.modes else [llm.execution_mode]
+    runs = {}  # mode -> every rank's (rows, summary): under torchrun each rank times its own
+    for mode in modes:
+        llm.set_execution_mode(mode)
+        runs[mode] = llm.collective_rpc(run, problems, options, chat)
+        print(f"[{mode}]")
+        print(table(runs[mode][0][0], COLUMNS))
+    world = len(runs[modes[0]])
+    results = [{m: dict(rows=runs[m][r][0], summary=runs[m][r][1]) for m in modes}
+               for r in range(world)]
+    compare = [compare_modes(modes, results[r]) for r in range(world)]
+    print(table(compare[0], MODE_COLUMNS))
+    if world > 1:  # tensor parallelism: each rank's own timing of the same requests
+        print(table([dict(rank=r, **c) for r in range(world) for c in compare[r]],
+                    ["rank", *MODE_COLUMNS]))
     model = llm.engine_config.model
     name = f"humaneval-{Path(str(model or 'default')).name}"
     path = write_json(name, dict(model=str(model), decoder=llm.decoder_name,
                                  dtype=str(llm.dtype), attention=llm.attention_backend,
                                  tensor_parallel_size=llm.engine_config.tensor_parallel_size,
-                                 options=options, modes=results, compare=compare),
+                                 options=options, modes=results[0], compare=compare[0],
+                                 **({} if world == 1 else dict(world=world,
+                                                               per_rank_compare=compare))),
                       llm.device, args.out)
     print(f"wrote {path}")
     return 0

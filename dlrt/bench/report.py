@@ -51,20 +51,9 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-def every_rank(value: Any) -> list[Any]:
-    """Under torchrun: every rank's `value` in rank order (all ranks must call it); one
-    process: []."""
-    from dlrt.distributed.ranks import Ranks, world_size
-
-    return Ranks().all_gather(value) if world_size() > 1 else []
-
-
 def write_json(name: str, payload: dict[str, Any], device: torch.device,
                out_dir: str | Path = "benchmarks/results") -> Path:
-    """Write `payload` plus commit, device, command and time to out_dir/name-<time>.json
-    (under torchrun: name-rank<R>-<time>.json with the rank and world size, one per rank)."""
-    from dlrt.distributed.ranks import process_rank, world_size
-
+    """Write `payload` plus commit, device, command and time to out_dir/name-<time>.json."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -72,10 +61,6 @@ def write_json(name: str, payload: dict[str, Any], device: torch.device,
               "command": " ".join(sys.argv), "time": stamp, "torch": torch.__version__,
               "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("DLRT_")},
               **payload}
-    if world_size() > 1:
-        rank = process_rank()
-        record.update(rank=rank, world=world_size())
-        name = f"{name}-rank{rank}"
     path = out / f"{name}-{stamp}.json"
     path.write_text(json.dumps(record, indent=2))
     return path

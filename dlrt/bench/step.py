@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from dlrt.bench.report import every_rank, table, write_json
+from dlrt.bench.report import table, write_json
 from dlrt.layers.linear import LinearBase
 from dlrt.layers.quant import LinearMethod
 from dlrt.tuning.linear import linear_layers
@@ -356,6 +356,15 @@ def _program(llm, params, max_context: int):
                          llm.config.mask_token_id)
 
 
+def _ranks(every: list) -> dict[str, Any]:
+    """The record's per-rank part under torchrun (`rows` and `summary` are rank 0's): every
+    rank's rows and summary; {} in one process."""
+    if len(every) == 1:
+        return {}
+    return dict(world=len(every), per_rank=[dict(rank=r, rows=rows, summary=summary)
+                                            for r, (rows, summary) in enumerate(every)])
+
+
 def _max_positions(model, default: int) -> int:
     """The checkpoint's position limit (config.json), or `default` for the embedded model."""
     from dlrt.checkpoint.folder import CheckpointFolder
@@ -383,7 +392,9 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     llm = LLM(**{**llm_kwargs, "max_model_len": llm_kwargs.get("max_model_len") or need})
     options = {**options, "block_length": b}
     params = llm.resolve(DecodingOptions.from_kwargs(options))
-    rows, summary = run(llm, params, contexts, args.rounds)
+    # NOTE: under torchrun every rank times its own rounds (a cut model needs all of them)
+    every = llm.collective_rpc(run, params, contexts, args.rounds)
+    rows, summary = every[0]
     print(table(rows, COLUMNS))
     print(table(rows, STAGE_COLUMNS))
     print(table(rows, BYTE_COLUMNS))
@@ -392,8 +403,8 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
                            "timeline_wait_us", "timeline_page_wait_us", "timeline_handoff_us",
                            "persistent_pages"]))
     print(table([summary], list(summary)))
-    per_rank = [dict(rank=r, **row) for r, rs in enumerate(every_rank(rows)) for row in rs]
-    if per_rank:  # tensor parallelism: each rank's own round times and floor (its shard)
+    per_rank = [dict(rank=r, **row) for r, (rs, _) in enumerate(every) for row in rs]
+    if len(every) > 1:  # tensor parallelism: each rank's own round times and floor (its shard)
         print(table(per_rank, ["rank", *COLUMNS]))
     for shape, rec in llm.linear_plan.records.items():
         if "reference_us" in rec:  # a quantised shape ("fp8,N,K"): every candidate
@@ -414,7 +425,8 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
                                  kv_cache_dtype=llm.engine_config.kv_cache_dtype,
                                  tensor_parallel_size=llm.engine_config.tensor_parallel_size,
                                  options=options, rows=rows,
-                                 summary=summary, projections=llm.linear_plan.records),
+                                 summary=summary, projections=llm.linear_plan.records,
+                                 **_ranks(every)),
                       llm.device, args.out)
     print(f"wrote {path}")
     return 0

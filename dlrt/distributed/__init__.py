@@ -1,1 +1,2 @@
-"""Multi-process plumbing (torchrun): rank discovery and the control channel between ranks."""
+"""Multi-process plumbing (torchrun): rank discovery, the control channel between ranks, rank
+0's calls sent to the others (`calls`), and tensor parallelism."""

@@ -28,17 +28,12 @@ class TensorParallel:
             and `capacity_bytes` (its largest message): the fused peer-to-peer all-reduce
             (`dlrt.distributed.p2p.P2PAllReduce`) that CUDA graphs and WHILE bodies can hold.
             Larger tensors go through it in row chunks.
-        control: the ranks' control channel (`dlrt.distributed.ranks.Ranks`) for host values
-            every rank must agree on (`share`).
+        control: the ranks' control channel (`dlrt.distributed.ranks.Ranks`): `barrier`.
     """
 
     def __init__(self, rank: int, size: int, group=None, reducer=None, control=None):
         self.rank, self.size, self.group, self.reducer = rank, size, group, reducer
         self.control = control
-
-    def share(self, value):
-        """Rank 0's host `value` on every rank (every rank calls it): a request's seed."""
-        return value if self.size == 1 else self.control.share(value)
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The reducer's sum of x, in chunks of whole rows that fit its capacity."""
@@ -86,6 +81,19 @@ class TensorParallel:
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
 
+    def close(self) -> None:
+        """Collective (every rank, once no forward runs): release the reducer's buffers (the
+        peer-to-peer all-reduce: in rank order over the control channel), then leave the
+        group. Later calls do nothing."""
+        if self.reducer is not None:
+            self.reducer.close()
+            self.reducer = None
+        if self.group is not None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group(self.group)
+            self.group = None
 
 
 def tensor_parallel_group(ranks, device: torch.device, execution_mode: str) -> TensorParallel:

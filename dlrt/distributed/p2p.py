@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -296,7 +296,7 @@ class P2PAllReduce:
             # all ranks go on, or all raise (a rank left alone would wait on the device)
             errors = [e for e in _all_gather(group, errors[-1] if errors else None) if e]
             if errors:
-                self._release(barrier=True)
+                self._release(self._barrier)
                 raise RuntimeError("P2PAllReduce setup failed: " + "; ".join(errors))
         self._bufs = tuple(bufs) + (0,) * (MAX_WORLD - world)
 
@@ -328,27 +328,34 @@ class P2PAllReduce:
                 kernel.launch(grid, THREADS, args, _ARG_TYPES)
         return out
 
-    def _release(self, barrier: bool) -> None:
-        """Close the peers' buffers, then (after every rank has, with `barrier`) free mine:
-        freeing an exported buffer that a peer still maps is undefined behaviour."""
-        for ptr in self._opened:
-            _check(self._rt.cudaIpcCloseMemHandle(ptr))
-        self._opened = []
-        if barrier:
-            import torch.distributed as dist
+    def _barrier(self) -> None:
+        import torch.distributed as dist
 
-            dist.barrier(group=self.group)
-        if self._own is not None:
-            _check(self._rt.cudaFree(self._own))
-            self._own = None
+        dist.barrier(group=self.group)
+
+    def _release(self, barrier: Callable[[], None]) -> None:
+        """Rank by rank in rank order (each after the previous one: `barrier()` returns when
+        every rank called it), close the mappings of the peers' buffers; then, once every rank
+        has, free the own buffers, again in rank order: freeing an exported buffer that a peer
+        still maps is undefined behaviour."""
+        for r in range(self.world):
+            if r == self.rank:
+                for ptr in self._opened:
+                    _check(self._rt.cudaIpcCloseMemHandle(ptr))
+                self._opened = []
+            barrier()
+        for r in range(self.world):
+            if r == self.rank and self._own is not None:
+                _check(self._rt.cudaFree(self._own))
+                self._own = None
+            barrier()
 
     def close(self) -> None:
         """Collective, once the device no longer runs any of this object's launches (graphs
-        holding them included): waits for the device, closes the peers' buffers
-        (cudaIpcCloseMemHandle), waits for every rank to have done so (a barrier over the
-        group) and frees its own buffer. Later calls do nothing."""
+        holding them included): waits for the device, then releases the buffers in rank order
+        over the group (`_release`). Later calls do nothing."""
         if self._own is None:
             return
         with torch.cuda.device(self.device):
             torch.cuda.synchronize()
-            self._release(barrier=True)
+            self._release(self._barrier)

@@ -1,9 +1,6 @@
-"""The control channel of a torchrun-launched server.
-
-Rank 0 serves HTTP; before each request it sends the request to every rank, and after every
-block it sends whether to go on, so all ranks run the same generation block for block (what
-tensor parallelism needs) and stop together on cancel or timeout. Control messages travel over a
-gloo group (host memory), never over NCCL. One process: every call is a no-op.
+"""torchrun's ranks: who this process is (`world_size`, `process_rank`, `local_ranks`) and the
+ranks' control channel (`Ranks`: a gloo group, host memory, never NCCL) that carries the load-time
+checks and rank 0's calls (`dlrt.distributed.calls`). One process: every call is a no-op.
 """
 
 from __future__ import annotations
@@ -11,8 +8,6 @@ from __future__ import annotations
 import datetime
 import os
 from typing import Any
-
-import torch
 
 LOAD_TIMEOUT = datetime.timedelta(minutes=10)
 
@@ -35,11 +30,15 @@ def local_ranks() -> tuple[int, int]:
 
 
 class Ranks:
+    """This process's rank among torchrun's and a gloo group of every rank (joining the
+    default group when nothing has; `close` leaves what it joined)."""
+
     def __init__(self):
         self.world = world_size()
         self.rank = process_rank()
         self.local_rank = local_ranks()[0]
         self._group = None
+        self._owns_default = False
         if self.world > 1:
             import torch.distributed as dist
 
@@ -50,6 +49,7 @@ class Ranks:
             # for requests forever
             if not dist.is_initialized():
                 dist.init_process_group("gloo", timeout=LOAD_TIMEOUT)
+                self._owns_default = True
             self._group = dist.new_group(backend="gloo",
                                          timeout=datetime.timedelta(days=365))
 
@@ -61,33 +61,6 @@ class Ranks:
     @property
     def leader(self) -> bool:
         return self.rank == 0
-
-    def device(self) -> str:
-        """This rank's device: its local GPU when there is one."""
-        if torch.cuda.is_available():
-            return f"cuda:{self.local_rank % torch.cuda.device_count()}"
-        return "cpu"
-
-    def _broadcast(self, obj: Any) -> Any:
-        if self.world == 1:
-            return obj
-        import torch.distributed as dist
-
-        box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self._group)
-        return box[0]
-
-    def share(self, obj: Any) -> Any:
-        """Rank 0's `obj` on every rank (all ranks call it; one process: `obj`)."""
-        return self._broadcast(obj)
-
-    def share_request(self, request: dict[str, Any] | None) -> dict[str, Any] | None:
-        """Rank 0 sends the request (None: shut down); the others receive it."""
-        return self._broadcast(request)
-
-    def share_continue(self, go_on: bool) -> bool:
-        """After each block rank 0 sends whether the generation goes on."""
-        return bool(self._broadcast(go_on))
 
     def gather_at_load(self, obj: Any) -> list[Any]:
         """Every rank's `obj` in rank order, over the default group: it gives up after
@@ -118,9 +91,15 @@ class Ranks:
         return out
 
     def close(self) -> None:
-        """Leave the process group (call once, at the end of the program)."""
-        if self.world > 1:
-            import torch.distributed as dist
+        """Leave the process group this object joined (the default group too when it made it,
+        which ends every group of this process). Later calls do nothing."""
+        if self._group is None:
+            return
+        import torch.distributed as dist
 
-            if dist.is_initialized():
+        if dist.is_initialized():
+            if self._owns_default:
                 dist.destroy_process_group()
+            else:
+                dist.destroy_process_group(self._group)
+        self._group = None

@@ -161,8 +161,9 @@ class EngineConfig:
         """
         tp = _tensor_parallel(self.tensor_parallel_size, self.device)
         device = _device(self.device)
-        if tp > 1 and device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", local_ranks()[0])  # this rank's GPU
+        if world_size() > 1 and device.type == "cuda" and device.index is None:
+            # this rank's GPU (tensor_parallel_size 1: whole models, as many as fit)
+            device = torch.device("cuda", local_ranks()[0] % max(torch.cuda.device_count(), 1))
         dtype = self.dtype if self.dtype != "auto" else (
             "bfloat16" if device.type == "cuda" else "float32")
         mode = resolve_mode(self.execution_mode, device)

@@ -6,19 +6,16 @@ Decoding flags are derived from `DecodingOptions` (each default written once, th
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import logging
 import math
-import os
 import re
 import sys
 import typing
 
 from dlrt import __version__, env, progress
 from dlrt.decoding.options import DecodingOptions
-from dlrt.distributed.ranks import process_rank, world_size
 from dlrt.errors import DlrtError, OptionError
 
 BENCH_OUT = "benchmarks/runs"  # ignored by git: curated tables go to benchmarks/results
@@ -129,11 +126,6 @@ def _generate(args: argparse.Namespace) -> int:
     kw = decoding_kwargs(args)
     llm = LLM(**engine_kwargs(args))
     prompt = args.prompt_ids or args.prompt
-    # NOTE: under torchrun every rank runs the request (a cut model needs all of them); rank 0
-    # prints it.
-    if process_rank() != 0:
-        llm.generate(prompt, chat=args.chat, **kw)
-        return 0
     if args.json:
         result = llm.generate(prompt, chat=args.chat, **kw)
         print(json.dumps(result.to_dict(), ensure_ascii=False))
@@ -161,20 +153,11 @@ def _make_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rank_zero_prints(main):
-    """Under torchrun every rank runs the benchmark (a cut model needs all of them); only rank
-    0's tables reach stdout, each rank writes its own record."""
-    if process_rank() == 0:
-        return main()
-    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
-        return main()
-
-
 def _bench_humaneval(args: argparse.Namespace) -> int:
     from dlrt.bench import humaneval
 
     kw = decoding_kwargs(args)
-    return _rank_zero_prints(lambda: humaneval.main(args, engine_kwargs(args), kw))
+    return humaneval.main(args, engine_kwargs(args), kw)
 
 
 def _bench_quality(args: argparse.Namespace) -> int:
@@ -192,7 +175,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
 def _bench_step(args: argparse.Namespace) -> int:
     from dlrt.bench import step
 
-    return _rank_zero_prints(lambda: step.main(args, engine_kwargs(args), decoding_kwargs(args)))
+    return step.main(args, engine_kwargs(args), decoding_kwargs(args))
 
 
 def _bench_kernels(args: argparse.Namespace) -> int:
@@ -430,6 +413,5 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except DlrtError as e:
-        where = f"[rank {process_rank()}] " if world_size() > 1 else ""
-        sys.stderr.write(f"{where}error: {e}\n")  # one write: ranks' lines do not interleave
+        sys.stderr.write(f"error: {e}\n")  # one write: ranks' lines do not interleave
         return 2

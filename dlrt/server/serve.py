@@ -1,13 +1,13 @@
-"""`dlrt serve`: load the model on every rank; rank 0 serves HTTP (uvicorn), the others follow."""
+"""`dlrt serve`: load the model and serve it over HTTP (uvicorn). Under torchrun `LLM(...)` returns
+only on rank 0, which serves; the other ranks run its requests with it."""
 
 from __future__ import annotations
 
 import logging
 import socket
 
-from dlrt.distributed.ranks import Ranks
 from dlrt.errors import OptionError, PromptError
-from dlrt.server.worker import Worker, follow
+from dlrt.server.worker import Worker
 
 log = logging.getLogger("dlrt.server")
 
@@ -80,9 +80,10 @@ def served_name(model) -> str:
 def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int,
           request_timeout: float, max_body_bytes: int, served_model_name: str | None = None,
           api_key: str | None = None) -> int:
-    """Load `LLM(**llm_kwargs)` on every rank and serve it from rank 0 (blocks until shutdown)
-    as `served_model_name` (default: `served_name`), asking for `api_key` when set.
-    Returns the process exit code (3: the server could not start).
+    """Load `LLM(**llm_kwargs)` and serve it (blocks until shutdown) as `served_model_name`
+    (default: `served_name`), asking for `api_key` when set. Under torchrun the model loads on
+    every rank and only rank 0 gets here past the load (`LLM`). Returns the process exit code
+    (3: the server could not start).
 
     Raises:
         OptionError: a host that does not resolve or a port out of range (before the model
@@ -92,25 +93,15 @@ def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int
 
     check_server_packages()  # before the model loads
     check_address(host, port)  # on every rank, before the model loads: all of them stop
-    ranks = Ranks()
-    if llm_kwargs.get("device") in (None, "auto"):
-        llm_kwargs = {**llm_kwargs, "device": ranks.device()}
     llm = LLM(**llm_kwargs)
     model = llm_kwargs.get("model")
-    check_defaults(llm, defaults)  # on every rank: all of them stop
-    if not ranks.leader:
-        log.info("rank %d following rank 0", ranks.rank)
-        try:
-            follow(llm, ranks)
-        except (KeyboardInterrupt, RuntimeError) as e:  # stopped, or rank 0 is gone
-            log.info("rank %d stops: %s", ranks.rank, e or type(e).__name__)
-        return 0
+    check_defaults(llm, defaults)
     import uvicorn
 
     from dlrt.server.app import create_app
 
     name = served_model_name or served_name(model)
-    worker = Worker(llm, ranks, max_queue=max_queue, timeout_s=request_timeout)
+    worker = Worker(llm, max_queue=max_queue, timeout_s=request_timeout)
     app = create_app(llm, worker, name, defaults, max_body_bytes, api_key=api_key)
 
     class Server(uvicorn.Server):
@@ -118,7 +109,7 @@ def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int
             await super().startup(sockets)  # a failed bind logs the error and exits
             if self.started:
                 log.info("serving %s on http://%s:%d (%d rank(s)%s)", name, host, port,
-                         ranks.world, ", API key required" if api_key else "")
+                         llm.world_size, ", API key required" if api_key else "")
 
     server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     try:
@@ -126,8 +117,5 @@ def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int
     except KeyboardInterrupt:
         pass
     finally:
-        try:
-            ranks.share_request(None)  # release the other ranks
-        except RuntimeError as e:  # they are gone already (the launcher stopped them)
-            log.info("releasing the other ranks: %s", e)
+        llm.close()  # under torchrun: the other ranks close with it and end
     return 0 if server.started else 3  # uvicorn's STARTUP_FAILURE

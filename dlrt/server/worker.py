@@ -6,7 +6,8 @@ streams events from the generation thread: ("block", BlockOutput) per decided bl
 ("final", summary) or ("error", message). Closing the event stream (the client went away)
 cancels the generation at the next block boundary; the slot is released only when the thread
 has stopped, so the next request finds the device free. A request that runs longer than
-`timeout_s` ends with finish_reason "timeout".
+`timeout_s` ends with finish_reason "timeout". Under torchrun the LLM runs each request on every
+rank itself: closing its stream stops every rank.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
-
-from dlrt.distributed.ranks import Ranks
 
 log = logging.getLogger("dlrt.server")
 
@@ -41,13 +40,12 @@ class Job:
 
 
 class Worker:
-    def __init__(self, llm, ranks: Ranks, max_queue: int = 16, timeout_s: float = 600.0):
+    def __init__(self, llm, max_queue: int = 16, timeout_s: float = 600.0):
         if max_queue < 0:
             raise ValueError(f"max_queue={max_queue} must be >= 0")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s} must be > 0")
         self.llm = llm
-        self.ranks = ranks
         self.max_queue = max_queue
         self.timeout_s = timeout_s
         self.waiting = 0
@@ -98,7 +96,7 @@ class Worker:
         self._lock.release()
 
     def _generate(self, job: Job, events: asyncio.Queue, loop) -> None:
-        """Generation thread: stream blocks, share go/stop with the other ranks."""
+        """Generation thread: stream blocks; close the stream when it ends early."""
         def emit(kind, payload):
             loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
 
@@ -109,7 +107,6 @@ class Worker:
         try:
             if job.cancel.is_set():
                 return
-            self.ranks.share_request(dict(prompt_ids=job.prompt_ids, options=job.options))
             stream = self.llm.stream(job.prompt_ids, **job.options)
             for block in stream:
                 first_block_s = first_block_s or time.perf_counter() - t0
@@ -121,7 +118,6 @@ class Worker:
                     finish = "timeout"
                 if finish is None and job.cancel.is_set():
                     finish, status = "cancelled", "cancelled"
-                self.ranks.share_continue(finish is None)
                 emit("block", block)
                 if finish is not None:
                     stream.close()
@@ -141,22 +137,3 @@ class Worker:
                      "tps=%.1f finish=%s status=%s", job.rid, job.endpoint, len(job.prompt_ids),
                      new, rounds, new / max(total, 1e-9), finish, status)
 
-
-def follow(llm, ranks: Ranks) -> None:
-    """Ranks other than 0: run every request rank 0 shares, block for block, until shutdown.
-
-    A request that fails (a `NumericalError`, say) fails on every rank at the same block, as
-    the ranks compute the same values; rank 0 answers it and both go on to the next request.
-    """
-    while True:
-        request = ranks.share_request(None)
-        if request is None:
-            return
-        try:
-            stream = llm.stream(request["prompt_ids"], **request["options"])
-            for _block in stream:
-                if not ranks.share_continue(False):
-                    stream.close()
-                    break
-        except Exception:  # rank 0 reports it to the client; keep following
-            log.exception("rank %d: request failed", ranks.rank)

@@ -206,12 +206,11 @@ def test_bad_tokenize_requests_are_400(client, path, body, param):
 def test_no_tokenizer_is_400(tiny_llada):
     from fastapi.testclient import TestClient
 
-    from dlrt.distributed.ranks import Ranks
     from dlrt.server.app import create_app
     from dlrt.server.worker import Worker
 
     llm = LLM(tiny_llada, dtype="float32")
-    with TestClient(create_app(llm, Worker(llm, Ranks()), "llada")) as c:
+    with TestClient(create_app(llm, Worker(llm), "llada")) as c:
         for path, body, field in (("/tokenize", {"prompt": "hi"}, "prompt"),
                                   ("/tokenize", {"messages": MESSAGES}, "messages"),
                                   ("/detokenize", {"tokens": [1, 2]}, "tokens")):

@@ -20,11 +20,10 @@ pytest.importorskip("fastapi")
 def client_of(llm: LLM, name: str, defaults: dict | None = None):
     from fastapi.testclient import TestClient
 
-    from dlrt.distributed.ranks import Ranks
     from dlrt.server.app import create_app
     from dlrt.server.worker import Worker
 
-    return TestClient(create_app(llm, Worker(llm, Ranks()), name, defaults))
+    return TestClient(create_app(llm, Worker(llm), name, defaults))
 
 
 def test_non_finite_logits_are_a_500_and_the_server_keeps_serving(tiny_sdar):

@@ -1,6 +1,7 @@
 """Tensor parallelism under torchrun on the CPU (gloo, eager, fp32): two ranks generate the
 same tokens as one process for SDAR dense, SDAR-MoE, LLaDA and LLaDA2 with greedy, threshold
-and sampled requests; ranks that disagree on the checkpoint or a size that does not split the
+and sampled requests (rank 0's, which every rank runs with it, and every rank's own through
+`collective_rpc`); ranks that disagree on the checkpoint or a size that does not split the
 model stop before any weight loads, naming the problem; the CLI runs cut across ranks."""
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def test_two_ranks_generate_the_tokens_of_one(preset, request, tmp_path):
     proc, out = run_worker(tmp_path, 2, str(ckpt))
     assert out is not None, proc.stderr[-3000:]
     assert out["world"] == 2 and out["tp"] == 2
-    assert out["ranks"][0] == out["ranks"][1] == want
+    # rank 0's requests (run by every rank with it), and every rank's through collective_rpc
+    assert out["leader"] == out["ranks"][0] == out["ranks"][1] == want
     assert all(len(ids) > 0 for ids in want)
 
 

@@ -4,7 +4,8 @@ CPU: the source compiled for sm_90 and sm_80 (every dtype's kernel in the cubin,
 no spills, registers for 512 threads per SM), its PTX free of NVLink multicast and holding the
 protocol's system-scope release / acquire; the host's constants against the source's; the
 buffer layout and launch shapes for every message size up to the capacity; the input checks;
-`reference_all_reduce` (fp32 in rank order, which a bf16 sum or another order does not give).
+`reference_all_reduce` (fp32 in rank order, which a bf16 sum or another order does not give);
+the release of the buffers in rank order (threads as ranks, the CUDA calls recorded).
 GPU (processes spawned here, a gloo group over a FileStore, a deadline on each run): ranks on
 one GPU (2 and 3) and on distinct GPUs (when there are two or more with peer access) reduce
 fresh inputs of a round's message sizes (4x2048 and 4x4096 bf16, one element, odd sizes, fp16,
@@ -207,6 +208,51 @@ def test_p2p_supported_without_a_gpu():
     assert p2p_supported(0, [0, 0]) == (False, "CUDA is not available")
     ok, why = p2p_supported("cpu", [0])
     assert not ok and "not a CUDA device" in why
+
+
+class _RecordedRuntime:
+    """The two CUDA calls of a release, appended to a shared list."""
+
+    def __init__(self, rank: int, events: list):
+        self.rank, self.events = rank, events
+
+    def cudaIpcCloseMemHandle(self, ptr):  # noqa: N802 - the CUDA name
+        self.events.append((self.rank, "unmap", ptr))
+        return (0,)
+
+    def cudaFree(self, ptr):  # noqa: N802
+        self.events.append((self.rank, "free", ptr))
+        return (0,)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_buffers_are_released_in_rank_order(world):
+    """Rank by rank, each after the previous one, the peers' buffers are unmapped; only then,
+    again rank by rank, each rank frees its own (a peer never maps a freed buffer); a second
+    release does nothing."""
+    import threading
+
+    events: list = []
+    gate = threading.Barrier(world, timeout=30)
+    ranks = []
+    for r in range(world):
+        ar = P2PAllReduce.__new__(P2PAllReduce)
+        ar.rank, ar.world, ar._rt = r, world, _RecordedRuntime(r, events)
+        ar._own, ar._opened = 100 + r, [200 + p for p in range(world) if p != r]
+        ranks.append(ar)
+
+    def release(ar):
+        time.sleep(0.01 * (world - ar.rank))  # the later ranks would go first, unordered
+        ar._release(gate.wait)
+
+    threads = [threading.Thread(target=release, args=(ar,)) for ar in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert events == ([(r, "unmap", 200 + p) for r in range(world) for p in range(world)
+                       if p != r] + [(r, "free", 100 + r) for r in range(world)])
+    assert all(ar._own is None and ar._opened == [] for ar in ranks)
 
 
 # --- GPU -------------------------------------------------------------------------------------

@@ -156,6 +156,21 @@ def test_params_layout_matches_the_source(tmp_path):
     assert got == [getattr(_Params, n).offset for n in names] + [ctypes.sizeof(_Params)]
 
 
+def test_a_device_that_cannot_hold_every_cta_is_refused_by_name():
+    """The CTAs wait on each other: every one must be resident at once, else the launch is
+    refused before it could spin (here with what the occupancy query would answer)."""
+    from dlrt.errors import OptionError
+    from dlrt.runtime.persistent.kernel import check_resident
+
+    check_resident("NVIDIA H100", 132, 1, 132, 200_000)
+    check_resident("NVIDIA H100", 66, 2, 132, 100_000)  # two per SM of half the SMs
+    with pytest.raises(OptionError, match=r"NVIDIA H100 \(132 SMs\) fits 0 per SM with "
+                                          r"240000 bytes .*round_kernel='layers'"):
+        check_resident("NVIDIA H100", 132, 0, 132, 240_000)
+    with pytest.raises(OptionError, match=r"needs its 132 CTAs .* 114 in all"):
+        check_resident("NVIDIA H100 (114 SMs usable)", 114, 1, 132, 200_000)
+
+
 def test_ring_layout():
     from dlrt.runtime.persistent.kernel import (
         MAX_PAGES,

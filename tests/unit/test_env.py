@@ -36,9 +36,9 @@ def test_attention_backend_variable_is_the_auto_default(monkeypatch):
 
 def test_persistent_prefetch_bytes(monkeypatch):
     monkeypatch.delenv("DLRT_PERSISTENT_PREFETCH", raising=False)
+    assert env.persistent_prefetch_bytes() == 0  # off: it measured slower
+    monkeypatch.setenv("DLRT_PERSISTENT_PREFETCH", "65536")
     assert env.persistent_prefetch_bytes() == 65536
-    monkeypatch.setenv("DLRT_PERSISTENT_PREFETCH", "0")
-    assert env.persistent_prefetch_bytes() == 0
     monkeypatch.setenv("DLRT_PERSISTENT_PREFETCH", "-5")
     with pytest.raises(ValueError, match="DLRT_PERSISTENT_PREFETCH='-5'"):
         env.persistent_prefetch_bytes()

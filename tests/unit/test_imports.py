@@ -118,6 +118,16 @@ def test_lazy_imports_count():
     assert "dlrt.kernels.skinny_gemm" in GRAPH["dlrt.layers.quant.unquantized"]
 
 
+def test_front_doors_know_no_ranks():
+    """The server, the CLI and the benchmarks import nothing of `dlrt.distributed`: the LLM
+    sends rank 0's calls to the other ranks, which follow it inside `LLM(...)`."""
+    doors = ("dlrt.server", "dlrt.entrypoints", "dlrt.bench", "dlrt.__main__")
+    leaks = sorted(f"{name} -> {t}" for name, targets in GRAPH.items()
+                   if name.startswith(doors) for t in targets
+                   if t == "dlrt.distributed" or t.startswith("dlrt.distributed."))
+    assert not leaks, leaks
+
+
 def folder(name: str) -> str:
     """The folder of dlrt a module lives in (`dlrt.runtime.persistent.plan` -> `dlrt.runtime`;
     a top-level module is its own)."""

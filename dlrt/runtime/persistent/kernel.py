@@ -5,12 +5,13 @@ one launch of `plan.workers` resident CTAs per round.
     rnd = PersistentRound(plan, model, cache, lens, chunk_block)
     logits = rnd.forward(tokens)      # [B, V]; the block's K/V written into the cache
 
-When a CTA picks a task, it asks L2 to prefetch the first DLRT_PERSISTENT_PREFETCH bytes
-(default 64 KiB) of the weight rows of the next projection in its queue (`dlrt.env`), so they
-stream during this task's waits and work. With DLRT_PERSISTENT_PAGES > 0 (sm_90), the
-projections read their weights from a ring of that many 32 KiB shared-memory pages instead,
-which one thread fills with bulk copies in the order the CTA will use them, pages ahead of the
-task that needs them (`ring_layout`; the ring's own description is in the CUDA source).
+With DLRT_PERSISTENT_PREFETCH > 0 (default 0: off, it measured slower), a CTA that picks a
+task asks L2 to prefetch that many first bytes of the weight rows of the next projection in its
+queue (`dlrt.env`), so they stream during this task's waits and work. With
+DLRT_PERSISTENT_PAGES > 0 (sm_90), the projections read their weights from a ring of that many
+32 KiB shared-memory pages instead, which one thread fills with bulk copies in the order the
+CTA will use them, pages ahead of the task that needs them (`ring_layout`; the ring's own
+description is in the CUDA source).
 `lens` is a static int32 [2] device buffer (start, kv_len) the caller fills before each round,
 so one captured launch serves every context. forward() is capturable (a CUDA graph, or the
 body of the block graph's WHILE node): the kernel zeroes its counters at the end of a round.
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 
 from dlrt import env
 from dlrt.attention.kv_cache import PagedKVCache
+from dlrt.errors import OptionError
 from dlrt.kernels.cubin import VOID_P, Kernel
 from dlrt.runtime.persistent.plan import RoundPlan, build_plan, fp8_layer
 
@@ -175,6 +177,23 @@ def check_supported(plan: RoundPlan, dtype: torch.dtype, device: torch.device) -
         raise ValueError("the persistent round kernel does not serve: " + "; ".join(problems))
 
 
+def check_resident(gpu: str, sms: int, per_sm: int, ctas: int, shared: int) -> None:
+    """Refuse a launch whose `ctas` CTAs cannot all be resident at once: the kernel's CTAs wait
+    on each other, so one left waiting for an SM would spin until the wait limit traps.
+    `per_sm`: how many CTAs of the kernel (its threads, registers and `shared` bytes of dynamic
+    shared memory) fit one SM (cuOccupancyMaxActiveBlocksPerMultiprocessor); `sms` the GPU's.
+
+    Raises:
+        OptionError: naming the GPU, its SMs, the CTAs that fit and what to do instead.
+    """
+    if per_sm * sms >= ctas:
+        return
+    raise OptionError(
+        f"the persistent round kernel needs its {ctas} CTAs resident at once, and {gpu} "
+        f"({sms} SMs) fits {per_sm} per SM with {shared} bytes of dynamic shared memory, "
+        f"{per_sm * sms} in all: use round_kernel='layers' (or fewer DLRT_PERSISTENT_PAGES)")
+
+
 def _fp8_scales(model, name: str, weight: torch.Tensor) -> tuple[torch.Tensor | None,
                                                                    list[int]]:
     """(scales, [is e4m3, weight rows per scale row]) of the projection weight `name`: for a
@@ -205,7 +224,8 @@ class PersistentRound:
     `timeline`, each round also stamps every task (`self.timeline`, `timeline_summary`).
 
     Raises ValueError when the kernel does not serve the plan (`check_supported`), the model's
-    weights are not plain tensors of one dtype, or the cache is not of that dtype."""
+    weights are not plain tensors of one dtype, or the cache is not of that dtype; OptionError
+    when the GPU cannot hold every CTA at once (`check_resident`)."""
 
     def __init__(self, plan: RoundPlan, model, cache: PagedKVCache, lens: torch.Tensor,
                  chunk_block: int | None, timeline: bool = False):
@@ -309,9 +329,10 @@ class PersistentRound:
                                             defines={"DLRT_ROUND_ONLY": str(kernel_id(name))})
         self.kernel = _KERNELS[dtype, bound]
         self.kernel.set_shared_bytes(self.smem)
-        if self.kernel.max_blocks_per_sm(THREADS, self.smem) < 1:
-            raise ValueError(f"the persistent round kernel does not fit an SM with {self.smem} "
-                             "bytes of shared memory")
+        # NOTE: before the first launch: every CTA resident at once, or a named error
+        check_resident(props.name, props.multi_processor_count,
+                       self.kernel.max_blocks_per_sm(THREADS, self.smem), plan.workers,
+                       self.smem)
 
     def stamped(self) -> PersistentRound:
         """This round's twin that stamps every task (`timeline=True`): the same plan, model,
