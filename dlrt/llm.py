@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from dlrt.attention.registry import check_backend
-from dlrt.decoding.options import DecodingOptions, DecodingParams, check_editing, resolve
+from dlrt.decoding.options import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DecodingOptions,
+    DecodingParams,
+    check_editing,
+    resolve,
+)
 from dlrt.engine.config import EngineConfig
 from dlrt.engine.engine import Engine
 from dlrt.errors import DlrtError, OptionError, PromptError
@@ -20,8 +26,6 @@ from dlrt.outputs import BlockOutput, GenerationResult
 from dlrt.runtime.executor import check_mode
 from dlrt.stops import find_stop_string, stop_holdback, trim
 from dlrt.tokenizer import Prompt, TextStream, encode_prompt
-
-DEFAULT_MAX_NEW_TOKENS = 128
 
 
 def _engine(path: str, doc: str) -> property:

@@ -4,6 +4,8 @@ and prompt errors."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -117,7 +119,8 @@ def test_stop_id_as_first_token_gives_empty_output(llm, ref):
 def test_eos_ids_stop_unless_ignore_eos(llm, ref, monkeypatch):
     j = max(_first_occurrences(ref.token_ids))
     t = ref.token_ids[j]
-    monkeypatch.setattr(llm.engine, "eos_token_ids", (*llm.eos_token_ids, t))
+    eos = dataclasses.replace(llm.engine.resolved, eos_token_ids=(*llm.eos_token_ids, t))
+    monkeypatch.setattr(llm.engine, "resolved", eos)
     r = llm.generate(PROMPT, max_new_tokens=N)
     assert (r.token_ids, r.finish_reason, r.stop_reason) == (ref.token_ids[:j], "stop", t)
     r = llm.generate(PROMPT, max_new_tokens=N, ignore_eos=True)
