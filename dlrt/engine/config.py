@@ -162,7 +162,8 @@ class EngineConfig:
         Raises:
             OptionError: a device that does not exist here, a mode or backend it cannot run,
                 Triton kernels without Triton, an attention backend that does not read the
-                KV cache's dtype (FlashInfer and an FP8 cache).
+                KV cache's dtype (FlashInfer and an FP8 cache), the persistent round off CUDA
+                or under tensor parallelism (each part's own reason: `supports`).
         """
         tp = _tensor_parallel(self.tensor_parallel_size, self.device)
         device = _device(self.device)
@@ -191,11 +192,8 @@ class EngineConfig:
         elif attention != "auto":
             check_backend(attention, device, DTYPES[dtype], mode, kv_cache_dtype=kv_torch)
         round_kernel = "layers" if self.round_kernel == "auto" else self.round_kernel
-        if round_kernel == "persistent" and device.type != "cuda":
-            raise OptionError("round_kernel 'persistent' needs a CUDA device; use 'layers'")
-        if round_kernel == "persistent" and tp > 1:
-            raise OptionError("round_kernel 'persistent' runs one GPU's whole round; with "
-                              f"tensor_parallel_size {tp} use 'layers'")
+        if round_kernel == "persistent":
+            _check_persistent(device=device, tensor_parallel_size=tp)
         return dataclasses.replace(self, device=str(device), dtype=dtype, execution_mode=mode,
                                    kernels=kernels, attention_backend=attention,
                                    kv_cache_dtype=kv, round_kernel=round_kernel,
@@ -209,7 +207,8 @@ class EngineConfig:
 
         Raises:
             OptionError: as `resolve_device`; a decoder that does not fit the family, an
-                attention backend that cannot serve the model, max_model_len or
+                attention backend that cannot serve the model, a persistent round that does
+                not serve the model, decoder or precision, max_model_len or
                 mask_token_id out of range, a mask token that is an end-of-text id, a
                 quantization the folder does not hold ("none" for a quantised folder, another
                 format).
@@ -243,6 +242,11 @@ class EngineConfig:
                 f"{list(eos)}): the mask token is never committed, so a generation could not "
                 "stop; pass another mask_token_id")
         scheme = resolve_scheme(out.quantization, folder.hf_config, folder.path)
+        if out.round_kernel == "persistent":
+            _check_persistent(device=device, tensor_parallel_size=out.tensor_parallel_size,
+                              config=config, decoder=decoder, dtype=dtype, kv_cache_dtype=kv,
+                              quantization=scheme.name if scheme else "none",
+                              fp8_activations=out.fp8_activations)
         load = "safetensors" if out.load_format == "auto" else out.load_format
         out = dataclasses.replace(out, model=str(folder.path), decoder=decoder,
                                   attention_backend=attention, max_model_len=max_len,
@@ -278,6 +282,16 @@ class ResolvedConfig:
     block_length: int
     eos_token_ids: tuple[int, ...]
     quant: QuantScheme | None = None
+
+
+def _check_persistent(**needs: Any) -> None:
+    """Raises OptionError with the persistent round's reason when it does not serve `needs`
+    (`PersistentRounds.supports`)."""
+    from dlrt.runtime.persistent.kernel import PersistentRounds
+
+    why = PersistentRounds.supports(**needs)
+    if why is not None:
+        raise OptionError(why)
 
 
 def _linear_kernels(config: EngineConfig, device: torch.device) -> str:

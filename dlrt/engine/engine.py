@@ -120,12 +120,12 @@ class Engine:
         plan.apply(model)
         cache = _kv_cache(mconfig, config, model, folder, tp.size)
         backend = get_backend(config.attention_backend, cache, mconfig.num_heads // tp.size)
-        runner = ModelRunner(model, ops, backend, cache, device)
-        if tp.size > 1:
-            runner.vocab = VocabShard(tp, mconfig.vocab_size, mconfig.mask_token_id)
-        if config.round_kernel == "persistent":
-            runner.persistent = _persistent_rounds(model, mconfig, config, cache,
-                                                   resolved.block_length)
+        vocab = VocabShard(tp, mconfig.vocab_size, mconfig.mask_token_id) \
+            if tp.size > 1 else None
+        persistent = _persistent_rounds(model, cache, resolved.block_length) \
+            if config.round_kernel == "persistent" else None
+        runner = ModelRunner(model, ops, backend, cache, device, vocab=vocab,
+                             persistent=persistent)
         executor = Executor(config.execution_mode, device, backend)
         decoder = build_decoder(config.decoder, runner, mconfig.mask_token_id,
                                 resolved.decoder_defaults, executor)
@@ -245,29 +245,14 @@ def plan_rows(block_length: int) -> int:
     return min(block_length, 16)
 
 
-def _persistent_rounds(model: nn.Module, mconfig: ModelConfig, config: EngineConfig,
-                       cache: PagedKVCache, block_length: int):
-    """The persistent round kernel for the block decoder's rounds (round_kernel='persistent').
+def _persistent_rounds(model: nn.Module, cache: PagedKVCache, block_length: int):
+    """The persistent round kernel for the block decoder's rounds (round_kernel='persistent';
+    what it serves was checked by `EngineConfig.resolve`).
 
     Raises:
-        OptionError: a model, decoder, precision or size the kernel does not serve (named)."""
+        OptionError: a size, GPU or plan the kernel does not serve (named)."""
     from dlrt.runtime.persistent.kernel import PersistentRounds
 
-    why = []
-    if mconfig.family != "sdar" or mconfig.moe_layers:
-        why.append(f"model family {mconfig.family} (dense SDAR only)")
-    if config.decoder != "block":
-        why.append(f"decoder {config.decoder} (block only)")
-    if config.quantization not in ("none", "fp8"):
-        why.append(f"quantization {config.quantization} (unquantised or weight-only fp8 "
-                   "weights only)")
-    elif config.quantization == "fp8" and config.fp8_activations != "weight_only":
-        why.append(f"fp8 with fp8_activations {config.fp8_activations} (the kernel computes "
-                   "the weight-only product: fp8_activations='weight_only')")
-    if cache.dtype != config.torch_dtype:
-        why.append(f"KV cache {cache.dtype} (a cache of the model dtype only)")
-    if why:
-        raise OptionError("round_kernel 'persistent' does not serve: " + "; ".join(why))
     try:
         return PersistentRounds(model, cache, block_length)
     except ValueError as e:
