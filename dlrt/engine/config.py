@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from dlrt import env
 from dlrt.attention.kv_cache import KV_FP8
 from dlrt.attention.registry import backend_names, check_backend, default_backend
 from dlrt.checkpoint.folder import CheckpointFolder
-from dlrt.checkpoint.quant import QUANTIZATIONS, QuantScheme, resolve_scheme
+from dlrt.checkpoint.quant import QuantScheme, quantizations, resolve_scheme
 from dlrt.decoding.options import DEFAULT_MAX_NEW_TOKENS, DecoderDefaults
 from dlrt.distributed.ranks import local_ranks, world_size
 from dlrt.errors import ConfigError, OptionError
@@ -49,8 +50,26 @@ LOAD_FORMATS = ("auto", "safetensors", "dummy")
 KV_CACHE_DTYPES = ("auto", "fp8")
 
 
-def _option(default: Any, help: str, choices: tuple | None = None, flag: str | None = None):
+def _option(default: Any, help: str, choices: Sequence[str] | None = None,
+            flag: str | None = None):
     return field(default=default, metadata=dict(help=help, choices=choices, flag=flag))
+
+
+class _Choices(Sequence):
+    """An option's choices read from a registry each time they are asked for (a format
+    registered after this module was imported is among them)."""
+
+    def __init__(self, read: Callable[[], tuple[str, ...]]):
+        self._read = read
+
+    def __getitem__(self, i):
+        return self._read()[i]
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+    def __repr__(self) -> str:
+        return repr(self._read())
 
 
 @dataclass(frozen=True)
@@ -87,10 +106,10 @@ class EngineConfig:
         "(FA3/FA2, planned on the host once per block), flashinfer-fa2, sdpa (eager only)",
         ("auto", *backend_names()))
     quantization: str = _option(
-        "auto", "weights: auto (the checkpoint's quantization_config: fp8 block-scaled or "
-        "ModelOpt nvfp4; else unquantised), none (an unquantised checkpoint), fp8 / nvfp4 (a "
-        "checkpoint in that format, or an unquantised one quantised while loading; fp8: "
-        "128x128 blocks)", QUANTIZATIONS)
+        "auto", "weights: auto (the checkpoint's quantization config: fp8 block-scaled or "
+        "ModelOpt nvfp4; else unquantised), none (an unquantised checkpoint), a format: fp8 / "
+        "nvfp4 (a checkpoint in that format, or an unquantised one quantised while loading; "
+        "fp8: 128x128 blocks)", _Choices(quantizations))
     fp8_activations: str = _option(
         "dynamic", "FP8 linear layers: dynamic (W8A8: activations quantised to e4m3 per token "
         "and 128-column group at run time, the checkpoints' activation_scheme 'dynamic' as "

@@ -205,8 +205,8 @@ def _kv_cache(config: ModelConfig, engine: EngineConfig, model: nn.Module,
 
 def _report_quantization(scheme: QuantScheme | None, device: torch.device) -> None:
     """Say which path serves quantised weights: the dequantising reference on the CPU and on
-    GPUs before sm_89 (no FP8 tensor cores, no e4m3 conversions: a warning); NVFP4 before
-    sm_100 (no FP4 tensor cores) by weight-only kernels."""
+    GPUs before sm_89 (no FP8 tensor cores, no e4m3 conversions: a warning); else the format's
+    own note (`QuantFormat.path_note`; NVFP4 before sm_100: weight-only kernels)."""
     if scheme is None:
         return
     if device.type != "cuda":
@@ -217,10 +217,8 @@ def _report_quantization(scheme: QuantScheme | None, device: torch.device) -> No
         log.warning("%s weights on a GPU of compute capability %d.%d, which has no FP8 tensor "
                     "cores (sm_89+): served by the dequantising path (each call dequantises "
                     "its weight; slower than the unquantised model)", scheme.name, *cap)
-    elif scheme.name == "nvfp4" and cap < (10, 0):
-        log.info("nvfp4 weights on compute capability %d.%d, which has no FP4 tensor cores "
-                 "(sm_100+): weight-only kernels (codes dequantised in registers, products in "
-                 "the model dtype)", *cap)
+    elif scheme.fmt.path_note(cap):
+        log.info("%s", scheme.fmt.path_note(cap))
 
 
 def _plan_linears(model: nn.Module, config: EngineConfig, block_length: int) -> LinearPlan:
@@ -231,7 +229,7 @@ def _plan_linears(model: nn.Module, config: EngineConfig, block_length: int) -> 
     path for quantised layers."""
     if config.linear_kernels == "cublas":  # resolved: also where no timing can apply
         return tune(model, policy="cublas")
-    rows = plan_rows(block_length)
+    rows = min(block_length, 16)
     plan = tune(model, rows=rows, policy=config.linear_kernels)
     methods, records = tune_quant(model, config.torch_dtype, rows=rows,
                                   policy=config.linear_kernels)
@@ -239,10 +237,6 @@ def _plan_linears(model: nn.Module, config: EngineConfig, block_length: int) -> 
     plan.records.update(records)
     return plan
 
-
-def plan_rows(block_length: int) -> int:
-    """The rows the linear plan times the projections at: a block's, at most 16."""
-    return min(block_length, 16)
 
 
 def _persistent_rounds(model: nn.Module, cache: PagedKVCache, block_length: int):
