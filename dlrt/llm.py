@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from dlrt.attention.registry import check_backend
-from dlrt.decoding.options import DecodingOptions, DecodingParams, check_editing, resolve
+from dlrt.decoding.options import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DecodingOptions,
+    DecodingParams,
+    check_editing,
+    resolve,
+)
 from dlrt.distributed.calls import Calls, OutOfStep, Request, on_rank
 from dlrt.distributed.ranks import Ranks, process_rank, world_size
 from dlrt.engine.config import EngineConfig
@@ -26,7 +32,6 @@ from dlrt.runtime.executor import check_mode
 from dlrt.stops import find_stop_string, stop_holdback, trim
 from dlrt.tokenizer import Prompt, TextStream, encode_prompt
 
-DEFAULT_MAX_NEW_TOKENS = 128
 FOLLOWED = frozenset({"_follow_request", "_set_execution_mode", "_collective_rpc"})
 _MADE_UNDER_TORCHRUN: list[bool] = []  # [True] once this torchrun process made its LLM
 

@@ -56,9 +56,28 @@ class AttentionBackend:
 
     `plans_on_host` says whether the backend needs them: the executor then reads a block's
     lengths on the host (one sync) and does not launch a block before the previous one ended.
+
+    `name` is the `attention_backend` option's value; `capturable`: whether the backend reads
+    the lengths from device memory, so it runs inside CUDA graphs. `supports` says what a
+    backend serves; the registry (`dlrt.attention.registry`) asks it.
     """
 
+    name = "base"
+    capturable = False
     plans_on_host = False
+
+    @classmethod
+    def supports(cls, device: torch.device, dtype: torch.dtype, execution_mode: str,
+                 head_dim: int | None = None, kv_cache_dtype: torch.dtype | None = None
+                 ) -> str | None:
+        """None when the backend serves this device, model dtype, execution mode and (when
+        given) head size and KV cache dtype (None: the model dtype); else the reason it cannot,
+        a sentence naming the backend and what to use instead. Subclasses add their needs and
+        end with this check: a graph execution mode needs a capturable backend."""
+        if execution_mode != "eager" and not cls.capturable:
+            return (f"execution_mode {execution_mode!r} needs a graph-capturable attention "
+                    f"backend (triton, flashinfer), not {cls.name!r}")
+        return None
 
     def __init__(self, cache: PagedKVCache, num_q_heads: int):
         self.cache = cache

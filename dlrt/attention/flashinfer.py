@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from dlrt.attention.base import AttentionBackend, AttentionSpan, ForwardMeta
-from dlrt.attention.kv_cache import PagedKVCache
+from dlrt.attention.kv_cache import KV_FP8, PagedKVCache
 from dlrt.attention.triton import TritonBackend
 from dlrt.errors import OptionError
 
@@ -113,29 +113,6 @@ def kernel_for(device: torch.device, kernels: str, name: str = "flashinfer") -> 
     return "fa3" if kernels == "auto" and major == 9 else "fa2"
 
 
-def check_flashinfer(name: str, device: torch.device, dtype: torch.dtype,
-                     head_dim: int | None = None) -> None:
-    """Whether FlashInfer (backend `name`) serves this device, dtype and head size.
-
-    Raises:
-        OptionError: as `kernel_for`; a dtype other than bfloat16/float16; a head size it has
-            no kernels for (each message says what to use instead).
-    """
-    kernel_for(device, "auto", name)
-    if dtype not in DTYPES:
-        raise OptionError(f"attention backend {name!r} needs bfloat16 or float16, not "
-                          f"{dtype}; use 'triton' for {dtype}")
-    if head_dim is not None:
-        check_head_dim(name, head_dim)
-
-
-def check_head_dim(name: str, head_dim: int) -> None:
-    """Raises OptionError when FlashInfer (backend `name`) builds no kernels for `head_dim`."""
-    if head_dim not in HEAD_DIMS:
-        raise OptionError(f"attention backend {name!r} has kernels for head_dim "
-                          f"{HEAD_DIMS}, not {head_dim}; use 'triton'")
-
-
 def kernel_for_span(family: str, span: AttentionSpan) -> str:
     """FA3 (when the family allows it) where every request has at least 128 queries (FA3
     tiles queries per head, so GQA groups do not fill its tiles), else FA2."""
@@ -150,11 +127,33 @@ def on_triton(span: AttentionSpan) -> bool:
 
 class FlashInferBackend(AttentionBackend):
     """Host-planned FlashInfer attention (see the module docstring). `kernels`: "auto" (FA3
-    on Hopper, else FA2) or "fa2"."""
+    on Hopper, else FA2) or "fa2". Serves CUDA GPUs of sm_80+ with FlashInfer installed,
+    bfloat16 / float16 models of head size 64, 128 or 256 and a KV cache of the model dtype;
+    capturable."""
 
     plans_on_host = True
+    capturable = True
     kernels = "auto"
     name = "flashinfer"
+
+    @classmethod
+    def supports(cls, device, dtype, execution_mode, head_dim=None, kv_cache_dtype=None):
+        name = cls.name
+        if kv_cache_dtype == KV_FP8:
+            return (f"attention backend {name!r} does not read an FP8 KV cache "
+                    "(kv_cache_dtype='fp8': per-layer scales read from device memory); use "
+                    "attention_backend='triton'")
+        try:
+            kernel_for(device, "auto", name)
+        except OptionError as e:
+            return str(e)
+        if dtype not in DTYPES:
+            return (f"attention backend {name!r} needs bfloat16 or float16, not {dtype}; use "
+                    f"'triton' for {dtype}")
+        if head_dim is not None and head_dim not in HEAD_DIMS:
+            return (f"attention backend {name!r} has kernels for head_dim {HEAD_DIMS}, not "
+                    f"{head_dim}; use 'triton'")
+        return super().supports(device, dtype, execution_mode, head_dim, kv_cache_dtype)
 
     def __init__(self, cache: PagedKVCache, num_q_heads: int):
         super().__init__(cache, num_q_heads)

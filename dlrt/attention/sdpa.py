@@ -25,7 +25,10 @@ def chunk_mask(n: int, start: int, kv_len: int, chunk_block: int | None,
 
 
 class SDPABackend(AttentionBackend):
-    """Gathers keys 0..kv_len-1 from the cache (dequantised when FP8), runs SDPA."""
+    """Gathers keys 0..kv_len-1 from the cache (dequantised when FP8), runs SDPA. Any device,
+    dtype, head size and KV cache dtype; eager only (not capturable)."""
+
+    name = "sdpa"
 
     def forward(self, layer: int, q: torch.Tensor, scale: float, meta: ForwardMeta,
                 cache: PagedKVCache) -> torch.Tensor:

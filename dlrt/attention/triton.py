@@ -6,14 +6,33 @@ inside captured CUDA graphs; on the CPU it runs under TRITON_INTERPRET=1 (tests)
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from dlrt.attention.base import AttentionBackend, ForwardMeta
-from dlrt.attention.kv_cache import PagedKVCache
+from dlrt.attention.kv_cache import KV_FP8, PagedKVCache
 from dlrt.kernels.paged_attention import default_splits, paged_chunk_attention, split_scratch
 
 
 class TritonBackend(AttentionBackend):
+    """`dlrt.kernels.paged_attention`: CUDA (or the CPU under TRITON_INTERPRET=1), any dtype and
+    head size, a KV cache of the model dtype or FP8 (sm_89+); capturable."""
+
+    name = "triton"
+    capturable = True
+
+    @classmethod
+    def supports(cls, device, dtype, execution_mode, head_dim=None, kv_cache_dtype=None):
+        if kv_cache_dtype == KV_FP8 and device.type == "cuda" \
+                and torch.cuda.get_device_capability(device) < (8, 9):
+            return ("kv_cache_dtype='fp8' with attention backend 'triton' needs a GPU of "
+                    "compute capability 8.9+ (FP8 loads); use kv_cache_dtype='auto'")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            return ("attention backend 'triton' needs a CUDA device (on the CPU it runs only "
+                    "in Triton's interpreter, TRITON_INTERPRET=1); use 'sdpa'")
+        return super().supports(device, dtype, execution_mode, head_dim, kv_cache_dtype)
+
     def __init__(self, cache: PagedKVCache, num_q_heads: int):
         super().__init__(cache, num_q_heads)
         # (capacity, n, Hq, Hkv, D, device) -> (context splits, their scratch buffers)

@@ -56,7 +56,7 @@ def _free(*objs: Any) -> None:
 
 def logits(llm, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
     """Float32 CPU logits of one block-causal forward over `ids` and its seconds."""
-    b = llm.engine.model_config.block_size or llm.engine.decoder_defaults.block_length or 4
+    b = llm.engine.resolved.block_length  # a default request's block
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = llm.runner.forward_at(ids.to(llm.device), 0, chunk_block=b)
@@ -114,7 +114,7 @@ def run(llm_kwargs: dict[str, Any], quantizations: list[str], num_tokens: int,
     facts = dict(dtype=str(plain.dtype).removeprefix("torch."), torch_device=str(plain.device),
                  num_layers=plain.engine.model_config.num_layers,
                  vocab_size=plain.engine.model_config.vocab_size,
-                 block=plain.engine.model_config.block_size)
+                 block=plain.engine.resolved.block_length)
     rows = [dict(quantization="none", rel_err_vs_dequantised=0.0, rel_err_vs_unquantised=0.0,
                  argmax_agreement=1.0, load_s=load, forward_s=fwd)]
     _free(plain)

@@ -365,15 +365,17 @@ def _ranks(every: list) -> dict[str, Any]:
                                             for r, (rows, summary) in enumerate(every)])
 
 
-def _max_positions(model, default: int) -> int:
-    """The checkpoint's position limit (config.json), or `default` for the embedded model."""
-    from dlrt.checkpoint.folder import CheckpointFolder
-    from dlrt.models.registry import model_config
+def block_and_limit(llm_kwargs: dict[str, Any], options: dict[str, Any]) -> tuple[int, int]:
+    """(the block length: the option's, else a default request's, `ResolvedConfig.block_length`;
+    the model's position limit), from the engine options resolved for the checkpoint (its
+    JSON files read, nothing loaded)."""
+    from dlrt.engine.config import EngineConfig
+    from dlrt.engine.engine import Engine
 
-    if not model:
-        return default
-    hf = CheckpointFolder.open(model, require_weights=False).hf_config
-    return model_config(hf).max_position_embeddings
+    kw = {k: v for k, v in llm_kwargs.items() if k != "max_model_len"}
+    resolved = Engine.open(EngineConfig.from_kwargs(**kw))[0]
+    return (options.get("block_length") or resolved.block_length,
+            resolved.model.max_position_embeddings)
 
 
 def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
@@ -383,9 +385,8 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     contexts = [int(c) for c in args.context.split(",")]
     if not torch.cuda.is_available():
         raise SystemExit("dlrt bench step needs a CUDA GPU")
-    b = options.get("block_length") or 4
+    b, limit = block_and_limit(llm_kwargs, options)
     need = max(contexts) + 2 * b + 64
-    limit = _max_positions(llm_kwargs.get("model"), need)
     if need > limit:
         raise SystemExit(f"context {max(contexts)} + 2 blocks + 64 exceeds the model's "
                          f"{limit} positions; largest context: {limit - 2 * b - 64}")

@@ -8,11 +8,11 @@ drawn like weights; each tensor seeded by (seed, name), so the output is the sam
 whatever the sharding. Loading it goes through the same loader as a user's checkpoint;
 `load_format="dummy"` reproduces the same values without files.
 
-`quantization="fp8"` / `"nvfp4"` writes the quantised layers (`dlrt.checkpoint.quant`: every
-linear layer but the LM head, and the routed experts) in that format, quantised from the
-values drawn in `dtype`, with the format's config entries (`quantization_config`; NVFP4 also
-`hf_quant_config.json`); loading the unquantised checkpoint of the same seed with
-`quantization=...` gives the same bits.
+`quantization="fp8"` / `"nvfp4"` (any registered format, `dlrt.layers.quant.registry`) writes
+the quantised layers (`dlrt.checkpoint.quant`: every linear layer but the LM head, and the
+routed experts) in that format, quantised from the values drawn in `dtype`, with the format's
+config entries (`quantization_config`; NVFP4 also `hf_quant_config.json`); loading the
+unquantised checkpoint of the same seed with `quantization=...` gives the same bits.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from dlrt import progress
 from dlrt.checkpoint.folder import INDEX_NAME, CheckpointFolder
 from dlrt.checkpoint.loader import spec_value, stored_dtype, weight_specs
 from dlrt.checkpoint.presets import PRESETS, preset, real_config, real_configs
-from dlrt.checkpoint.quant import HF_QUANT_CONFIG, quantize_for_writing
+from dlrt.checkpoint.quant import quantize_for_writing
 from dlrt.errors import CheckpointError, OptionError
+from dlrt.layers.quant.registry import format_names, formats
 from dlrt.models.family import Family
 from dlrt.models.registry import build_model, family_of, model_config
 from dlrt.ops import reference
@@ -39,9 +40,17 @@ from dlrt.resources import data_path
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                     "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
-_CHECKPOINT_FILES = ("config.json", "generation_config.json", INDEX_NAME, HF_QUANT_CONFIG,
-                     *_TOKENIZER_FILES)
-QUANTIZATIONS = ("none", "fp8", "nvfp4")
+_CHECKPOINT_FILES = ("config.json", "generation_config.json", INDEX_NAME, *_TOKENIZER_FILES)
+
+
+def quantizations() -> tuple[str, ...]:
+    """`make_checkpoint`'s quantization choices: "none" and every registered format."""
+    return ("none", *format_names())
+
+
+def _checkpoint_files() -> set[str]:
+    """The files a written checkpoint may hold beside its safetensors (the formats' own too)."""
+    return {*_CHECKPOINT_FILES, *(f for fmt in formats().values() for f in fmt.files)}
 
 
 def _source(source: str | Path) -> tuple[dict, dict, Path | None]:
@@ -76,9 +85,9 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
         num_layers: keep only this many layers (a reduced copy of a large config).
         max_shard_bytes: shard size limit, as `save_pretrained(max_shard_size=...)`.
         device: where the random values are drawn ('cpu' is reproducible everywhere).
-        quantization: "none", "fp8" (128x128 block-scaled e4m3) or "nvfp4" (see the module
-            docstring). A source's own `quantization_config` is dropped: the output holds
-            what this asks for.
+        quantization: "none" or a registered format: "fp8" (128x128 block-scaled e4m3),
+            "nvfp4" (see the module docstring). A source's own `quantization_config` is
+            dropped: the output holds what this asks for.
     Raises:
         OptionError: an unknown quantization (the message lists the choices).
         CheckpointError: bad source, a weight shape the format cannot hold (NVFP4: in
@@ -92,9 +101,9 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
 
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
-    if quantization not in QUANTIZATIONS:
+    if quantization not in quantizations():
         raise OptionError(f"quantization {quantization!r}: unknown quantization; one of "
-                          f"{list(QUANTIZATIONS)}")
+                          f"{list(quantizations())}")
     _check_device(device)
     if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) \
             or max_shard_bytes < 1:
@@ -200,7 +209,7 @@ def _check_replaceable(out: Path) -> None:
     config.json and nothing but checkpoint and tokenizer files."""
     names = {p.name for p in out.iterdir()} if out.is_dir() else None
     ours = names is not None and (not names or "config.json" in names and all(
-        n in _CHECKPOINT_FILES or n.endswith(".safetensors") for n in names))
+        n in _checkpoint_files() or n.endswith(".safetensors") for n in names))
     if not ours:
         raise CheckpointError(f"{out} is not a checkpoint folder (config.json, safetensors and "
                               "tokenizer files only): not replacing it; remove it yourself")

@@ -1,15 +1,11 @@
 """Quantised checkpoints: which format a folder holds, which modules are quantised, and the
-`quantization` option (`EngineConfig.quantization`, `make_checkpoint(quantization=...)`).
+`quantization` option (`EngineConfig.quantization`, `make_checkpoint(quantization=...)`),
+generic over the registered formats (`dlrt.layers.quant.registry`: each format module says how
+a folder declares it, checks its settings and names the modules it leaves unquantised).
 
-Formats read from a folder:
-  "fp8": config.json `quantization_config` {"quant_method": "fp8", "fmt": "e4m3",
-      "weight_block_size": [128, 128], "activation_scheme": "dynamic", optional
-      "modules_to_not_convert" (or "ignored_layers")} (Qwen3-*-FP8, DeepSeek-V3);
-      tensors: `dlrt.layers.quant.fp8`.
-  "nvfp4": ModelOpt's export, `hf_quant_config.json` {"quantization": {"quant_algo": "NVFP4",
-      "group_size": 16, "exclude_modules": [...]}} and/or config.json `quantization_config`
-      {"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": [...]};
-      tensors: `dlrt.layers.quant.nvfp4`.
+A folder's quantization config: the "quantization" object of ModelOpt's `hf_quant_config.json`
+when the folder has one, else config.json's `quantization_config`; the format that `reads` it
+is the folder's (none: an error naming what was found and what dlrt reads).
 
 Which modules are quantised: every linear layer and every stack of routed experts, except
   - the LM head (the linear layer `model.logits` calls), unless the checkpoint holds its scale
@@ -21,10 +17,10 @@ Embeddings, norms and routers are never linear layers here, so they stay unquant
 parts of one merged projection (q/k/v, gate/up) or of one expert stack must agree.
 
 The option: "auto" (the folder's format, else none), "none" (an unquantised folder; a quantised
-folder is an error, as vLLM refuses a quantization that differs from the checkpoint's), "fp8" /
-"nvfp4" (the folder's format when it is that one; an unquantised folder is quantised while it
-loads, bit-identical to the checkpoint `make_checkpoint(quantization=...)` writes; another
-format is an error).
+folder is an error, as vLLM refuses a quantization that differs from the checkpoint's), a
+format's name (the folder's format when it is that one; an unquantised folder is quantised
+while it loads, bit-identical to the checkpoint `make_checkpoint(quantization=...)` writes;
+another format is an error).
 """
 
 from __future__ import annotations
@@ -42,20 +38,15 @@ from torch import nn
 from dlrt.errors import CheckpointError, OptionError
 from dlrt.layers.linear import LinearBase, MergedLinear
 from dlrt.layers.moe import StackedExperts
-from dlrt.layers.quant import QuantFormat
+from dlrt.layers.quant import HF_QUANT_CONFIG, QuantFormat
 from dlrt.layers.quant.convert import quantize_module
-from dlrt.layers.quant.fp8 import BLOCK, FP8_FORMAT
+from dlrt.layers.quant.registry import format_names, formats, get_format
 
 log = logging.getLogger(__name__)
 
-QUANTIZATIONS = ("auto", "none", "fp8", "nvfp4")
-HF_QUANT_CONFIG = "hf_quant_config.json"
-
-
-def _formats() -> dict[str, QuantFormat]:
-    from dlrt.layers.quant.nvfp4 import NVFP4_FORMAT
-
-    return {"fp8": FP8_FORMAT, "nvfp4": NVFP4_FORMAT}
+def quantizations() -> tuple[str, ...]:
+    """The `quantization` option's choices: "auto", "none" and every registered format."""
+    return ("auto", "none", *format_names())
 
 
 @dataclass(frozen=True)
@@ -69,51 +60,16 @@ class QuantScheme:
 
     @property
     def fmt(self) -> QuantFormat:
-        return _formats()[self.name]
-
-
-def _entries(value: Any, field: str, where: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise CheckpointError(f"{where}: {field} must be a list of module names, got {value!r}")
-    return tuple(value)
-
-
-def _fp8_scheme(q: dict[str, Any], where: str) -> QuantScheme:
-    block = q.get("weight_block_size")
-    if block != [BLOCK, BLOCK]:
-        raise CheckpointError(f"{where}: fp8 weight_block_size {block!r} is not supported; dlrt "
-                              f"reads block-scaled FP8 with weight_block_size [{BLOCK}, {BLOCK}]")
-    if q.get("fmt", "e4m3") != "e4m3":
-        raise CheckpointError(f"{where}: fp8 fmt {q.get('fmt')!r} is not supported (e4m3 only)")
-    if q.get("activation_scheme", "dynamic") != "dynamic":
-        raise CheckpointError(f"{where}: fp8 activation_scheme {q.get('activation_scheme')!r} "
-                              "is not supported; dlrt reads block-scaled FP8 with dynamic "
-                              "activations (per token and 128-column group; or weight-only "
-                              "with fp8_activations='weight_only')")
-    skip = q.get("ignored_layers", q.get("modules_to_not_convert"))
-    return QuantScheme("fp8", _entries(skip, "modules_to_not_convert", where))
-
-
-def _nvfp4_scheme(q: dict[str, Any], where: str) -> QuantScheme:
-    group = q.get("group_size")
-    if group is None:
-        groups = q.get("config_groups") or {}
-        group = next((g.get("weights", {}).get("group_size") for g in groups.values()
-                      if isinstance(g, dict)), 16)
-    if group != 16:
-        raise CheckpointError(f"{where}: NVFP4 group_size {group!r} is not supported (16 only)")
-    skip = q.get("exclude_modules", q.get("ignore"))
-    return QuantScheme("nvfp4", _entries(skip, "exclude_modules", where))
+        return get_format(self.name)
 
 
 def read_scheme(hf_config: dict[str, Any], path: Path | None) -> QuantScheme | None:
     """The format a checkpoint folder holds (None: unquantised).
 
     Raises:
-        CheckpointError: an unknown quant_method / quant_algo, or settings dlrt cannot read
-            (another FP8 block size or element format, another NVFP4 group size).
+        CheckpointError: a quantization config no registered format reads (an unknown
+            quant_method / quant_algo), or settings its format cannot read (e.g. another FP8
+            block size or element format, another NVFP4 group size).
     """
     modelopt = path / HF_QUANT_CONFIG if path is not None else None
     if modelopt is not None and modelopt.is_file():
@@ -121,28 +77,20 @@ def read_scheme(hf_config: dict[str, Any], path: Path | None) -> QuantScheme | N
             q = json.loads(modelopt.read_text()).get("quantization") or {}
         except (OSError, json.JSONDecodeError, AttributeError) as e:
             raise CheckpointError(f"cannot read {modelopt}: {e}") from e
-        return _algo_scheme(q, str(modelopt))
-    q = hf_config.get("quantization_config")
-    if q is None:
-        return None
-    where = f"{path / 'config.json' if path else 'config.json'} quantization_config"
+        where = str(modelopt)
+    else:
+        q = hf_config.get("quantization_config")
+        if q is None:
+            return None
+        where = f"{path / 'config.json' if path else 'config.json'} quantization_config"
     if not isinstance(q, dict):
         raise CheckpointError(f"{where} is not an object")
-    method = q.get("quant_method")
-    if method == "fp8":
-        return _fp8_scheme(q, where)
-    if method == "modelopt" or (method is None and "quant_algo" in q):
-        return _algo_scheme(q, where)
-    raise CheckpointError(f"{where}: quant_method {method!r} is not supported; dlrt reads "
-                          "'fp8' (block-scaled, 128x128) and ModelOpt NVFP4 ('modelopt' with "
-                          "quant_algo 'NVFP4')")
-
-
-def _algo_scheme(q: dict[str, Any], where: str) -> QuantScheme:
-    algo = q.get("quant_algo")
-    if algo == "NVFP4":
-        return _nvfp4_scheme(q, where)
-    raise CheckpointError(f"{where}: quant_algo {algo!r} is not supported; dlrt reads 'NVFP4'")
+    fmt = next((f for f in formats().values() if f.reads(q)), None)
+    if fmt is None:
+        found = " with ".join(f"{k} {q[k]!r}" for k in ("quant_method", "quant_algo") if k in q)
+        raise CheckpointError(f"{where}: {found or 'no quant_method'} is not supported; dlrt "
+                              "reads " + ", ".join(f.declared for f in formats().values()))
+    return QuantScheme(fmt.name, fmt.not_convert(q, where))
 
 
 def resolve_scheme(option: str, hf_config: dict[str, Any], path: Path | None
@@ -154,9 +102,9 @@ def resolve_scheme(option: str, hf_config: dict[str, Any], path: Path | None
             the folder's.
         CheckpointError: as `read_scheme`.
     """
-    if option not in QUANTIZATIONS:
+    if option not in quantizations():
         raise OptionError(f"quantization {option!r}: unknown quantization; one of "
-                          f"{list(QUANTIZATIONS)}")
+                          f"{list(quantizations())}")
     stored = read_scheme(hf_config, path)
     if option == "auto":
         return stored
@@ -255,16 +203,5 @@ def quantize_for_writing(model: nn.Module, hidden: int, name: str
 
 def config_entries(name: str, not_convert: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config.json `quantization_config`, extra JSON files by name) of a checkpoint written in
-    format `name` (`make_checkpoint`)."""
-    if name == "fp8":
-        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                "weight_block_size": [BLOCK, BLOCK],
-                "modules_to_not_convert": not_convert}, {}
-    quant = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
-             "exclude_modules": not_convert}
-    producer = {"name": "modelopt", "version": "dlrt"}
-    config = {"quant_method": "modelopt", "quant_algo": "NVFP4", "producer": producer,
-              "ignore": not_convert,
-              "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-                  "dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}}}}
-    return config, {HF_QUANT_CONFIG: {"producer": producer, "quantization": quant}}
+    format `name` (`make_checkpoint`): the format's own (`QuantFormat.checkpoint_config`)."""
+    return get_format(name).checkpoint_config(not_convert)

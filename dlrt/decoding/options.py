@@ -21,6 +21,8 @@ from dlrt.decoding.strategies import (
 )
 from dlrt.errors import OptionError
 
+# max_new_tokens of a request that sets none (the canvas decoder's default block is as long)
+DEFAULT_MAX_NEW_TOKENS = 128
 # NOTE: every post pass is a forward; a block that keeps editing runs them all, and the server
 # checks cancellation and its timeout only between blocks.
 MAX_POST_STEPS = 1024

@@ -4,10 +4,14 @@ generates its flags from them (`dlrt.entrypoints.cli`).
 
 Two steps, both here: `EngineConfig.from_kwargs` checks names, types and choices before
 anything is read (a bad value never waits for a checkpoint to load); `resolve` replaces every
-"auto" by a concrete value for one checkpoint and device and checks what depends on them (the
-decoder fits the family, the attention backend serves the device, dtype, head size and KV
-cache dtype, the context fits the model). The resolved config is frozen too; nothing changes
-it afterwards.
+"auto" and every default by a concrete value for one checkpoint folder and device and checks
+what depends on them (the decoder fits the family, the attention backend serves the device,
+dtype, head size and KV cache dtype, the context fits the model, the quantisation scheme fits
+the folder, the mask token is no end-of-text id), and returns a `ResolvedConfig`: the resolved
+options with the model config, the decoder's defaults, the block length of a default request,
+the eos ids and the quantisation scheme. Resolving builds nothing; the engine builds every part
+from the `ResolvedConfig`, and a request's defaults come from it. Everything is frozen; nothing
+changes it afterwards.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,13 +29,14 @@ import torch
 from dlrt import env
 from dlrt.attention.kv_cache import KV_FP8
 from dlrt.attention.registry import backend_names, check_backend, default_backend
-from dlrt.checkpoint.quant import QUANTIZATIONS
-from dlrt.decoding.options import DecoderDefaults
+from dlrt.checkpoint.folder import CheckpointFolder
+from dlrt.checkpoint.quant import QuantScheme, quantizations, resolve_scheme
+from dlrt.decoding.options import DEFAULT_MAX_NEW_TOKENS, DecoderDefaults
 from dlrt.distributed.ranks import local_ranks, world_size
 from dlrt.errors import ConfigError, OptionError
 from dlrt.layers.quant.fp8 import ACTIVATIONS
 from dlrt.models.config import ModelConfig
-from dlrt.models.registry import family
+from dlrt.models.registry import family, model_config
 from dlrt.ops import NAMES as KERNELS
 from dlrt.runtime.decoders import DECODERS, decoder_for
 from dlrt.runtime.executor import MODES, resolve_mode
@@ -44,8 +50,26 @@ LOAD_FORMATS = ("auto", "safetensors", "dummy")
 KV_CACHE_DTYPES = ("auto", "fp8")
 
 
-def _option(default: Any, help: str, choices: tuple | None = None, flag: str | None = None):
+def _option(default: Any, help: str, choices: Sequence[str] | None = None,
+            flag: str | None = None):
     return field(default=default, metadata=dict(help=help, choices=choices, flag=flag))
+
+
+class _Choices(Sequence):
+    """An option's choices read from a registry each time they are asked for (a format
+    registered after this module was imported is among them)."""
+
+    def __init__(self, read: Callable[[], tuple[str, ...]]):
+        self._read = read
+
+    def __getitem__(self, i):
+        return self._read()[i]
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+    def __repr__(self) -> str:
+        return repr(self._read())
 
 
 @dataclass(frozen=True)
@@ -82,10 +106,10 @@ class EngineConfig:
         "(FA3/FA2, planned on the host once per block), flashinfer-fa2, sdpa (eager only)",
         ("auto", *backend_names()))
     quantization: str = _option(
-        "auto", "weights: auto (the checkpoint's quantization_config: fp8 block-scaled or "
-        "ModelOpt nvfp4; else unquantised), none (an unquantised checkpoint), fp8 / nvfp4 (a "
-        "checkpoint in that format, or an unquantised one quantised while loading; fp8: "
-        "128x128 blocks)", QUANTIZATIONS)
+        "auto", "weights: auto (the checkpoint's quantization config: fp8 block-scaled or "
+        "ModelOpt nvfp4; else unquantised), none (an unquantised checkpoint), a format: fp8 / "
+        "nvfp4 (a checkpoint in that format, or an unquantised one quantised while loading; "
+        "fp8: 128x128 blocks)", _Choices(quantizations))
     fp8_activations: str = _option(
         "dynamic", "FP8 linear layers: dynamic (W8A8: activations quantised to e4m3 per token "
         "and 128-column group at run time, the checkpoints' activation_scheme 'dynamic' as "
@@ -157,7 +181,8 @@ class EngineConfig:
         Raises:
             OptionError: a device that does not exist here, a mode or backend it cannot run,
                 Triton kernels without Triton, an attention backend that does not read the
-                KV cache's dtype (FlashInfer and an FP8 cache).
+                KV cache's dtype (FlashInfer and an FP8 cache), the persistent round off CUDA
+                or under tensor parallelism (each part's own reason: `supports`).
         """
         tp = _tensor_parallel(self.tensor_parallel_size, self.device)
         device = _device(self.device)
@@ -185,29 +210,38 @@ class EngineConfig:
         elif attention != "auto":
             check_backend(attention, device, DTYPES[dtype], mode, kv_cache_dtype=kv_torch)
         round_kernel = "layers" if self.round_kernel == "auto" else self.round_kernel
-        if round_kernel == "persistent" and device.type != "cuda":
-            raise OptionError("round_kernel 'persistent' needs a CUDA device; use 'layers'")
-        if round_kernel == "persistent" and tp > 1:
-            raise OptionError("round_kernel 'persistent' runs one GPU's whole round; with "
-                              f"tensor_parallel_size {tp} use 'layers'")
+        if round_kernel == "persistent":
+            _check_persistent(device=device, tensor_parallel_size=tp)
         return dataclasses.replace(self, device=str(device), dtype=dtype, execution_mode=mode,
                                    kernels=kernels, attention_backend=attention,
                                    kv_cache_dtype=kv, round_kernel=round_kernel,
                                    tensor_parallel_size=tp)
 
-    def resolve(self, config: ModelConfig, tokenizer_mask_id: int | None = None,
-                path: str | Path | None = None
-                ) -> tuple[EngineConfig, ModelConfig, DecoderDefaults]:
-        """Every "auto" made concrete for the checkpoint `config` (read from the folder `path`):
-        (engine config, the model config with its mask token, the decoder's defaults).
+    def resolve(self, folder: CheckpointFolder, tokenizer_mask_id: int | None = None
+                ) -> ResolvedConfig:
+        """Every "auto" and every default made concrete for the checkpoint `folder` (its
+        tokenizer's mask token `tokenizer_mask_id`, if any). Reads only the folder's JSON
+        files: no weights, no model, no device memory.
 
         Raises:
-            OptionError: a decoder that does not fit the family, an attention backend that
-                cannot serve the model, max_model_len or mask_token_id out of range.
-            ConfigError: no mask token anywhere (config, tokenizer, option).
+            OptionError: as `resolve_device`; a decoder that does not fit the family, an
+                attention backend that cannot serve the model, a persistent round that does
+                not serve the model, decoder or precision, max_model_len or
+                mask_token_id out of range, a mask token that is an end-of-text id, a
+                quantization the folder does not hold ("none" for a quantised folder, another
+                format).
+            ConfigError: a config.json dlrt cannot read, or no mask token anywhere (config,
+                tokenizer, option); the message starts with the folder.
+            CheckpointError: a generation_config.json or quantization config dlrt cannot
+                read.
         """
         out = self.resolve_device()
         device, dtype = out.torch_device, out.torch_dtype
+        try:
+            config = model_config(folder.hf_config)
+            mask = _mask_token(config, out.mask_token_id, tokenizer_mask_id)
+        except ConfigError as e:
+            raise ConfigError(f"{folder.path}: {e}") from e
         decoder, defaults = decoder_for(family(config.family),
                                         None if out.decoder == "auto" else out.decoder,
                                         config.block_size)
@@ -217,13 +251,65 @@ class EngineConfig:
             attention = default_backend(device, dtype, decoder, config.head_dim, kv)
         check_backend(attention, device, dtype, out.execution_mode, config.head_dim, kv)
         max_len = _context(config, out.max_model_len)
-        mask = _mask_token(config, out.mask_token_id, tokenizer_mask_id)
+        config = config.replace(mask_token_id=mask)
+        folder.check_generation_config(config.vocab_size)
+        eos = _eos_ids(folder.generation_config, config)
+        if mask in eos:
+            raise OptionError(
+                f"mask_token_id={mask} is an end-of-text id of {folder.path} (eos ids "
+                f"{list(eos)}): the mask token is never committed, so a generation could not "
+                "stop; pass another mask_token_id")
+        scheme = resolve_scheme(out.quantization, folder.hf_config, folder.path)
+        if out.round_kernel == "persistent":
+            _check_persistent(device=device, tensor_parallel_size=out.tensor_parallel_size,
+                              config=config, decoder=decoder, dtype=dtype, kv_cache_dtype=kv,
+                              quantization=scheme.name if scheme else "none",
+                              fp8_activations=out.fp8_activations)
         load = "safetensors" if out.load_format == "auto" else out.load_format
-        out = dataclasses.replace(out, model=str(path) if path else out.model, decoder=decoder,
+        out = dataclasses.replace(out, model=str(folder.path), decoder=decoder,
                                   attention_backend=attention, max_model_len=max_len,
                                   mask_token_id=mask, load_format=load,
+                                  quantization=scheme.name if scheme else "none",
                                   linear_kernels=_linear_kernels(out, device))
-        return out, config.replace(mask_token_id=mask), defaults
+        return ResolvedConfig(out, config, defaults,
+                              defaults.block_length or DEFAULT_MAX_NEW_TOKENS, eos, scheme)
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """An `EngineConfig` resolved for one checkpoint folder and device (`EngineConfig.resolve`):
+    the one source the engine builds its parts from and a request's defaults come from.
+
+    engine: the options, no "auto" left (quantization: the format loaded, or "none").
+    model: the checkpoint's `ModelConfig`, with the mask token used.
+    decoder_defaults: the decoder's defaults for a request (block_length None: the canvas
+        decoder's one block over the whole generation, as long as the request's
+        max_new_tokens).
+    block_length: the block length of a request that sets neither block_length nor
+        max_new_tokens (the canvas decoder: `DEFAULT_MAX_NEW_TOKENS`); the linear plan times
+        the projections at its rows (at most 16), the persistent round is built for it, and
+        the benchmarks use it when no block length is given.
+    eos_token_ids: generation_config.json's eos ids (else config.json's) and the family's stop
+        ids; a request stops at them unless it sets ignore_eos.
+    quant: the quantisation scheme of the load (None: unquantised weights).
+    """
+
+    engine: EngineConfig
+    model: ModelConfig
+    decoder_defaults: DecoderDefaults
+    block_length: int
+    eos_token_ids: tuple[int, ...]
+    quant: QuantScheme | None = None
+
+
+def _check_persistent(**needs: Any) -> None:
+    """Raises OptionError with the persistent round's reason when it does not serve `needs`
+    (`PersistentRounds.supports`)."""
+    from dlrt.runtime.persistent.kernel import PersistentRounds
+
+    why = PersistentRounds.supports(**needs)
+    if why is not None:
+        raise OptionError(why)
 
 
 def _linear_kernels(config: EngineConfig, device: torch.device) -> str:
@@ -306,6 +392,14 @@ def _mask_token(config: ModelConfig, option: int | None, tokenizer_mask: int | N
         return int(tokenizer_mask)
     raise ConfigError("config.json has no mask_token_id and the tokenizer no mask token; "
                       "pass mask_token_id=...")
+
+
+def _eos_ids(generation_config: dict[str, Any], config: ModelConfig) -> tuple[int, ...]:
+    """generation_config.json's eos ids (else config.json's) plus the family's stop ids."""
+    gen_eos = generation_config.get("eos_token_id")
+    eos = tuple(gen_eos if isinstance(gen_eos, list) else [gen_eos]) if gen_eos is not None \
+        else config.eos_token_ids
+    return tuple(dict.fromkeys(eos + family(config.family).stop_ids))
 
 
 # option -> its command-line flag, where the flag is not `--` + the name with dashes

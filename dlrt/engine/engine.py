@@ -1,7 +1,8 @@
 """The engine: one checkpoint loaded for one `EngineConfig`, with everything a request runs on.
 
-`Engine.create` opens the checkpoint, resolves the config (`EngineConfig.resolve`) and builds, in
-order: the tokenizer, the ops table, the model (meta device, then weights), the linear layers'
+`Engine.create` opens the checkpoint folder and its tokenizer, resolves the config
+(`EngineConfig.resolve`: pure, nothing built; `Engine.open` stops there) and builds from the
+`ResolvedConfig`, in order: the ops table, the model (meta device, then weights), the linear layers'
 methods (`dlrt.tuning.linear`, `dlrt.tuning.quant`), the paged KV cache (the model dtype, or FP8
 with the checkpoint's per-layer scales), the attention backend, the runner, the executor and
 the decoder. Nothing here is global: two engines in one process are independent.
@@ -22,18 +23,18 @@ from dlrt.attention.registry import get_backend
 from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.checkpoint.kv_scales import read_kv_scales
 from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize
-from dlrt.checkpoint.quant import QuantScheme, quantize_model, resolve_scheme
+from dlrt.checkpoint.quant import QuantScheme, quantize_model
 from dlrt.decoding.options import DecoderDefaults
 from dlrt.distributed.agree import check_ranks_agree
 from dlrt.distributed.group import TensorParallel, tensor_parallel_group
 from dlrt.distributed.ranks import Ranks
 from dlrt.distributed.transform import check_sizes, shard_model
 from dlrt.distributed.vocab import VocabShard
-from dlrt.engine.config import EngineConfig
-from dlrt.errors import ConfigError, OptionError
+from dlrt.engine.config import EngineConfig, ResolvedConfig
+from dlrt.errors import OptionError
 from dlrt.layers.quant.fp8 import check_fused_input, set_activations
 from dlrt.models.config import ModelConfig
-from dlrt.models.registry import build_model, family, model_config
+from dlrt.models.registry import build_model, family
 from dlrt.ops import Ops, get_ops
 from dlrt.runtime.decoders import build_decoder
 from dlrt.runtime.executor import Executor
@@ -47,14 +48,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Engine:
-    """What `LLM` runs on; every part built from `config` (resolved: no "auto" left)."""
+    """What `LLM` runs on; every part built from `resolved` (no "auto" left)."""
 
-    config: EngineConfig
+    resolved: ResolvedConfig
     folder: CheckpointFolder
-    model_config: ModelConfig
-    decoder_defaults: DecoderDefaults
     tokenizer: Any
-    eos_token_ids: tuple[int, ...]
     ops: Ops
     model: nn.Module
     linear_plan: LinearPlan
@@ -63,12 +61,32 @@ class Engine:
     decoder: Any
     tp: TensorParallel = dataclasses.field(default_factory=lambda: TensorParallel(0, 1))
 
+    @property
+    def config(self) -> EngineConfig:
+        """The resolved engine options."""
+        return self.resolved.engine
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The checkpoint's `ModelConfig`, with the mask token used."""
+        return self.resolved.model
+
+    @property
+    def decoder_defaults(self) -> DecoderDefaults:
+        return self.resolved.decoder_defaults
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.resolved.eos_token_ids
+
     @staticmethod
-    def create(options: EngineConfig) -> Engine:
-        """Load the checkpoint and build the engine.
+    def open(options: EngineConfig) -> tuple[ResolvedConfig, CheckpointFolder, Any]:
+        """Open the checkpoint folder (`options.model`; None: the embedded default) and its
+        tokenizer, and resolve the options for them: (resolved config, folder, tokenizer or
+        None). Reads the folder's JSON and tokenizer files only; builds nothing.
 
         Raises:
-            CheckpointError, ConfigError, OptionError: the message names the problem; option
+            CheckpointError, ConfigError, OptionError: as `EngineConfig.resolve`; option
                 errors that need no checkpoint come before it is opened.
         """
         options = options.resolve_device()
@@ -79,42 +97,42 @@ class Engine:
             path = default_model_path()
         folder = CheckpointFolder.open(path, require_weights=options.load_format != "dummy")
         tokenizer = load_tokenizer(folder.path)
-        try:
-            config, mconfig, defaults = options.resolve(
-                model_config(folder.hf_config), getattr(tokenizer, "mask_token_id", None),
-                folder.path)
-        except ConfigError as e:
-            raise ConfigError(f"{folder.path}: {e}") from e
-        folder.check_generation_config(mconfig.vocab_size)
-        eos = _eos_ids(folder, mconfig)
-        if mconfig.mask_token_id in eos:
-            raise OptionError(
-                f"mask_token_id={mconfig.mask_token_id} is an end-of-text id of {folder.path} "
-                f"(eos ids {list(eos)}): the mask token is never committed, so a generation "
-                f"could not stop; pass another mask_token_id")
+        resolved = options.resolve(folder, getattr(tokenizer, "mask_token_id", None))
+        return resolved, folder, tokenizer
+
+    @staticmethod
+    def create(options: EngineConfig) -> Engine:
+        """Load the checkpoint and build the engine (`open`, then every part from the resolved
+        config).
+
+        Raises:
+            CheckpointError, ConfigError, OptionError: the message names the problem; option
+                errors that need no checkpoint come before it is opened.
+        """
+        resolved, folder, tokenizer = Engine.open(options)
+        config, mconfig, scheme = resolved.engine, resolved.model, resolved.quant
         device = config.torch_device
-        scheme = resolve_scheme(config.quantization, folder.hf_config, folder.path)
-        config = dataclasses.replace(config, quantization=scheme.name if scheme else "none")
         tp = _tensor_parallel(config, mconfig, folder, scheme)
         _report_quantization(scheme, device)
         ops = get_ops(config.kernels)
         model = _load(mconfig, ops, folder, config, scheme, tp)
-        plan = _plan_linears(model, config, defaults)
+        plan = _plan_linears(model, config, resolved.block_length)
         plan.apply(model)
         cache = _kv_cache(mconfig, config, model, folder, tp.size)
         backend = get_backend(config.attention_backend, cache, mconfig.num_heads // tp.size)
-        runner = ModelRunner(model, ops, backend, cache, device)
-        if tp.size > 1:
-            runner.vocab = VocabShard(tp, mconfig.vocab_size, mconfig.mask_token_id)
-        if config.round_kernel == "persistent":
-            runner.persistent = _persistent_rounds(model, mconfig, config, cache, defaults)
+        vocab = VocabShard(tp, mconfig.vocab_size, mconfig.mask_token_id) \
+            if tp.size > 1 else None
+        persistent = _persistent_rounds(model, cache, resolved.block_length) \
+            if config.round_kernel == "persistent" else None
+        runner = ModelRunner(model, ops, backend, cache, device, vocab=vocab,
+                             persistent=persistent)
         executor = Executor(config.execution_mode, device, backend)
-        decoder = build_decoder(config.decoder, runner, mconfig.mask_token_id, defaults,
-                                executor)
+        decoder = build_decoder(config.decoder, runner, mconfig.mask_token_id,
+                                resolved.decoder_defaults, executor)
         if tp.size > 1:
             tp.barrier()  # every rank loaded and tuned: the first sums start together
-        return Engine(config, folder, mconfig, defaults, tokenizer,
-                      eos, ops, model, plan, runner, executor, decoder, tp)
+        return Engine(resolved, folder, tokenizer, ops, model, plan, runner, executor,
+                      decoder, tp)
 
 
 def _tensor_parallel(config: EngineConfig, mconfig: ModelConfig, folder: CheckpointFolder,
@@ -187,8 +205,8 @@ def _kv_cache(config: ModelConfig, engine: EngineConfig, model: nn.Module,
 
 def _report_quantization(scheme: QuantScheme | None, device: torch.device) -> None:
     """Say which path serves quantised weights: the dequantising reference on the CPU and on
-    GPUs before sm_89 (no FP8 tensor cores, no e4m3 conversions: a warning); NVFP4 before
-    sm_100 (no FP4 tensor cores) by weight-only kernels."""
+    GPUs before sm_89 (no FP8 tensor cores, no e4m3 conversions: a warning); else the format's
+    own note (`QuantFormat.path_note`; NVFP4 before sm_100: weight-only kernels)."""
     if scheme is None:
         return
     if device.type != "cuda":
@@ -199,21 +217,19 @@ def _report_quantization(scheme: QuantScheme | None, device: torch.device) -> No
         log.warning("%s weights on a GPU of compute capability %d.%d, which has no FP8 tensor "
                     "cores (sm_89+): served by the dequantising path (each call dequantises "
                     "its weight; slower than the unquantised model)", scheme.name, *cap)
-    elif scheme.name == "nvfp4" and cap < (10, 0):
-        log.info("nvfp4 weights on compute capability %d.%d, which has no FP4 tensor cores "
-                 "(sm_100+): weight-only kernels (codes dequantised in registers, products in "
-                 "the model dtype)", *cap)
+    elif scheme.fmt.path_note(cap):
+        log.info("%s", scheme.fmt.path_note(cap))
 
 
-def _plan_linears(model: nn.Module, config: EngineConfig,
-                  defaults: DecoderDefaults) -> LinearPlan:
+def _plan_linears(model: nn.Module, config: EngineConfig, block_length: int) -> LinearPlan:
     """On CUDA with the Triton kernels: per weight shape, cuBLAS or the skinny Triton GEMM, and
     for the FP8 (block-layout) and NVFP4 layers the dequantising reference or a checked
-    low-precision kernel (timed once per device at the block's rows, then cached). Otherwise
-    cuBLAS everywhere and the reference path for quantised layers."""
+    low-precision kernel (timed once per device at the rows of a default request's block,
+    `block_length`, at most 16, then cached). Otherwise cuBLAS everywhere and the reference
+    path for quantised layers."""
     if config.linear_kernels == "cublas":  # resolved: also where no timing can apply
         return tune(model, policy="cublas")
-    rows = min(defaults.block_length or 4, 16)
+    rows = min(block_length, 16)
     plan = tune(model, rows=rows, policy=config.linear_kernels)
     methods, records = tune_quant(model, config.torch_dtype, rows=rows,
                                   policy=config.linear_kernels)
@@ -222,38 +238,16 @@ def _plan_linears(model: nn.Module, config: EngineConfig,
     return plan
 
 
-def _persistent_rounds(model: nn.Module, mconfig: ModelConfig, config: EngineConfig,
-                       cache: PagedKVCache, defaults: DecoderDefaults):
-    """The persistent round kernel for the block decoder's rounds (round_kernel='persistent').
+
+def _persistent_rounds(model: nn.Module, cache: PagedKVCache, block_length: int):
+    """The persistent round kernel for the block decoder's rounds (round_kernel='persistent';
+    what it serves was checked by `EngineConfig.resolve`).
 
     Raises:
-        OptionError: a model, decoder, precision or size the kernel does not serve (named)."""
+        OptionError: a size, GPU or plan the kernel does not serve (named)."""
     from dlrt.runtime.persistent.kernel import PersistentRounds
 
-    why = []
-    if mconfig.family != "sdar" or mconfig.moe_layers:
-        why.append(f"model family {mconfig.family} (dense SDAR only)")
-    if config.decoder != "block":
-        why.append(f"decoder {config.decoder} (block only)")
-    if config.quantization not in ("none", "fp8"):
-        why.append(f"quantization {config.quantization} (unquantised or weight-only fp8 "
-                   "weights only)")
-    elif config.quantization == "fp8" and config.fp8_activations != "weight_only":
-        why.append(f"fp8 with fp8_activations {config.fp8_activations} (the kernel computes "
-                   "the weight-only product: fp8_activations='weight_only')")
-    if cache.dtype != config.torch_dtype:
-        why.append(f"KV cache {cache.dtype} (a cache of the model dtype only)")
-    if why:
-        raise OptionError("round_kernel 'persistent' does not serve: " + "; ".join(why))
     try:
-        return PersistentRounds(model, cache, defaults.block_length or 4)
+        return PersistentRounds(model, cache, block_length)
     except ValueError as e:
         raise OptionError(f"round_kernel 'persistent': {e}") from e
-
-
-def _eos_ids(folder: CheckpointFolder, config: ModelConfig) -> tuple[int, ...]:
-    """generation_config.json's eos ids (else config.json's) plus the family's stop ids."""
-    gen_eos = folder.generation_config.get("eos_token_id")
-    eos = tuple(gen_eos if isinstance(gen_eos, list) else [gen_eos]) if gen_eos is not None \
-        else config.eos_token_ids
-    return tuple(dict.fromkeys(eos + family(config.family).stop_ids))

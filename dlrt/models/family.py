@@ -14,6 +14,37 @@ from dlrt.models.config import ModelConfig
 
 
 @dataclass(frozen=True)
+class RoundWeights:
+    """Where the persistent round (`dlrt.runtime.persistent`) finds a dense model's weights:
+    parameter paths of the built model, "{layer}" standing for a layer's index (`at`).
+
+    embedding: the token embedding [V, H]; qkv: the merged q/k/v projection [(Hq + 2 Hkv) D, H];
+    o: [H, Hq D]; gate_up: the merged gate and up projection [2 I, H] (gate rows first); down:
+    [H, I]; lm_head: [V, H]; input_norm / post_norm: the RMSNorm weights before the attention
+    and the MLP [H]; q_norm / k_norm: the per-head RMSNorm weights [D]; final_norm: before the
+    LM head [H]. rotary: the module path of the RoPE tables (`cos_sin(positions)`, `inv_freq`,
+    `full_precision`: `dlrt.layers.rotary.RotaryEmbedding`).
+    """
+
+    embedding: str
+    qkv: str
+    o: str
+    gate_up: str
+    down: str
+    lm_head: str
+    input_norm: str
+    post_norm: str
+    q_norm: str
+    k_norm: str
+    final_norm: str
+    rotary: str
+
+    def at(self, name: str, layer: int) -> str:
+        """The path of weight `name` (a field) in layer `layer`."""
+        return getattr(self, name).format(layer=layer)
+
+
+@dataclass(frozen=True)
 class Family:
     """One model family.
 
@@ -22,7 +53,11 @@ class Family:
         that identify it when a config has no `model_type`.
     normalise(hf config dict, name) -> ModelConfig (raises ConfigError naming the field).
     model(config, ops) -> nn.Module: the plain-PyTorch model (build it on the meta device).
-    decoders: the decoders that fit the family; the first is the default.
+    default_decoder: the decoder used when none is asked for (`dlrt.runtime.decoders`; which
+        decoders fit the family is each decoder's answer, from `attention`).
+    attention: the attention pattern the model was trained with: "block_causal" (SDAR,
+        LLaDA2: bidirectional inside a block, causal across blocks) or "full" (LLaDA: every
+        position sees every other).
     stop_ids: stop ids the family's decoding adds to `generation_config.json`'s.
     with_layers(hf, n) -> hf: the config reduced to its first n layers (make-checkpoint).
     tokenizer: folder under `dlrt/data` whose tokenizer a made checkpoint gets when its source
@@ -38,6 +73,8 @@ class Family:
         rank's rows of each part), "row" (the rank's input columns; the output is summed
         over the ranks) or "vocab" (the LM head: the rank's vocabulary rows). See
         `dlrt.distributed.transform`.
+    round_weights: the persistent round's weight paths (`RoundWeights`); None: the
+        persistent round does not serve the family.
     """
 
     name: str
@@ -45,15 +82,13 @@ class Family:
     architectures: tuple[str, ...]
     normalise: Callable[[dict[str, Any], str], ModelConfig]
     model: Callable[..., nn.Module]
-    decoders: tuple[str, ...]
+    default_decoder: str
     with_layers: Callable[[dict[str, Any], int], dict[str, Any]]
     embedding: str
+    attention: str = "block_causal"
     stop_ids: tuple[int, ...] = ()
     tokenizer: str | None = None
     decoder_defaults: DecoderDefaults | None = None
     supports_editing: bool = False
     tp_plan: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def default_decoder(self) -> str:
-        return self.decoders[0]
+    round_weights: RoundWeights | None = None

@@ -91,6 +91,8 @@ class BlockProgram(ProgramBase):
 
 
 class BlockDecoder(DecoderBase):
+    name = "block"
+    attention = "block_causal"
     padding = "padding: the last block is filled to block_length"
 
     def program(self, params: DecodingParams) -> BlockProgram:

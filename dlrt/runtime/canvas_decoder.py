@@ -70,6 +70,8 @@ class CanvasProgram(ProgramBase):
 
 
 class CanvasDecoder(DecoderBase):
+    name = "canvas"
+    attention = "full"
     padding = ("canvas padding: the generation fills whole blocks of block_length, the canvas "
                f"a multiple of {PAD_TO} positions")
 

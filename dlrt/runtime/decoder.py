@@ -22,6 +22,7 @@ from dlrt.decoding.options import DecoderDefaults, DecodingParams
 from dlrt.decoding.round import RoundKind, RoundSpec, denoise_round
 from dlrt.decoding.sampling import SamplingMode
 from dlrt.decoding.strategies import NEEDS_CREDIT
+from dlrt.models.family import Family
 from dlrt.runtime.block_state import BlockState
 
 MAX_PROGRAMS = 8  # programs (and their captured graphs) a decoder keeps, least recent dropped
@@ -140,7 +141,24 @@ class ProgramBase:
 class DecoderBase:
     """What decoders hold: the runner, the executor, and their programs by key, at most
     `MAX_PROGRAMS` (a program owns static buffers that its captured graphs point at; the least
-    recently used one is dropped together with its graphs)."""
+    recently used one is dropped together with its graphs).
+
+    `name` is the `decoder` option's value; `attention` the attention pattern of its forwards
+    ("block_causal": causal across blocks; "full": every position of a forward sees every
+    other), which a family must have been trained with (`Family.attention`). `supports` says
+    which families it fits; the registry (`dlrt.runtime.decoders`) asks it."""
+
+    name = "base"
+    attention = "block_causal"
+
+    @classmethod
+    def supports(cls, family: Family) -> str | None:
+        """None when the decoder fits a model of `family`; else the reason it does not."""
+        if family.attention != cls.attention:
+            return (f"decoder {cls.name!r} does not fit a {family.name} model: its forwards "
+                    f"use {cls.attention} attention, the model was trained with "
+                    f"{family.attention} attention")
+        return None
 
     def __init__(self, runner, mask_token_id: int, defaults: DecoderDefaults, executor):
         self.runner = runner

@@ -1,4 +1,5 @@
-"""Decoder registry: the block loops by name, with their default options."""
+"""Decoder registry: the block loops by name, with their default options. Which family a
+decoder fits is the decoder's own answer (`DecoderBase.supports`); the registry asks it."""
 
 from __future__ import annotations
 
@@ -20,6 +21,18 @@ DECODERS = {
 }
 
 
+def decoder_class(name: str) -> type:
+    """The class of decoder `name` (its module imported on first use).
+
+    Raises:
+        OptionError: unknown decoder.
+    """
+    if name not in DECODERS:
+        raise OptionError(f"unknown decoder {name!r}; one of {sorted(DECODERS)}")
+    module, cls, _ = DECODERS[name]
+    return getattr(importlib.import_module(module), cls)
+
+
 def decoder_for(family: Family, name: str | None,
                 trained_block: int | None) -> tuple[str, DecoderDefaults]:
     """Resolve the decoder name (None: the family's default) and its defaults: the family's
@@ -28,14 +41,14 @@ def decoder_for(family: Family, name: str | None,
     (`trained_block`, the config's `block_size`) over either.
 
     Raises:
-        OptionError: unknown decoder, or one that does not fit the family.
+        OptionError: unknown decoder, or one that does not fit the family (the decoder's
+            reason, and the decoders that fit).
     """
     name = name or family.default_decoder
-    if name not in DECODERS:
-        raise OptionError(f"unknown decoder {name!r}; one of {sorted(DECODERS)}")
-    if name not in family.decoders:
-        raise OptionError(f"decoder {name!r} does not fit a {family.name} model; "
-                          f"use one of {sorted(family.decoders)}")
+    why = decoder_class(name).supports(family)
+    if why is not None:
+        fits = [n for n in sorted(DECODERS) if decoder_class(n).supports(family) is None]
+        raise OptionError(f"{why}; use one of {fits}")
     defaults: DecoderDefaults = DECODERS[name][2]
     if family.decoder_defaults is not None and name == family.default_decoder:
         defaults = family.decoder_defaults
@@ -46,6 +59,4 @@ def decoder_for(family: Family, name: str | None,
 
 def build_decoder(name: str, runner, mask_token_id: int, defaults: DecoderDefaults, executor):
     """An instance of decoder `name` (imported on first use)."""
-    module, cls, _ = DECODERS[name]
-    return getattr(importlib.import_module(module), cls)(runner, mask_token_id, defaults,
-                                                         executor)
+    return decoder_class(name)(runner, mask_token_id, defaults, executor)

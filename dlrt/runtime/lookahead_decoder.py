@@ -85,6 +85,8 @@ class LookaheadProgram(ProgramBase):
 
 
 class LookaheadDecoder(DecoderBase):
+    name = "dllm_var"
+    attention = "full"
     padding = "padding: the generation fills whole blocks of block_length"
 
     def max_positions(self, prompt_len: int, params: DecodingParams) -> int:

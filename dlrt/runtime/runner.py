@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -10,24 +13,27 @@ from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.ops import Ops
 
 
+@dataclass(frozen=True, eq=False)
 class ModelRunner:
     """Owns the model, its ops table, the attention backend and the KV cache of the single
-    request."""
+    request; every part given at construction, none set afterwards.
 
-    def __init__(self, model: nn.Module, ops: Ops, backend: AttentionBackend,
-                 cache: PagedKVCache, device: torch.device):
-        self.model = model
-        self.ops = ops
-        self.backend = backend
-        self.cache = cache
-        self.device = device
-        self._aranges: dict[int, torch.Tensor] = {}
-        # the persistent round kernel (`dlrt.runtime.persistent.kernel.PersistentRounds`):
-        # serves the forwards it was built for, the layers serve the rest
-        self.persistent = None
-        # tensor parallelism: the LM head's vocabulary shard (`dlrt.distributed.vocab.VocabShard`);
-        # the logits a forward returns are then this rank's [n, V/N]
-        self.vocab = None
+    vocab: under tensor parallelism, the LM head's vocabulary shard
+        (`dlrt.distributed.vocab.VocabShard`); the logits a forward returns are then this
+        rank's [n, V/N]. None: the whole vocabulary.
+    persistent: the persistent round kernel (`dlrt.runtime.persistent.kernel.PersistentRounds`
+        or anything with its `forward`): it serves the forwards it was built for, the layers
+        serve the rest. None: the layers serve every forward.
+    """
+
+    model: nn.Module
+    ops: Ops
+    backend: AttentionBackend
+    cache: PagedKVCache
+    device: torch.device
+    vocab: Any = None
+    persistent: Any = None
+    _aranges: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
 
     def arange(self, n: int) -> torch.Tensor:
         """A static [n] int64 0..n-1 on the device (made before any capture uses it)."""

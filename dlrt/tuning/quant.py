@@ -1,45 +1,43 @@
 """Per quantised linear layer, the dequantising reference or a low-precision Triton kernel,
-chosen at load.
+chosen at load, generic over the registered formats (`dlrt.layers.quant.registry`: each format
+names the layers a plan may serve, their kernel arguments, the reference, the kernel configs
+worth timing and its tolerance; the layer's method makes the planned method).
 
-For every layer whose method is an `Fp8Linear` holding block-layout scales (`FP8_FORMAT`) or
-an `Nvfp4Linear`, each distinct (format, N, K, FP8 activation mode) is planned at M = block
-rows: first every candidate kernel (`dlrt.kernels.fp8_gemm.fp8_candidates`: with dynamic
-activations the W8A8 configs; weight-only the "dot" configs and, at rows <= 4, the "fma" GEMV
-configs; NVFP4: `nvfp4_candidates`) is checked against the layer's reference path (the same
-activation mode) on a random input: the relative error ||y - y_ref|| / ||y_ref|| must be
-within `TOLERANCE` (2e-2). A candidate that raises or fails the check is skipped with a
-warning. The reference and the passing candidates are then timed as `tuning.linear` times
-BF16 shapes (inside a CUDA graph, weights cycled through more than the L2 cache, each call
-fed by an RMSNorm kernel). The fastest passing candidate replaces the reference when it is
-at least 3% faster (policy "triton": whenever one passes). Records are cached per device,
-dtype and rows under DLRT_CACHE_DIR/gemm, keyed "<format>,N,K" (",w8a8" added for FP8 with
-dynamic activations).
+For every layer whose format `tuned` it (FP8 with block-layout scales, `FP8_FORMAT`; NVFP4),
+each distinct (format, N, K, activation mode) is planned at M = block rows: first every
+candidate kernel (`QuantFormat.kernel_configs`; FP8: `dlrt.kernels.fp8_gemm.fp8_candidates`,
+with dynamic activations the W8A8 configs, weight-only the "dot" configs and, at rows <= 4,
+the "fma" GEMV configs; NVFP4: `nvfp4_candidates`) is checked against the layer's reference
+path (the same activation mode) on a random input: the relative error ||y - y_ref|| /
+||y_ref|| must be within the format's `tolerance` (2e-2). A candidate that raises or fails the
+check is skipped with a warning. The reference and the passing candidates are then timed as
+`tuning.linear` times BF16 shapes (inside a CUDA graph, weights cycled through more than the
+L2 cache, each call fed by an RMSNorm kernel). The fastest passing candidate replaces the
+reference when it is at least 3% faster (policy "triton": whenever one passes). Records are
+cached per device, dtype and rows under DLRT_CACHE_DIR/gemm, keyed "<format>,N,K" (",w8a8"
+added for dynamic activations).
 
 `choose` holds the decision with the timing and the check injected, so it runs anywhere.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dlrt.layers.linear import LinearBase
 from dlrt.layers.quant import LinearMethod
-from dlrt.layers.quant.fp8 import Fp8Linear, _blocks, reference_linear
-from dlrt.layers.quant.nvfp4 import Nvfp4Linear, dequantize_nvfp4
+from dlrt.layers.quant.registry import get_format
 from dlrt.tuning.linear import COLD_BYTES, MARGIN, _cache_path, read_cache, write_cache
 from dlrt.tuning.timing import graph_us
 
 log = logging.getLogger(__name__)
 
-TOLERANCE = {"fp8": 2e-2, "nvfp4": 2e-2}  # relative error bound against the reference
 REFERENCE = "reference"
 
 # time(kernel or None for the reference, rows) -> us; check(kernel, rows) -> relative error
@@ -47,56 +45,33 @@ TimeFn = Callable[[Callable | None], float]
 CheckFn = Callable[[Callable], float]
 
 
-def _held(layer: nn.Module, fmt: str) -> tuple[torch.Tensor, ...]:
-    if fmt == "fp8":
-        return layer.weight, layer.weight_scale_inv
-    return layer.weight, layer.weight_scale, layer.weight_scale_2
-
-
-def _activations(layer: nn.Module, fmt: str) -> str:
-    return layer.method.activations if fmt == "fp8" else "weight_only"
-
-
-def _reference(fmt: str, activations: str = "weight_only") -> Callable:
-    if fmt == "fp8":
-        return lambda x, w, s: reference_linear(x, w, s, activations)
-    return lambda x, w, s, g: F.linear(x, dequantize_nvfp4(w, s, g, x.dtype))
+def _k(layer: nn.Module) -> int:
+    """The layer's in features K (elements; a packed weight holds fewer columns)."""
+    return layer.quant_cols["weight"]
 
 
 def quant_layers(model: nn.Module) -> dict[str, tuple[str, LinearBase]]:
-    """The layers a quantised plan may serve, by module name: (format, layer) for FP8 layers
-    with block-layout scales and NVFP4 layers. FP8 layers with a scale row per weight row
-    (`FP8_ROWS_FORMAT`) keep the reference path."""
+    """The layers a quantised plan may serve, by module name: (format name, layer) for the
+    linear layers whose format `tuned` them (FP8 layers with a scale row per weight row,
+    `FP8_ROWS_FORMAT`, keep the reference path)."""
     out = {}
     for name, m in model.named_modules():
-        if not isinstance(m, LinearBase):
-            continue
-        if isinstance(m.method, Fp8Linear) \
-                and m.weight_scale_inv.shape[0] == _blocks(m.weight.shape[0]):
-            out[name] = ("fp8", m)
-        elif isinstance(m.method, Nvfp4Linear):
-            out[name] = ("nvfp4", m)
+        fmt = getattr(m, "quant_format", None)
+        if isinstance(m, LinearBase) and fmt is not None and fmt.tuned(m):
+            out[name] = (fmt.name, m)
     return out
 
 
 def _shape_key(fmt: str, layer: nn.Module) -> str:
-    n, k = layer.weight.shape
-    key = f"{fmt},{n},{k * 2 if fmt == 'nvfp4' else k}"
-    return key + ",w8a8" if fmt == "fp8" and _activations(layer, fmt) == "dynamic" else key
+    key = f"{fmt},{layer.weight.shape[0]},{_k(layer)}"
+    return key + ",w8a8" if get_format(fmt).activations(layer) == "dynamic" else key
 
 
 def candidates(fmt: str, n: int, k: int, rows: int, device: torch.device | None = None,
                activations: str = "weight_only") -> dict[str, dict]:
-    """{label: config as a dict} of every kernel worth trying for (format, N, K) at rows:
-    FP8 with dynamic activations the W8A8 configs, weight-only the others."""
-    if fmt == "fp8":
-        from dlrt.kernels.fp8_gemm import fp8_candidates
-
-        cfgs = fp8_candidates(n, k, w8a8=activations == "dynamic", device=device, rows=rows)
-    else:
-        from dlrt.kernels.nvfp4_gemm import nvfp4_candidates
-
-        cfgs = nvfp4_candidates(n, k, device=device)
+    """{label: config as a dict} of every kernel of format `fmt` worth trying for (N, K) at
+    rows in the activation mode `activations` (FP8 dynamic: the W8A8 configs)."""
+    cfgs = get_format(fmt).kernel_configs(n, k, rows, device, activations)
     return {_label(asdict(c)): asdict(c) for c in cfgs}
 
 
@@ -107,14 +82,8 @@ def _label(cfg: dict) -> str:
 
 
 def kernel(fmt: str, cfg: dict) -> Callable:
-    """The kernel of `fmt` with config `cfg` bound (an `Fp8Kernel` / `Nvfp4Kernel`)."""
-    if fmt == "fp8":
-        from dlrt.kernels.fp8_gemm import Fp8GemmConfig, fp8_gemm
-
-        return functools.partial(fp8_gemm, config=Fp8GemmConfig(**cfg))
-    from dlrt.kernels.nvfp4_gemm import Nvfp4GemmConfig, nvfp4_gemm
-
-    return functools.partial(nvfp4_gemm, config=Nvfp4GemmConfig(**cfg))
+    """The kernel of format `fmt` with config `cfg` bound (`QuantFormat.kernel`)."""
+    return get_format(fmt).kernel(cfg)
 
 
 def choose(fmt: str, configs: dict[str, dict], time: TimeFn, check: CheckFn,
@@ -124,14 +93,15 @@ def choose(fmt: str, configs: dict[str, dict], time: TimeFn, check: CheckFn,
     (`check(kernel)`: its relative error against the reference), then timed (`time(kernel)`;
     `time(None)` times the reference); one that raises or exceeds its tolerance is skipped."""
     rec = dict(reference_us=time(None), candidates={}, chosen=REFERENCE, chosen_us=None)
+    tolerance = get_format(fmt).tolerance
     for label, cfg in configs.items():
         entry = dict(config=cfg, error=None, us=None, skipped=None)
         rec["candidates"][label] = entry
         try:
             fn = kernel(fmt, cfg)
             entry["error"] = err = float(check(fn))
-            if not err <= TOLERANCE[fmt]:  # NaN fails too
-                entry["skipped"] = f"relative error {err:.3g} > {TOLERANCE[fmt]}"
+            if not err <= tolerance:  # NaN fails too
+                entry["skipped"] = f"relative error {err:.3g} > {tolerance}"
             else:
                 entry["us"] = float(time(fn))
         except Exception as e:  # noqa: BLE001 - a candidate that fails is skipped
@@ -154,11 +124,11 @@ def _decide(rec: dict, policy: str) -> None:
 def relative_error(layer: nn.Module, fmt: str, fn: Callable, rows: int, dtype: torch.dtype,
                    seed: int = 0) -> float:
     """||fn(x) - reference(x)|| / ||reference(x)|| for a random x [rows, K] in `dtype`."""
-    held = _held(layer, fmt)
-    k = held[0].shape[1] * (2 if fmt == "nvfp4" else 1)
+    form = get_format(fmt)
+    held = form.kernel_args(layer)
     gen = torch.Generator(device=held[0].device).manual_seed(seed)
-    x = torch.randn(rows, k, generator=gen, device=held[0].device).to(dtype)
-    ref = _reference(fmt, _activations(layer, fmt))(x, *held).float()
+    x = torch.randn(rows, _k(layer), generator=gen, device=held[0].device).to(dtype)
+    ref = form.reference(form.activations(layer))(x, *held).float()
     y = fn(x, *held).float()
     return ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
@@ -170,14 +140,15 @@ def graph_time(layer: nn.Module, fmt: str, fn: Callable | None, rows: int,
     exceed the L2 cache."""
     from dlrt.kernels.rms_norm import rms_norm
 
-    held = _held(layer, fmt)
-    k = held[0].shape[1] * (2 if fmt == "nvfp4" else 1)
+    form = get_format(fmt)
+    held = form.kernel_args(layer)
+    k = _k(layer)
     x = torch.randn(rows, k, dtype=dtype, device=held[0].device)
     norm_w = torch.ones(k, dtype=dtype, device=x.device)
     nbytes = sum(t.numel() * t.element_size() for t in held)
     copies = [held] + [tuple(t.clone() for t in held)
                        for _ in range(min(15, COLD_BYTES // max(nbytes, 1)))]
-    fn = fn or _reference(fmt, _activations(layer, fmt))
+    fn = fn or form.reference(form.activations(layer))
     return graph_us(lambda: [fn(rms_norm(x, norm_w, 1e-6), *c) for c in copies],
                     reps=2) / len(copies)
 
@@ -214,7 +185,8 @@ def tune_quant(model: nn.Module, dtype: torch.dtype, rows: int = 4, policy: str 
             _decide(records[key], policy)
             continue
         n, k = (int(v) for v in key.split(",")[1:3])
-        configs = candidates(fmt, n, k, rows, m.weight.device, _activations(m, fmt))
+        configs = candidates(fmt, n, k, rows, m.weight.device,
+                             get_format(fmt).activations(m))
         records[key] = choose(fmt, configs, lambda fn, f=fmt, lay=m: time(lay, f, fn, rows),
                               lambda fn, f=fmt, lay=m: check(lay, f, fn, rows), policy)
     if records.keys() - cached.keys():
@@ -222,19 +194,10 @@ def tune_quant(model: nn.Module, dtype: torch.dtype, rows: int = 4, policy: str 
     methods: dict[str, LinearMethod] = {}
     for name, (fmt, m) in layers.items():
         rec = records[_shape_key(fmt, m)]
-        cls = Fp8Linear if fmt == "fp8" else Nvfp4Linear
-        mode = m.method.mode() if fmt == "fp8" else {}
         if rec["chosen"] == REFERENCE:
-            methods[name] = cls(max_rows=m.method.max_rows, **mode)
+            methods[name] = m.method.planned(None, None)
             continue
         cfg = rec["candidates"][rec["chosen"]]["config"]
-        most = 4 if cfg.get("kind") == "fma" else 64  # the config's max_rows()
-        wide = {}
-        if fmt == "fp8" and most < m.method.max_rows:  # a GEMV (weight-only): the default
-            from dlrt.kernels.fp8_gemm import fp8_gemm  # weight-only "dot" above its rows
-
-            wide = dict(wide=fp8_gemm, wide_rows=m.method.max_rows)
-        methods[name] = cls(kernel(fmt, cfg), max_rows=min(most, m.method.max_rows), **wide,
-                            **mode)
+        methods[name] = m.method.planned(kernel(fmt, cfg), cfg)
     log.info("quantised projection kernels: %s", {k: r["chosen"] for k, r in records.items()})
     return methods, records

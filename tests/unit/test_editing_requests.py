@@ -19,6 +19,7 @@ from dlrt.errors import OptionError
 from dlrt.models.llada import LLADA
 from dlrt.models.sdar import SDAR
 from dlrt.runtime.decoders import DECODERS, decoder_for
+from dlrt.runtime.runner import ModelRunner
 
 PROMPT = list(range(300, 313))
 EDITS = dict(remasking_strategy="threshold", threshold=0.3, editing_threshold=0.0,
@@ -126,7 +127,7 @@ def guarded(monkeypatch, llm):
                 raise AssertionError(f"host read Tensor.{_name} in a block program")
             return _real(self, *args, **kwargs)
         monkeypatch.setattr(torch.Tensor, name, read)
-    forward = llm.runner.forward
+    forward = ModelRunner.forward
 
     def unguarded(*args, **kwargs):
         was, _forbidden["on"] = _forbidden["on"], False
@@ -134,7 +135,7 @@ def guarded(monkeypatch, llm):
             return forward(*args, **kwargs)
         finally:
             _forbidden["on"] = was
-    monkeypatch.setattr(llm.runner, "forward", unguarded)
+    monkeypatch.setattr(ModelRunner, "forward", unguarded)
 
 
 @pytest.mark.parametrize("editing_threshold", [None, 0.0, 0.5])

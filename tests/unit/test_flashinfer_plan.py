@@ -21,8 +21,9 @@ from dlrt import LLM, OptionError
 from dlrt.attention import flashinfer as fi_backend
 from dlrt.attention.base import AttentionSpan, ForwardMeta
 from dlrt.attention.flashinfer import (
+    FlashInferBackend,
+    FlashInferFA2Backend,
     Requests,
-    check_head_dim,
     kernel_for_span,
     on_triton,
     requests,
@@ -30,6 +31,7 @@ from dlrt.attention.flashinfer import (
 from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.attention.registry import check_backend, default_backend
 from dlrt.attention.sdpa import SDPABackend
+from dlrt.engine import engine as engine_module
 
 
 def _flashinfer_semantics(q, k_pages, v_pages, reqs, scale):
@@ -130,16 +132,19 @@ class RecordingBackend(SDPABackend):
         return super().forward(layer, q, scale, meta, cache)
 
 
-def use_backend(llm, backend):
-    """Run `llm`'s forwards on `backend`, its host hooks called by the executor."""
-    llm.runner.backend = llm.executor.backend = backend
+def built_with(backend, path, **kw):
+    """An LLM whose forwards run on `backend(cache, num_q_heads)`, built into its runner and
+    executor (the executor calls its host hooks)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine_module, "get_backend", lambda name, cache, heads: backend(cache, heads))
+        return LLM(path, **kw)
 
 
 def _record(path, prompt_len, **kw):
-    llm = LLM(path, device="cpu", max_model_len=512, **{k: v for k, v in kw.items()
-                                                          if k == "decoder"})
-    rec = RecordingBackend(llm.runner.cache, llm.config.num_heads)
-    use_backend(llm, rec)
+    llm = built_with(RecordingBackend, path, device="cpu", max_model_len=512,
+                     **{k: v for k, v in kw.items() if k == "decoder"})
+    rec = llm.runner.backend
+    assert isinstance(rec, RecordingBackend) and llm.executor.backend is rec
     options = {k: v for k, v in kw.items() if k != "decoder"}
     llm.generate(list(range(100, 100 + prompt_len)), temperature=0, **options)
     return rec
@@ -170,13 +175,15 @@ def test_dllm_var_decoder_plans_every_forward(tiny_llada):
     assert rec.unplanned == [AttentionSpan(21, None, 0, 21)]  # prompt + first block
 
 
-def test_flashinfer_needs_a_gpu_and_a_head_size_it_builds(tiny_sdar):
+def test_flashinfer_needs_a_gpu_and_a_head_size_it_builds(tiny_sdar, monkeypatch):
     if not torch.cuda.is_available():
         with pytest.raises(OptionError, match="needs a CUDA GPU"):
             LLM(tiny_sdar, attention_backend="flashinfer")
-    with pytest.raises(OptionError, match="head_dim"):
-        check_head_dim("flashinfer-fa2", 16)
-    check_head_dim("flashinfer", 128)
+    monkeypatch.setattr(fi_backend, "kernel_for", lambda device, kernels, name: "fa2")
+    cuda = torch.device("cuda")
+    why = FlashInferFA2Backend.supports(cuda, torch.bfloat16, "eager", 16)
+    assert "'flashinfer-fa2' has kernels for head_dim" in why
+    assert FlashInferBackend.supports(cuda, torch.bfloat16, "device_loop", 128) is None
     check_backend("triton", torch.device("cuda"), torch.bfloat16, "eager", 16)
     with pytest.raises(OptionError, match="unknown attention backend"):
         LLM(tiny_sdar, attention_backend="flashinfer3")
@@ -260,8 +267,7 @@ def test_flashinfer_backend_decodes_like_sdpa(fake_flashinfer, tiny_sdar, tiny_l
     prefills of over two blocks run on the Triton kernel; tokens equal the SDPA reference's."""
     path = tiny_sdar if preset == "sdar" else tiny_llada
     kw = dict(device="cpu", max_model_len=1024, decoder=decoder)
-    ref, fi = LLM(path, **kw), LLM(path, **kw)
-    use_backend(fi, fi_backend.FlashInferBackend(fi.runner.cache, fi.config.num_heads))
+    ref, fi = LLM(path, **kw), built_with(fi_backend.FlashInferBackend, path, **kw)
     for llm in (ref, fi):  # sharper distributions: greedy choices are far from ties
         head = llm.model.lm_head.weight if hasattr(llm.model, "lm_head") else \
             llm.model.model.transformer.ff_out.weight

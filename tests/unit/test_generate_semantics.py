@@ -4,11 +4,14 @@ and prompt errors."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import dlrt
 from dlrt.errors import PromptError
+from dlrt.runtime.runner import ModelRunner
 
 B = 4  # the tiny checkpoint's block_size, the block decoder's default block_length
 PROMPT = "Hello world"
@@ -39,14 +42,14 @@ def test_prompt_alignment_and_fixed_prompt_tokens(llm, monkeypatch, p):
     prompt = list(range(1000, 1000 + p))
     max_new = 9
     forwards: list[tuple[list[int], int, int]] = []
-    real_forward = llm.runner.forward
+    real_forward = ModelRunner.forward
 
-    def spy(tokens, lens, chunk_block, rows=None):
+    def spy(runner, tokens, lens, chunk_block, rows=None):
         # (ids, chunk start, whether it only writes K/V: the prefill)
         forwards.append((tokens.tolist(), int(lens[0]), rows is None))
-        return real_forward(tokens, lens, chunk_block, rows)
+        return real_forward(runner, tokens, lens, chunk_block, rows)
 
-    monkeypatch.setattr(llm.runner, "forward", spy)
+    monkeypatch.setattr(ModelRunner, "forward", spy)
     blocks = list(llm.stream(prompt, max_new_tokens=max_new))
 
     first = B - p % B
@@ -117,7 +120,8 @@ def test_stop_id_as_first_token_gives_empty_output(llm, ref):
 def test_eos_ids_stop_unless_ignore_eos(llm, ref, monkeypatch):
     j = max(_first_occurrences(ref.token_ids))
     t = ref.token_ids[j]
-    monkeypatch.setattr(llm.engine, "eos_token_ids", (*llm.eos_token_ids, t))
+    eos = dataclasses.replace(llm.engine.resolved, eos_token_ids=(*llm.eos_token_ids, t))
+    monkeypatch.setattr(llm.engine, "resolved", eos)
     r = llm.generate(PROMPT, max_new_tokens=N)
     assert (r.token_ids, r.finish_reason, r.stop_reason) == (ref.token_ids[:j], "stop", t)
     r = llm.generate(PROMPT, max_new_tokens=N, ignore_eos=True)

@@ -86,7 +86,8 @@ def test_real_config_normalised():
     assert c.router_scoring == "sigmoid" and c.moe_intermediate_size == 512
     assert c.mask_token_id == MASK and c.eos_token_ids == (EOS,)  # the family's defaults
     rec = family("llada2")
-    assert rec.decoders == ("block",) and rec.supports_editing and rec.tokenizer is None
+    assert rec.default_decoder == "block" and rec.attention == "block_causal"
+    assert rec.supports_editing and rec.tokenizer is None
     assert rec.decoder_defaults == DecoderDefaults(32, "threshold", 0.95)
     assert rec.embedding == "model.word_embeddings.weight"
 

@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 from dlrt import LLM  # noqa: E402
 from dlrt.layers.quant.fp8 import Fp8Linear  # noqa: E402
 from dlrt.layers.quant.nvfp4 import Nvfp4Linear  # noqa: E402
+from dlrt.layers.quant.registry import get_format  # noqa: E402
 from dlrt.tuning import quant as tq  # noqa: E402
 
 
@@ -60,9 +61,10 @@ def test_the_choice():
     assert rec["candidates"][boom]["skipped"].startswith("RuntimeError")
     assert wrong not in time.timed and boom not in time.timed  # never timed
     # just outside the bound fails, just inside passes
-    time, check = fakes({good: 3.5}, {good: 1.01 * tq.TOLERANCE["fp8"]})
+    tolerance = get_format("fp8").tolerance
+    time, check = fakes({good: 3.5}, {good: 1.01 * tolerance})
     assert tq.choose("fp8", configs, time, check)["candidates"][good]["skipped"]
-    time, check = fakes({good: 3.5}, {good: 0.99 * tq.TOLERANCE["fp8"]})
+    time, check = fakes({good: 3.5}, {good: 0.99 * tolerance})
     assert tq.choose("fp8", configs, time, check)["chosen"] == good
     # nothing 3% faster than the reference: the reference stays (policy triton: the fastest)
     time, check = fakes({good: 9.8}, {})

@@ -1,5 +1,12 @@
 """FP8 block-scaled weights: the Hugging Face `quant_method: "fp8"` layout of the Qwen3-*-FP8
-and DeepSeek-V3 checkpoints, and the linear method that reads them.
+and DeepSeek-V3 checkpoints, and the linear method that reads them (the format "fp8",
+registered in `dlrt.layers.quant.registry`).
+
+A folder declares it in config.json: `quantization_config` {"quant_method": "fp8", "fmt":
+"e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic", optional
+"modules_to_not_convert" (or "ignored_layers")}. The kernels a load-time plan times
+(`dlrt.kernels.fp8_gemm`): with dynamic activations the W8A8 configs, weight-only the "dot"
+configs and, at rows <= 4, the "fma" GEMV configs.
 
 Stored per weight [n, k]: `<module>.weight` float8_e4m3fn [n, k] and `<module>.weight_scale_inv`
 float32 [ceil(n/128), ceil(k/128)]; the weight is w[i, j] = weight[i, j] * weight_scale_inv[i //
@@ -16,6 +23,7 @@ models), or [n, ceil(k/128)] with each stored scale row repeated for its 128 wei
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -23,7 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dlrt.layers.quant import LinearMethod, QuantFormat
+from dlrt.errors import CheckpointError
+from dlrt.layers.quant import LinearMethod, QuantFormat, not_convert_entries
+from dlrt.layers.quant.registry import register
 from dlrt.ops import E4M3_MAX, Fp8Activation, Ops, e4m3_scale
 
 log = logging.getLogger(__name__)
@@ -86,6 +96,7 @@ class Fp8Format(QuantFormat):
     """See the module docstring."""
 
     name = "fp8"
+    declared = "'fp8' (quant_method 'fp8': block-scaled e4m3, 128x128 blocks)"
     suffixes = ("weight", "weight_scale_inv")
 
     def __init__(self, block_rows: bool):
@@ -116,6 +127,56 @@ class Fp8Format(QuantFormat):
 
     def linear_method(self):
         return Fp8Linear()
+
+    def reads(self, q):
+        return q.get("quant_method") == "fp8"
+
+    def not_convert(self, q, where):
+        block = q.get("weight_block_size")
+        if block != [BLOCK, BLOCK]:
+            raise CheckpointError(f"{where}: fp8 weight_block_size {block!r} is not supported; "
+                                  f"dlrt reads block-scaled FP8 with weight_block_size [{BLOCK}, "
+                                  f"{BLOCK}]")
+        if q.get("fmt", "e4m3") != "e4m3":
+            raise CheckpointError(f"{where}: fp8 fmt {q.get('fmt')!r} is not supported (e4m3 "
+                                  "only)")
+        if q.get("activation_scheme", "dynamic") != "dynamic":
+            raise CheckpointError(f"{where}: fp8 activation_scheme "
+                                  f"{q.get('activation_scheme')!r} is not supported; dlrt reads "
+                                  "block-scaled FP8 with dynamic activations (per token and "
+                                  "128-column group; or weight-only with "
+                                  "fp8_activations='weight_only')")
+        skip = q.get("ignored_layers", q.get("modules_to_not_convert"))
+        return not_convert_entries(skip, "modules_to_not_convert", where)
+
+    def checkpoint_config(self, not_convert):
+        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                "weight_block_size": [BLOCK, BLOCK],
+                "modules_to_not_convert": not_convert}, {}
+
+    def tuned(self, layer):
+        """Layers with block-row scales (`FP8_FORMAT`); those with a scale row per weight row
+        keep the reference path."""
+        return self.block_rows and isinstance(layer.method, Fp8Linear)
+
+    def kernel_args(self, layer):
+        return layer.weight, layer.weight_scale_inv
+
+    def activations(self, layer):
+        return layer.method.activations
+
+    def reference(self, activations="weight_only"):
+        return lambda x, w, s: reference_linear(x, w, s, activations)
+
+    def kernel_configs(self, n, k, rows, device=None, activations="weight_only"):
+        from dlrt.kernels.fp8_gemm import fp8_candidates
+
+        return fp8_candidates(n, k, w8a8=activations == "dynamic", device=device, rows=rows)
+
+    def kernel(self, config):
+        from dlrt.kernels.fp8_gemm import Fp8GemmConfig, fp8_gemm
+
+        return functools.partial(fp8_gemm, config=Fp8GemmConfig(**config))
 
 
 class Fp8Linear(LinearMethod):
@@ -150,6 +211,18 @@ class Fp8Linear(LinearMethod):
         """The settings a load-time plan must keep when it gives the layer a kernel (as
         keyword arguments of the constructor)."""
         return dict(activations=self.activations, fused_input=self.fused_input)
+
+    def planned(self, kernel, config):
+        """This method's activation mode and fused input with `kernel` for up to its config's
+        rows (a 4-row GEMV keeps the default weight-only "dot" kernel, `fp8_gemm`, for the
+        rows above it up to `max_rows`: the folded phase's 2B rows), or the reference path."""
+        if kernel is None:
+            return Fp8Linear(max_rows=self.max_rows, **self.mode())
+        from dlrt.kernels.fp8_gemm import Fp8GemmConfig, fp8_gemm
+
+        most = Fp8GemmConfig(**config).max_rows()
+        wide = dict(wide=fp8_gemm, wide_rows=self.max_rows) if most < self.max_rows else {}
+        return Fp8Linear(kernel, max_rows=min(most, self.max_rows), **wide, **self.mode())
 
     def kernel_for(self, rows: int) -> Fp8Kernel | None:
         """The kernel serving `rows` rows on the GPU (None: the reference path)."""
@@ -251,5 +324,5 @@ def set_activations(model: nn.Module, activations: str) -> int:
     return len(methods)
 
 
-FP8_FORMAT = Fp8Format(block_rows=True)
-FP8_ROWS_FORMAT = Fp8Format(block_rows=False)
+FP8_FORMAT = register(Fp8Format(block_rows=True))
+FP8_ROWS_FORMAT = Fp8Format(block_rows=False)  # a variant of "fp8" (`Fp8Format.for_parts`)

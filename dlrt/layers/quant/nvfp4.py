@@ -1,5 +1,11 @@
 """NVFP4 weights: the layout of NVIDIA ModelOpt's NVFP4 export (`quant_algo: "NVFP4"`, group
-size 16), and the linear method that reads them.
+size 16), and the linear method that reads them (the format "nvfp4", registered in
+`dlrt.layers.quant.registry`).
+
+A folder declares it in ModelOpt's `hf_quant_config.json` {"quantization": {"quant_algo":
+"NVFP4", "group_size": 16, "exclude_modules": [...]}} and/or config.json `quantization_config`
+{"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": [...]}. The kernels a load-time
+plan times: `dlrt.kernels.nvfp4_gemm` (weight-only).
 
 Stored per weight [n, k] (k a multiple of 16):
   `<module>.weight` uint8 [n, k/2]: e2m1 codes, two per byte, element 2j in the low nibble and
@@ -22,13 +28,16 @@ so merged projections whose parts have different global scales stay exact).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dlrt.layers.quant import LinearMethod, QuantFormat
+from dlrt.errors import CheckpointError
+from dlrt.layers.quant import HF_QUANT_CONFIG, LinearMethod, QuantFormat, not_convert_entries
+from dlrt.layers.quant.registry import register
 
 GROUP = 16
 # The kernel seam of `Nvfp4Linear`: (x [M, K] in the model dtype, contiguous; weight uint8
@@ -101,6 +110,9 @@ class Nvfp4Format(QuantFormat):
     """See the module docstring."""
 
     name = "nvfp4"
+    declared = ("'nvfp4' (ModelOpt's NVFP4: quant_method 'modelopt' or hf_quant_config.json, "
+                "quant_algo 'NVFP4', group size 16)")
+    files = (HF_QUANT_CONFIG,)
     suffixes = ("weight", "weight_scale", "weight_scale_2")
     expand = {"weight": 1, "weight_scale": 1, "weight_scale_2": 0}
 
@@ -131,6 +143,57 @@ class Nvfp4Format(QuantFormat):
     def linear_method(self):
         return Nvfp4Linear()
 
+    def reads(self, q):
+        return q.get("quant_method") in (None, "modelopt") and q.get("quant_algo") == "NVFP4"
+
+    def not_convert(self, q, where):
+        group = q.get("group_size")
+        if group is None:
+            groups = q.get("config_groups") or {}
+            group = next((g.get("weights", {}).get("group_size") for g in groups.values()
+                          if isinstance(g, dict)), GROUP)
+        if group != GROUP:
+            raise CheckpointError(f"{where}: NVFP4 group_size {group!r} is not supported "
+                                  f"({GROUP} only)")
+        skip = q.get("exclude_modules", q.get("ignore"))
+        return not_convert_entries(skip, "exclude_modules", where)
+
+    def checkpoint_config(self, not_convert):
+        quant = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": GROUP,
+                 "exclude_modules": not_convert}
+        producer = {"name": "modelopt", "version": "dlrt"}
+        config = {"quant_method": "modelopt", "quant_algo": "NVFP4", "producer": producer,
+                  "ignore": not_convert,
+                  "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                      "dynamic": False, "num_bits": 4, "type": "float", "group_size": GROUP}}}}
+        return config, {HF_QUANT_CONFIG: {"producer": producer, "quantization": quant}}
+
+    def path_note(self, capability):
+        if capability >= (10, 0):
+            return None
+        return (f"nvfp4 weights on compute capability {capability[0]}.{capability[1]}, which "
+                "has no FP4 tensor cores (sm_100+): weight-only kernels (codes dequantised in "
+                "registers, products in the model dtype)")
+
+    def tuned(self, layer):
+        return isinstance(layer.method, Nvfp4Linear)
+
+    def kernel_args(self, layer):
+        return layer.weight, layer.weight_scale, layer.weight_scale_2
+
+    def reference(self, activations="weight_only"):
+        return lambda x, w, s, g: F.linear(x, dequantize_nvfp4(w, s, g, x.dtype))
+
+    def kernel_configs(self, n, k, rows, device=None, activations="weight_only"):
+        from dlrt.kernels.nvfp4_gemm import nvfp4_candidates
+
+        return nvfp4_candidates(n, k, device=device)
+
+    def kernel(self, config):
+        from dlrt.kernels.nvfp4_gemm import Nvfp4GemmConfig, nvfp4_gemm
+
+        return functools.partial(nvfp4_gemm, config=Nvfp4GemmConfig(**config))
+
 
 class Nvfp4Linear(LinearMethod):
     """y = x @ w^T with w held as NVFP4 (`layer.weight`, `weight_scale`, `weight_scale_2`).
@@ -147,6 +210,14 @@ class Nvfp4Linear(LinearMethod):
     def __init__(self, kernel: Nvfp4Kernel | None = None, max_rows: int = 64):
         self.kernel, self.max_rows = kernel, max_rows
 
+    def planned(self, kernel, config):
+        if kernel is None:
+            return Nvfp4Linear(max_rows=self.max_rows)
+        from dlrt.kernels.nvfp4_gemm import Nvfp4GemmConfig
+
+        return Nvfp4Linear(kernel, max_rows=min(Nvfp4GemmConfig(**config).max_rows(),
+                                                self.max_rows))
+
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         w, scale, scale_2 = layer.weight, layer.weight_scale, layer.weight_scale_2
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
@@ -156,4 +227,4 @@ class Nvfp4Linear(LinearMethod):
         return F.linear(x, dequantize_nvfp4(w, scale, scale_2, x.dtype))
 
 
-NVFP4_FORMAT = Nvfp4Format()
+NVFP4_FORMAT = register(Nvfp4Format())

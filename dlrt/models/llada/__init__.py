@@ -6,8 +6,8 @@ from dlrt.models.llada.model import LLaDAModelLM
 
 # NOTE: LLaDA-Instruct ends a turn with <|eot_id|> (126348) and pads with <|endoftext|> (126081).
 LLADA = Family(name="llada", model_types=("llada",), architectures=("LLaDAModelLM",),
-               normalise=llada_config, model=LLaDAModelLM, decoders=("canvas", "dllm_var"),
-               with_layers=with_layers, embedding="model.transformer.wte.weight",
+               normalise=llada_config, model=LLaDAModelLM, default_decoder="canvas",
+               attention="full", with_layers=with_layers, embedding="model.transformer.wte.weight",
                stop_ids=(126081, 126348),
                tp_plan=(("*.qkv", "heads"), ("*.attn_out", "row"), ("*.ff_gate_up", "column"),
                         ("*.blocks.*.ff_out", "row"), ("model.transformer.ff_out", "vocab")))

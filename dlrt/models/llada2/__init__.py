@@ -8,7 +8,7 @@ from dlrt.models.llada2.model import LLaDA2MoeModelLM
 
 LLADA2 = Family(name="llada2", model_types=("llada2_moe",),
                 architectures=("LLaDA2MoeModelLM",), normalise=llada2_config,
-                model=LLaDA2MoeModelLM, decoders=("block",), with_layers=with_layers,
+                model=LLaDA2MoeModelLM, default_decoder="block", with_layers=with_layers,
                 embedding="model.word_embeddings.weight", tokenizer=None,
                 decoder_defaults=DecoderDefaults(block_length=32,
                                                  remasking_strategy="threshold", threshold=0.95),

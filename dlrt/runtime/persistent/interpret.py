@@ -32,14 +32,16 @@ class _Round:
                  lens: torch.Tensor, chunk_block: int | None):
         c = plan.config
         self.plan, self.model, self.cache, self.c = plan, model, cache, c
-        inner = model.model
-        self.dtype = inner.embed_tokens.weight.dtype
+        self.names = plan.weights
+        embedding = model.get_parameter(self.names.embedding)
+        self.rotary = model.get_submodule(self.names.rotary)
+        self.dtype = embedding.dtype
         self.start, self.kv_len = (int(x) for x in lens.tolist())
         b = tokens.shape[0]
         self.positions = self.start + torch.arange(b, device=tokens.device)
-        self.cos, self.sin = inner.rotary_emb.cos_sin(self.positions)
+        self.cos, self.sin = self.rotary.cos_sin(self.positions)
         self.mask = chunk_mask(b, self.start, self.kv_len, chunk_block, tokens.device)
-        self.stream = inner.embed_tokens(tokens)  # [B, H], the residual stream
+        self.stream = F.embedding(tokens, embedding)  # [B, H], the residual stream
         d, hq, hkv = c.head_dim, c.num_heads, c.num_kv_heads
         new = lambda n: torch.empty(b, n, dtype=self.dtype, device=tokens.device)  # noqa: E731
         self.qkv = new((hq + 2 * hkv) * d)
@@ -72,11 +74,8 @@ class _Round:
     def run(self, t) -> None:
         getattr(self, "_" + t.kind)(t)
 
-    def _layer(self, t):
-        return self.model.model.layers[t.layer]
-
     def _qkv(self, t) -> None:
-        h = self.norm(f"model.layers.{t.layer}.input_layernorm.weight")
+        h = self.norm(self.names.at("input_norm", t.layer))
         self.qkv[:, t.lo:t.hi] = self.linear(h, t.weight, t.lo, t.hi)
 
     def _rope(self, t) -> torch.Tensor:
@@ -87,13 +86,13 @@ class _Round:
         c, g = self.c, t.head
         d, hq, hkv = c.head_dim, c.num_heads, c.num_kv_heads
         group = hq // hkv
-        attn = self._layer(t).self_attn
         q = self.qkv[:, g * group * d:(g + 1) * group * d].reshape(-1, group, d)
         k = self.qkv[:, (hq + g) * d:(hq + g + 1) * d].reshape(-1, 1, d)
         v = self.qkv[:, (hq + hkv + g) * d:(hq + hkv + g + 1) * d].reshape(-1, 1, d)
-        q = ref.rms_norm(q, attn.q_norm.weight, attn.q_norm.eps)
-        k = ref.rms_norm(k, attn.k_norm.weight, attn.k_norm.eps)
-        full = self.model.model.rotary_emb.full_precision
+        eps = c.rms_norm_eps
+        q = ref.rms_norm(q, self.model.get_parameter(self.names.at("q_norm", t.layer)), eps)
+        k = ref.rms_norm(k, self.model.get_parameter(self.names.at("k_norm", t.layer)), eps)
+        full = self.rotary.full_precision
         k = ref.rope_rotate(k, self.cos, self.sin, full)
         slots = self.cache.slots(self.positions)
         k_scale, v_scale = self.cache.scales(t.layer)
@@ -162,7 +161,7 @@ class _Round:
         self._residual(t, self.linear(self.attn_out, t.weight, t.lo, t.hi))
 
     def _gate_up(self, t) -> None:
-        h = self.norm(f"model.layers.{t.layer}.post_attention_layernorm.weight")
+        h = self.norm(self.names.at("post_norm", t.layer))
         inter = self.c.intermediate_size
         gate = self.linear(h, t.weight, t.lo, t.hi)
         up = self.linear(h, t.weight, inter + t.lo, inter + t.hi)
@@ -172,7 +171,7 @@ class _Round:
         self._residual(t, self.linear(self.act, t.weight, t.lo, t.hi))
 
     def _lm_head(self, t) -> None:
-        h = self.norm("model.norm.weight")
+        h = self.norm(self.names.final_norm)
         self.logits[:, t.lo:t.hi] = self.linear(h, t.weight, t.lo, t.hi)
 
 

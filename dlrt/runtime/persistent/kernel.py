@@ -33,7 +33,9 @@ from dlrt import env
 from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.errors import OptionError
 from dlrt.kernels.cubin import VOID_P, Kernel
-from dlrt.runtime.persistent.plan import RoundPlan, build_plan, fp8_layer
+from dlrt.models.config import ModelConfig
+from dlrt.models.registry import family
+from dlrt.runtime.persistent.plan import RoundPlan, build_plan, fp8_layer, round_weights
 
 FP8 = torch.float8_e4m3fn
 
@@ -229,13 +231,16 @@ class PersistentRound:
 
     def __init__(self, plan: RoundPlan, model, cache: PagedKVCache, lens: torch.Tensor,
                  chunk_block: int | None, timeline: bool = False):
-        c, inner = plan.config, model.model
-        dtype, dev = inner.embed_tokens.weight.dtype, inner.embed_tokens.weight.device
+        c, names = plan.config, plan.weights
+        embedding = model.get_parameter(names.embedding)
+        rotary = model.get_submodule(names.rotary)
+        dtype, dev = embedding.dtype, embedding.device
         check_supported(plan, dtype, dev)
         if cache.dtype != dtype or lens.dtype != torch.int32 or lens.device != dev:
             raise ValueError(f"PersistentRound: a {cache.dtype} cache and {lens.dtype} lens "
                              f"for a {dtype} model on {dev}")
         self.plan, self.model, self.cache, self.lens = plan, model, cache, lens
+        self.embedding, self.rotary = embedding, rotary
         self.chunk_block = chunk_block
         self._stamped: PersistentRound | None = None
         self.dtype, self.device = dtype, dev
@@ -256,10 +261,12 @@ class PersistentRound:
         if any(t.data_ptr() % 16 for t in (*cache.k, *cache.v)):
             raise ValueError("PersistentRound: the KV cache's layers must start at 16-byte "
                              "aligned addresses")
-        layers = inner.layers
-        norms = [inner.norm.weight] + [n for ly in layers for n in
-                                       (ly.input_layernorm.weight,
-                                        ly.post_attention_layernorm.weight)]
+        def per_layer(name: str) -> list[torch.Tensor]:
+            return [model.get_parameter(names.at(name, i)) for i in range(c.num_layers)]
+
+        in_norm, post_norm = per_layer("input_norm"), per_layer("post_norm")
+        final_norm = model.get_parameter(names.final_norm)
+        norms = [final_norm, *in_norm, *post_norm]
         if any(n.dtype != dtype or not n.is_contiguous() or n.data_ptr() % 16 for n in norms):
             raise ValueError("PersistentRound: the RMSNorm weights before the projections must "
                              f"be contiguous {dtype} at 16-byte aligned addresses (the kernel "
@@ -276,15 +283,13 @@ class PersistentRound:
         self.part_o = torch.zeros(c.num_kv_heads * plan.splits * rows * d, device=dev)
         self.counters = torch.zeros(len(plan.counter_names) + 1, dtype=torch.int32,
                                     device=dev)
-        half = inner.rotary_emb.inv_freq.numel()
+        half = rotary.inv_freq.numel()
         self.cos = torch.zeros(b, half, device=dev)
         self.sin = torch.zeros(b, half, device=dev)
         self.arange = torch.arange(b, device=dev)
         ptr_lists = dict(
-            weights=weights, in_norm=[ly.input_layernorm.weight for ly in layers],
-            post_norm=[ly.post_attention_layernorm.weight for ly in layers],
-            q_norm=[ly.self_attn.q_norm.weight for ly in layers],
-            k_norm=[ly.self_attn.k_norm.weight for ly in layers],
+            weights=weights, in_norm=in_norm, post_norm=post_norm,
+            q_norm=per_layer("q_norm"), k_norm=per_layer("k_norm"),
             k_cache=list(cache.k), v_cache=list(cache.v))
         ptrs = {k: _ptrs(v, dev) for k, v in ptr_lists.items()}
         ptrs["scales"] = torch.tensor([0 if t is None else t.data_ptr() for t in scales],
@@ -295,9 +300,9 @@ class PersistentRound:
                     Hq=c.num_heads, Hkv=c.num_kv_heads, D=d, I=c.intermediate_size,
                     V=c.vocab_size, L=c.num_layers, splits=plan.splits,
                     chunk_block=chunk_block or 0, rot_half=half,
-                    full_rope=int(inner.rotary_emb.full_precision), page_size=cache.page_size,
+                    full_rope=int(rotary.full_precision), page_size=cache.page_size,
                     eps=c.rms_norm_eps, scale=d ** -0.5,
-                    final_norm=inner.norm.weight.data_ptr(),
+                    final_norm=final_norm.data_ptr(),
                     page_table=cache.page_table.data_ptr(), lens=lens.data_ptr(),
                     counters=self.counters.data_ptr())
         for k in ("task", "wait_off", "waits", "sig_off", "sigs", "queue_off", "queue"):
@@ -359,10 +364,9 @@ class PersistentRound:
         if tokens.shape[0] != self.plan.block:
             raise ValueError(f"PersistentRound: {tokens.shape[0]} tokens for a plan of block "
                              f"{self.plan.block}")
-        inner = self.model.model
-        self.stream.copy_(F.embedding(tokens, inner.embed_tokens.weight))
+        self.stream.copy_(F.embedding(tokens, self.embedding))
         positions = self.lens[0].long() + self.arange
-        cos, sin = inner.rotary_emb.cos_sin(positions)
+        cos, sin = self.rotary.cos_sin(positions)
         self.cos.copy_(cos)
         self.sin.copy_(sin)
         self.kernel.launch(self.plan.workers, THREADS, (self.params.data_ptr(),), (VOID_P,),
@@ -375,11 +379,50 @@ class PersistentRounds:
     kernel serves 2B rows, the folded round 0 of a block ([previous block + block]),
     chunk_block = B,
     each with its own plan (one worker per SM; KV-head x split attention tasks about one per
-    SM) and lens buffer. `forward` returns None for any other forward (the layers serve it)."""
+    SM) and lens buffer. `forward` returns None for any other forward (the layers serve it).
+    `supports` says what it serves before anything is built."""
+
+    @staticmethod
+    def supports(device: torch.device, tensor_parallel_size: int = 1,
+                 config: ModelConfig | None = None, decoder: str | None = None,
+                 dtype: torch.dtype | None = None, kv_cache_dtype: torch.dtype | None = None,
+                 quantization: str | None = None, fp8_activations: str | None = None
+                 ) -> str | None:
+        """None when the persistent round serves this device, tensor-parallel size and (those
+        given; None: not known yet) model, decoder, model dtype, KV cache dtype, quantisation
+        and FP8 activation mode; else the reason, naming each thing it does not serve. What
+        depends on the GPU and the plan (head size, SMs, shared memory) is checked when it is
+        built (`check_supported`)."""
+        if device.type != "cuda":
+            return "round_kernel 'persistent' needs a CUDA device; use 'layers'"
+        if tensor_parallel_size > 1:
+            return ("round_kernel 'persistent' runs one GPU's whole round; with "
+                    f"tensor_parallel_size {tensor_parallel_size} use 'layers'")
+        why = []
+        if config is not None and (config.moe_layers
+                                   or family(config.family).round_weights is None):
+            why.append(f"model family {config.family} (dense SDAR only: the families whose "
+                       "record names the round's weights, Family.round_weights)")
+        if decoder not in (None, "block"):
+            why.append(f"decoder {decoder} (block only)")
+        if dtype is not None and dtype not in (torch.bfloat16, torch.float32):
+            why.append(f"dtype {dtype} (bfloat16 or float32)")
+        if quantization not in (None, "none", "fp8"):
+            why.append(f"quantization {quantization} (unquantised or weight-only fp8 weights "
+                       "only)")
+        elif quantization == "fp8" and fp8_activations not in (None, "weight_only"):
+            why.append(f"fp8 with fp8_activations {fp8_activations} (the kernel computes the "
+                       "weight-only product: fp8_activations='weight_only')")
+        if kv_cache_dtype is not None and dtype is not None and kv_cache_dtype != dtype:
+            why.append(f"KV cache {kv_cache_dtype} (a cache of the model dtype only)")
+        if why:
+            return "round_kernel 'persistent' does not serve: " + "; ".join(why)
+        return None
 
     def __init__(self, model, cache: PagedKVCache, block: int):
         c = model.config
-        dev = model.model.embed_tokens.weight.device
+        embedding = model.get_parameter(round_weights(c).embedding)
+        dev = embedding.device
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         splits = max(1, min(64, sms // c.num_kv_heads))
         self.block = block
@@ -391,7 +434,7 @@ class PersistentRounds:
             plan = build_plan(c, n, sms, splits, itemsize=item)
             if n == 2 * block:  # the folded round only where it fits; else the layers
                 try:
-                    check_supported(plan, model.model.embed_tokens.weight.dtype, dev)
+                    check_supported(plan, embedding.dtype, dev)
                 except ValueError:
                     continue
             lens = torch.zeros(2, dtype=torch.int32, device=dev)

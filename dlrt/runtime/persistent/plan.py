@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 import torch
 
 from dlrt.models.config import ModelConfig
+from dlrt.models.family import RoundWeights
+from dlrt.models.registry import family
 
 GEMM_KINDS = ("qkv", "o", "gate_up", "down", "lm_head")
 
@@ -92,6 +94,11 @@ class RoundPlan:
     def workers(self) -> int:
         return len(self.queues)
 
+    @property
+    def weights(self) -> RoundWeights:
+        """The paths of the weights the round reads (the family's, `round_weights`)."""
+        return round_weights(self.config)
+
     def final_counts(self) -> list[int]:
         """The count each counter reaches in one round: the tasks signalling it, plus one for
         each counter whose completing task adds to it (`Task.then`)."""
@@ -106,6 +113,20 @@ class RoundPlan:
             for c in then:
                 counts[c] += 1
         return counts
+
+
+def round_weights(config: ModelConfig) -> RoundWeights:
+    """The paths of the weights a round reads, from the family's record
+    (`Family.round_weights`). ValueError for a MoE model or a family whose record names none."""
+    if config.moe_layers:
+        raise ValueError("the persistent round plan serves dense models; MoE layers keep "
+                         "the layer-by-layer path")
+    names = family(config.family).round_weights
+    if names is None:
+        raise ValueError(f"the persistent round plan serves the families whose record names "
+                         f"its weights (Family.round_weights: dense SDAR); {config.family} "
+                         "names none")
+    return names
 
 
 def fp8_layer(model, weight: str):
@@ -150,13 +171,12 @@ def build_plan(config: ModelConfig, block: int, workers: int, splits: int = 4,
     rows: rows per tile by kind ("qkv", "o", "gate_up", "down", "lm_head"); default
     `tile_rows` of each weight (about one tile per worker). itemsize: bytes per weight element
     (the page stream's bytes per task), one for all weights or a function of the weight's
-    parameter path (FP8 projections beside a model-dtype LM head). Raises ValueError for a MoE
-    model, heads that do not group, or non-positive sizes.
+    parameter path (FP8 projections beside a model-dtype LM head). The weights are the
+    family's (`round_weights`). Raises ValueError for a MoE model, a family without round
+    weights, heads that do not group, or non-positive sizes.
     """
     c = config
-    if c.moe_layers:
-        raise ValueError("the persistent round plan serves dense models; MoE layers keep "
-                         "the layer-by-layer path")
+    weights = round_weights(c)
     if c.num_heads % c.num_kv_heads or block < 1 or workers < 1 or splits < 1:
         raise ValueError(f"build_plan: heads {c.num_heads}/{c.num_kv_heads}, block {block}, "
                          f"workers {workers}, splits {splits}")
@@ -166,11 +186,11 @@ def build_plan(config: ModelConfig, block: int, workers: int, splits: int = 4,
              "lm_head": c.vocab_size}
     k_of = {"qkv": h, "o": hq * d, "gate_up": h, "down": inter, "lm_head": h}
     rows = {k: (rows or {}).get(k) or tile_rows(n, workers) for k, n in sizes.items()}
-    names: list[str] = []
+    counters: list[str] = []
 
     def counter(name: str) -> int:
-        names.append(name)
-        return len(names) - 1
+        counters.append(name)
+        return len(counters) - 1
 
     tasks: list[Task] = []
 
@@ -186,7 +206,6 @@ def build_plan(config: ModelConfig, block: int, workers: int, splits: int = 4,
 
     prev: tuple[tuple[int, int], ...] = ()
     for layer in range(c.num_layers):
-        p = f"model.layers.{layer}."
         qkv_c = [counter(f"qkv[{layer}][{g}]") for g in range(hkv)]
         cols = [_head_columns(c, g) for g in range(hkv)]
 
@@ -194,7 +213,7 @@ def build_plan(config: ModelConfig, block: int, workers: int, splits: int = 4,
             return tuple(qkv_c[g] for g in range(hkv)
                          if any(a < hi and lo < b for a, b in cols[g]))
 
-        gemm("qkv", layer, prev, heads_of, p + "self_attn.qkv_proj.weight")
+        gemm("qkv", layer, prev, heads_of, weights.at("qkv", layer))
         need = [sum(1 for t in tasks if t.kind == "qkv" and t.layer == layer
                     and qkv_c[g] in t.signals) for g in range(hkv)]
         attn_c = [counter(f"attn[{layer}][{g}]") for g in range(hkv)]
@@ -206,15 +225,15 @@ def build_plan(config: ModelConfig, block: int, workers: int, splits: int = 4,
         o_c, gu_c, down_c = (counter(f"{k}[{layer}]") for k in ("o", "gate_up", "down"))
         n_o, n_gu, n_down = (len(_tiles(sizes[k], rows[k])) for k in ("o", "gate_up", "down"))
         gemm("o", layer, ((merged_c, hkv),), lambda lo, hi, o_c=o_c: (o_c,),
-             p + "self_attn.o_proj.weight")
+             weights.at("o", layer))
         gemm("gate_up", layer, ((o_c, n_o),), lambda lo, hi, gu_c=gu_c: (gu_c,),
-             p + "mlp.gate_up_proj.weight")
+             weights.at("gate_up", layer))
         gemm("down", layer, ((gu_c, n_gu),), lambda lo, hi, down_c=down_c: (down_c,),
-             p + "mlp.down_proj.weight")
+             weights.at("down", layer))
         prev = ((down_c, n_down),)
     head_c = counter("lm_head")
-    gemm("lm_head", -1, prev, lambda lo, hi: (head_c,), "lm_head.weight")
-    return RoundPlan(c, block, splits, tasks, assign(tasks, workers), names)
+    gemm("lm_head", -1, prev, lambda lo, hi: (head_c,), weights.lm_head)
+    return RoundPlan(c, block, splits, tasks, assign(tasks, workers), counters)
 
 
 def assign(tasks: list[Task], workers: int) -> list[list[int]]:

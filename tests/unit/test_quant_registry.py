@@ -1,0 +1,112 @@
+"""One quantisation format = one module: a format registers itself
+(`dlrt.layers.quant.registry`), and the `quantization` option's choices, the checkpoint reader,
+make-checkpoint and the load-time plan find it there. A format defined here (FP8 weights under
+another name) is a choice of the option and of the CLI, is read from a folder's config, is
+written by make-checkpoint and loads to the tokens of the same weights in FP8."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+
+from dlrt import LLM
+from dlrt.checkpoint.make import make_checkpoint
+from dlrt.checkpoint.quant import read_scheme
+from dlrt.engine.config import EngineConfig
+from dlrt.engine.engine import Engine
+from dlrt.entrypoints.cli import build_parser, engine_kwargs
+from dlrt.errors import CheckpointError, OptionError
+from dlrt.layers.quant import registry
+from dlrt.layers.quant.fp8 import FP8_FORMAT, Fp8Format
+from dlrt.layers.quant.nvfp4 import NVFP4_FORMAT
+
+PROMPT = [5, 6, 7, 8, 9]
+
+
+class Fp8Again(Fp8Format):
+    """FP8 weights with a scale row per weight row, declared as "fp8-again"."""
+
+    name = "fp8-again"
+    declared = "'fp8-again' (quant_method 'fp8-again')"
+
+    def __init__(self):
+        super().__init__(block_rows=False)
+
+    def for_parts(self, parts):
+        return self
+
+    def reads(self, q):
+        return q.get("quant_method") == "fp8-again"
+
+    def checkpoint_config(self, not_convert):
+        config, files = super().checkpoint_config(not_convert)
+        return {**config, "quant_method": "fp8-again"}, files
+
+
+@pytest.fixture
+def again(monkeypatch):
+    monkeypatch.setattr(registry, "_FORMATS", dict(registry.formats()))
+    return registry.register(Fp8Again())
+
+
+def _choices(name):
+    return tuple(next(f for f in dataclasses.fields(EngineConfig)
+                      if f.name == name).metadata["choices"])
+
+
+def test_the_formats_register_themselves():
+    assert registry.formats() == {"fp8": FP8_FORMAT, "nvfp4": NVFP4_FORMAT}
+    assert _choices("quantization") == ("auto", "none", "fp8", "nvfp4")
+    class Other(Fp8Format):
+        pass
+
+    with pytest.raises(ValueError, match="'fp8' is registered twice"):
+        registry.register(Other(block_rows=True))
+    assert registry.formats()["fp8"] is FP8_FORMAT
+    with pytest.raises(OptionError, match=r"unknown quantised format; one of \['fp8', 'nvfp4'\]"):
+        registry.get_format("int4")
+
+
+def test_a_registered_format_is_a_choice_and_is_read(again, tiny_sdar, tmp_path):
+    assert _choices("quantization") == ("auto", "none", "fp8", "fp8-again", "nvfp4")
+    assert EngineConfig.from_kwargs(quantization="fp8-again").quantization == "fp8-again"
+    args = build_parser().parse_args(["generate", "--prompt", "x", "--quantization",
+                                      "fp8-again"])
+    assert engine_kwargs(args)["quantization"] == "fp8-again"
+    folder = tmp_path / "declared"
+    folder.mkdir()
+    for f in tiny_sdar.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, folder / f.name)
+    hf = json.loads((folder / "config.json").read_text())
+    hf["quantization_config"] = again.checkpoint_config(["lm_head"])[0]
+    (folder / "config.json").write_text(json.dumps(hf))
+    resolved = Engine.open(EngineConfig.from_kwargs(model=str(folder), device="cpu",
+                                                    load_format="dummy"))[0]
+    assert resolved.quant.name == resolved.engine.quantization == "fp8-again"
+    assert resolved.quant.not_convert == ("lm_head",) and resolved.quant.fmt is again
+
+
+def test_a_registered_format_is_written_and_loaded(again, tmp_path):
+    ours = make_checkpoint("tiny-sdar", tmp_path / "again", dtype="float32",
+                           quantization="fp8-again")
+    fp8 = make_checkpoint("tiny-sdar", tmp_path / "fp8", dtype="float32", quantization="fp8")
+    assert json.loads((ours / "config.json").read_text())["quantization_config"][
+        "quant_method"] == "fp8-again"
+    llm = LLM(ours, max_model_len=64)
+    formats = {m.quant_format for m in llm.model.modules() if hasattr(m, "quant_format")}
+    assert formats == {again} and llm.engine_config.quantization == "fp8-again"
+    assert llm.generate(PROMPT, max_new_tokens=8).token_ids == \
+        LLM(fp8, max_model_len=64).generate(PROMPT, max_new_tokens=8).token_ids
+
+
+def test_an_unknown_format_names_every_registered_one(tmp_path):
+    hf = {"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8"}}
+    with pytest.raises(CheckpointError) as e:
+        read_scheme(hf, tmp_path)
+    message = str(e.value)
+    assert "quant_method 'modelopt' with quant_algo 'FP8' is not supported" in message
+    assert FP8_FORMAT.declared in message and NVFP4_FORMAT.declared in message
