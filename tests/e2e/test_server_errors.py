@@ -51,6 +51,21 @@ def test_non_finite_logits_are_a_500_and_the_server_keeps_serving(tiny_sdar):
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
 
 
+def test_a_temperature_past_fp32_is_a_400_naming_it_and_the_server_keeps_serving(tiny_sdar):
+    """1e39 is finite in Python but infinite in the device's fp32: refused before it runs."""
+    llm = LLM(tiny_sdar, dtype="float32")
+    with client_of(llm, "sdar") as c:
+        for path, body in (("/v1/completions", {"prompt": "Hello", "max_tokens": 4}),
+                           ("/generate", {"prompt": "Hello", "max_new_tokens": 4})):
+            r = c.post(path, json={**body, "temperature": 1e39})
+            assert r.status_code == 400, (path, r.text)
+            err = r.json()["error"]
+            assert err["param"] == "temperature" and "temperature=1e+39" in err["message"], err
+        assert c.get("/health").json()["running"] == 0
+        r = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4, "temperature": 0})
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
 def test_no_tokenizer_openai_endpoints_are_400_that_say_to_send_token_ids(tiny_llada):
     llm = LLM(tiny_llada, dtype="float32")
     with client_of(llm, "llada") as c:
