@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrt.attention.registry import check_backend
+from dlrt.decoding.ignored import warn_ignored
 from dlrt.decoding.options import DecodingOptions, DecodingParams, check_editing, resolve
 from dlrt.engine.config import EngineConfig
 from dlrt.engine.engine import Engine
@@ -199,6 +200,7 @@ class LLM:
             # every rank of a cut model must draw the same samples: rank 0 chooses the seed
             options = {**options, "seed": self.engine.tp.share(random.randrange(2**31))}
         ids, params = self.check(prompt, chat=chat, **options)
+        warn_ignored(DecodingOptions.from_kwargs(options), params)
         stats["prompt"] = ids
         # NOTE: one request runs at a time: starting one supersedes any stream still open.
         self._request += 1

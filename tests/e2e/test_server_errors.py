@@ -150,3 +150,22 @@ def test_serve_names_the_missing_server_packages(monkeypatch):
                         lambda name, *a: None if name == "uvicorn" else real(name, *a))
     with pytest.raises(OptionError, match=r"needs uvicorn: .*pip install -e '\.\[serve\]'"):
         check_server_packages()
+
+
+def test_options_without_effect_are_one_log_line_per_request(tiny_sdar, caplog):
+    """The server fills in a seed and its flags' defaults; only what has no effect is named,
+    once per request (the request still runs)."""
+    import logging
+
+    llm = LLM(tiny_sdar, dtype="float32")
+    with client_of(llm, "sdar", {"top_p": 0.9}) as c, \
+            caplog.at_level(logging.WARNING, logger="dlrt.decoding.ignored"):
+        r = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4,
+                                            "temperature": 0, "top_k": 3})
+        assert r.status_code == 200, r.text
+        r = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4,
+                                            "temperature": 0.5})
+        assert r.status_code == 200, r.text
+    lines = [r.getMessage() for r in caplog.records if r.name == "dlrt.decoding.ignored"]
+    assert len(lines) == 1, lines
+    assert "top_k=3" in lines[0] and "top_p=0.9" in lines[0] and "seed" not in lines[0]
