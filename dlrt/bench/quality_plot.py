@@ -1,0 +1,60 @@
+"""`dlrt bench quality`'s PNG: TPF against held-out token accuracy, one colour per setting (named
+in a legend beside the axes, so no label sits on a point or on another label), one marker per
+block length, a setting's points joined across block lengths; the title names the model and
+what was measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+MARKERS = "osD^v<>ph*"
+
+
+def figure(rows: list[dict[str, Any]], title: str):
+    """The matplotlib Figure of `rows` (the table's rows) under `title`.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    blocks = sorted({r["block"] for r in rows})
+    colours = plt.get_cmap("tab20" if len(settings) > 10 else "tab10")
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    for i, setting in enumerate(settings):
+        mine = sorted((r for r in rows if r["setting"] == setting), key=lambda r: r["block"])
+        colour = colours(i % colours.N)
+        ax.plot([r["tpf"] for r in mine], [r["token_accuracy"] for r in mine], "-",
+                color=colour, alpha=0.4, linewidth=1)
+        for r in mine:
+            ax.scatter(r["tpf"], r["token_accuracy"], color=colour, s=36,
+                       marker=MARKERS[blocks.index(r["block"]) % len(MARKERS)])
+        ax.plot([], [], "-", color=colour, linewidth=5, label=setting)  # its legend entry
+    for j, block in enumerate(blocks):
+        ax.scatter([], [], marker=MARKERS[j % len(MARKERS)], color="0.3",
+                   label=f"block {block}")
+    ax.set_xlabel("tokens per forward (TPF)")
+    ax.set_ylabel("held-out continuation token accuracy")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> bool:
+    """`figure(rows, title)` as a PNG at `path`; False without matplotlib."""
+    try:
+        fig = figure(rows, title)
+    except ImportError:
+        return False
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
