@@ -24,13 +24,13 @@ def enabled() -> bool:
     return not _quiet and bool(isatty and isatty())
 
 
-def bar(total: int, desc: str, unit: str = "tensor") -> Any:
-    """A tqdm bar of `total` steps on stderr (disabled unless `enabled()`); use it as a
-    context manager and call `update(n)`."""
+def bar(total: int, desc: str, unit: str = "tensor", show: bool = True) -> Any:
+    """A tqdm bar of `total` steps on stderr (disabled unless `enabled()` and `show`); use it
+    as a context manager and call `update(n)`."""
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,
-                disable=not enabled(), dynamic_ncols=True)
+                disable=not (show and enabled()), dynamic_ncols=True)
 
 
 def write(line: str) -> None:
