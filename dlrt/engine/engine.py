@@ -30,6 +30,7 @@ from dlrt.distributed.ranks import Ranks
 from dlrt.distributed.transform import check_sizes, shard_model
 from dlrt.distributed.vocab import VocabShard
 from dlrt.engine.config import EngineConfig
+from dlrt.engine.cpu_threads import apply_cpu_threads
 from dlrt.errors import ConfigError, OptionError
 from dlrt.layers.quant.fp8 import check_fused_input, set_activations
 from dlrt.models.config import ModelConfig
@@ -93,6 +94,7 @@ class Engine:
                 f"(eos ids {list(eos)}): the mask token is never committed, so a generation "
                 f"could not stop; pass another mask_token_id")
         device = config.torch_device
+        apply_cpu_threads(device, config.cpu_threads)
         scheme = resolve_scheme(config.quantization, folder.hf_config, folder.path)
         config = dataclasses.replace(config, quantization=scheme.name if scheme else "none")
         tp = _tensor_parallel(config, mconfig, folder, scheme)
