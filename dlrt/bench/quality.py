@@ -28,13 +28,13 @@ values; greedy, temperature 0) on one loaded model:
   first runs one untimed request of two blocks with its options, so that graph capture and
   compilation for a new block length or strategy are not timed.
 
-Before the first setting it times one request of it and prints what the whole run takes at
-most; after each setting, the time left. The JSON record is rewritten after each setting (a
-partial record, `"complete": false`, until the last); Ctrl-C keeps what finished, says so in one
-line and exits with status 130, and `--resume RECORD` runs the settings the record lacks. At
-the end it prints a table and, when matplotlib is installed, writes a PNG beside the record
-(`quality_plot`): TPF against held-out token accuracy, a colour per setting, a marker per block
-length.
+Before the first setting it times one held-out and one HumanEval request of it and prints
+about how long the run takes; after each setting, the time left. The JSON record is rewritten
+after each setting (a partial record, `"complete": false`, until the last); Ctrl-C keeps what
+finished, says so in one line and exits with status 130, and `--resume RECORD` runs the
+settings the record lacks. At the end it prints a table and, when matplotlib is installed,
+writes a PNG beside the record (`quality_plot`): TPF against held-out token accuracy, a colour
+per setting, a marker per block length.
 
     dlrt bench quality --blocks 4 --settings sequential,low_confidence_dynamic@0.9,threshold@0.9 \
         --num-heldout 8 --num-prompts 8        # minutes on 2 CPU cores
@@ -286,16 +286,23 @@ def run(llm, blocks: list[int], chosen: list[tuple[str, dict[str, Any]]], sample
 
 
 def probe(llm, block: int, options: dict[str, Any], samples, prompts: list[str],
-          new_tokens: int) -> tuple[float, int]:
-    """(seconds, tokens) of one request of a setting (the first held-out sample, else the
-    first prompt, `new_tokens` tokens), after an untimed one of two blocks."""
-    stats = dict(seconds=0.0, tokens=0, rounds=0, blocks=0)
-    prompt = samples[0][0] if samples else prompt_cut(llm.tokenizer, prompts[0])
-    base = dict(options, block_length=block, temperature=0.0, max_new_tokens=new_tokens,
-                ignore_eos=True)
-    _generate(llm, prompt, dict(base, max_new_tokens=2 * block), dict(stats))
-    _generate(llm, prompt, base, stats)
-    return stats["seconds"], stats["tokens"]
+          new_tokens: int, humaneval_tokens: int) -> tuple[float, float]:
+    """Seconds of one held-out request and of one HumanEval request of a setting (0.0 for a
+    set without requests), as `score` makes them, after an untimed one of two blocks."""
+    base = dict(options, block_length=block, temperature=0.0)
+    first = samples[0][0] if samples else prompt_cut(llm.tokenizer, prompts[0])
+    _generate(llm, first, dict(base, max_new_tokens=2 * block, ignore_eos=True),
+              dict(seconds=0.0, tokens=0, rounds=0, blocks=0))
+    took = []
+    for prompt, more in (
+            (samples[0][0] if samples else None, dict(max_new_tokens=new_tokens, ignore_eos=True)),
+            (prompt_cut(llm.tokenizer, prompts[0]) if prompts else None,
+             dict(max_new_tokens=humaneval_tokens, stop=list(STOPS)))):
+        stats = dict(seconds=0.0, tokens=0, rounds=0, blocks=0)
+        if prompt is not None:
+            _generate(llm, prompt, dict(base, **more), stats)
+        took.append(stats["seconds"])
+    return took[0], took[1]
 
 
 def title(model: str, blocks: list[int], samples: int, new_tokens: int, prefix_tokens: int,
@@ -364,10 +371,9 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
 
     try:
         if todo and (samples or prompts):
-            seconds, tokens = probe(llm, todo[0][0], todo[0][2], samples, prompts,
-                                    args.new_tokens)
-            say(first_estimate(seconds, tokens, len(todo), len(samples), args.new_tokens,
-                               len(prompts), args.humaneval_tokens))
+            heldout_s, humaneval_s = probe(llm, todo[0][0], todo[0][2], samples, prompts,
+                                           args.new_tokens, args.humaneval_tokens)
+            say(first_estimate(heldout_s, humaneval_s, len(todo), len(samples), len(prompts)))
         with progress.bar(len(todo), "settings", unit="setting") as bar:
             run(llm, blocks, chosen, samples, prompts, args.new_tokens, args.humaneval_tokens,
                 bar, done, on_row)

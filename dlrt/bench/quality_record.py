@@ -50,17 +50,14 @@ def duration(seconds: float) -> str:
     return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def first_estimate(probe_s: float, probe_tokens: int, settings: int, samples: int,
-                   new_tokens: int, prompts: int, humaneval_tokens: int) -> str:
-    """What the run will take at most, from one timed request of the first setting: every
-    setting's tokens (held-out samples x new_tokens, HumanEval prompts x humaneval_tokens,
-    their limit) at that request's seconds per token."""
-    per_setting = samples * new_tokens + prompts * humaneval_tokens
-    seconds = probe_s / max(probe_tokens, 1) * per_setting * settings
-    return (f"about {duration(seconds)} at most for {settings} setting(s) of {samples} held-out "
-            f"and {prompts} HumanEval request(s) (one request of the first setting took "
-            f"{probe_s:.2f} s for {probe_tokens} tokens); the estimate is updated after each "
-            "setting")
+def first_estimate(heldout_s: float, humaneval_s: float, settings: int, samples: int,
+                   prompts: int) -> str:
+    """About how long the run takes, from one held-out request and one HumanEval request of
+    the first setting (the first setting's rule for every setting)."""
+    seconds = settings * (samples * heldout_s + prompts * humaneval_s)
+    return (f"about {duration(seconds)} for {settings} setting(s) of {samples} held-out and "
+            f"{prompts} HumanEval request(s) (one of each took {heldout_s:.2f} s and "
+            f"{humaneval_s:.2f} s in the first setting); updated after each setting")
 
 
 def left(seconds_done: list[float], settings_left: int) -> str:

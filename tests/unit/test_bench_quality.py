@@ -384,7 +384,8 @@ def test_the_time_is_estimated_before_the_first_setting_and_after_each(tiny_sdar
                                     real(*a))[1])
     assert main(_two_settings(tiny_sdar, tmp_path)) == 0
     first = events.index(("score", "sequential"))
-    assert any(isinstance(e, str) and "at most for 2 setting(s)" in e for e in events[:first])
+    assert any(isinstance(e, str) and e.startswith("about ") and "for 2 setting(s)" in e
+               for e in events[:first])
     after = [e for e in events if isinstance(e, str) and e.startswith("[")]
     assert after[0].startswith("[1/2] block 4 sequential: ") and after[0].endswith(" left")
     assert after[1].startswith("[2/2] block 4 threshold@0.7: ") and after[1].endswith("done")
@@ -402,11 +403,15 @@ def test_plot_has_a_title_and_no_label_over_a_point_or_another_label():
     rows = [dict(block=b, setting=label, tpf=1.0 + 0.01 * i + b / 8,
                  token_accuracy=0.30 + 0.001 * i) for b in (4, 8)
             for i, label in enumerate(labels)]
+    rows[3].update(tpf=rows[2]["tpf"], token_accuracy=rows[2]["token_accuracy"])  # alike
     fig = figure(rows, quality.title("sdar-stdlib-8m", [4, 8], 32, 64, 256, "cpu"))
     try:
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
         (ax,) = fig.axes
+        centres = [tuple(c.get_offset_transform().transform(c.get_offsets())[0].round())
+                   for c in ax.collections if len(c.get_offsets())]
+        assert len(centres) == len(rows) == len(set(centres))  # no marker hides another
         assert ax.get_title().startswith("sdar-stdlib-8m: greedy, block 4, 8; 32 held-out")
         assert not ax.texts  # no text drawn among the points
         legend = ax.get_legend()
@@ -423,3 +428,11 @@ def test_plot_has_a_title_and_no_label_over_a_point_or_another_label():
         assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
     finally:
         plt.close(fig)
+
+
+def test_points_that_fall_together_are_set_apart():
+    from dlrt.bench.quality_plot import DODGE_PT, dodges
+
+    assert dodges([(1.0, 0.3)]) == [0.0]
+    assert dodges([(1.0, 0.3), (2.0, 0.5), (1.0, 0.3), (1.0, 0.3)]) == \
+        [-DODGE_PT, 0.0, 0.0, DODGE_PT]

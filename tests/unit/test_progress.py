@@ -36,6 +36,7 @@ def terminal(monkeypatch):
         term = Terminal()
         monkeypatch.setattr(sys, "stderr", term)
         return term
+    progress.set_quiet(False)  # an earlier test's --quiet
     yield install
     progress.set_quiet(False)
 
