@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrt.attention.registry import check_backend
+from dlrt.decoding.ignored import warn_ignored
 from dlrt.decoding.options import (
     DEFAULT_MAX_NEW_TOKENS,
     DecodingOptions,
@@ -314,6 +315,7 @@ class LLM:
                 stats: dict[str, Any]) -> Iterator[BlockOutput]:
         self._check_open()
         ids, params = self.check(prompt, chat=chat, **options)
+        warn_ignored(DecodingOptions.from_kwargs(options), params)
         # NOTE: rank 0 sends the checked request (its seed included) to the other ranks.
         ids, params, request = self._calls.start_request(ids, params)
         yield from self._run(ids, params, request, stats)

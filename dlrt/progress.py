@@ -1,6 +1,8 @@
 """Progress bars for long operations: loading a checkpoint's tensors, writing a checkpoint
-(`make-checkpoint`). tqdm on stderr, shown only when
-stderr is a terminal and the process is not quiet (`set_quiet`, the CLI's `--quiet`)."""
+(`make-checkpoint`), the settings of `bench quality`, the steps of training the default model.
+tqdm on stderr, shown only when stderr is a terminal and the process is not quiet (`set_quiet`,
+the CLI's `--quiet`). Every bar of the package is made here; `write` prints a line to stderr
+without breaking a bar that is drawn."""
 
 from __future__ import annotations
 
@@ -22,10 +24,18 @@ def enabled() -> bool:
     return not _quiet and bool(isatty and isatty())
 
 
-def bar(total: int, desc: str, unit: str = "tensor") -> Any:
-    """A tqdm bar of `total` steps on stderr (disabled unless `enabled()`); use it as a
-    context manager and call `update(n)`."""
+def bar(total: int, desc: str, unit: str = "tensor", show: bool = True) -> Any:
+    """A tqdm bar of `total` steps on stderr (disabled unless `enabled()` and `show`); use it
+    as a context manager and call `update(n)`."""
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,
-                disable=not enabled(), dynamic_ncols=True)
+                disable=not (show and enabled()), dynamic_ncols=True)
+
+
+def write(line: str) -> None:
+    """`line` on stderr (always, quiet or not), above any bar being drawn."""
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stderr)
+    sys.stderr.flush()

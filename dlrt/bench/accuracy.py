@@ -10,7 +10,8 @@ as the block decoder's prefill) are compared
   (b) with the unquantised model (the quantisation error),
 as relative L2 errors ||x - ref|| / ||ref||, plus the fraction of positions whose argmax token
 agrees with the unquantised model. One model is held at a time (the dequantised weights of the
-quantised model are kept while it is freed and the unquantised one is built).
+quantised model are kept while it is freed and the unquantised one is built). The checkpoint
+must be unquantised (a quantised one is refused, naming what to give instead).
 
     dlrt bench accuracy --model DIR --load-format dummy --num-tokens 64 --dtype float32
 """
@@ -143,6 +144,23 @@ def run(llm_kwargs: dict[str, Any], quantizations: list[str], num_tokens: int,
     return rows, facts
 
 
+def _refuse_quantised(model: str | Path) -> None:
+    """SystemExit naming `model` when its folder holds quantised weights: the command quantises
+    an unquantised checkpoint while loading and compares it with that checkpoint, and dlrt
+    does not dequantise a quantised one at load."""
+    from dlrt.checkpoint.folder import CheckpointFolder
+    from dlrt.checkpoint.quant import read_scheme
+
+    folder = CheckpointFolder.open(model, require_weights=False)
+    scheme = read_scheme(folder.hf_config, folder.path)
+    if scheme is not None:
+        raise SystemExit(f"--model: {folder.path} holds {scheme.name} weights; bench accuracy "
+                         "compares each precision with the unquantised model, which dlrt "
+                         "cannot rebuild from quantised weights: give --model the unquantised "
+                         "checkpoint (--quantization lists the precisions it is quantised to "
+                         "while loading)")
+
+
 def main(args, llm_kwargs: dict[str, Any]) -> int:
     quantizations = [q.strip() for q in args.quantization.split(",") if q.strip()]
     bad = [q for q in quantizations if q not in PRECISIONS]
@@ -150,6 +168,8 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
         raise SystemExit(f"--quantization: expected some of {', '.join(PRECISIONS)}, got "
                          f"{args.quantization!r}")
     model = llm_kwargs.get("model")
+    if model is not None:
+        _refuse_quantised(model)
     with tempfile.TemporaryDirectory() as tmp:
         kw = dict(llm_kwargs)
         if args.num_layers is not None:

@@ -28,10 +28,17 @@ values; greedy, temperature 0) on one loaded model:
   first runs one untimed request of two blocks with its options, so that graph capture and
   compilation for a new block length or strategy are not timed.
 
-It prints a table, writes a JSON record and, when matplotlib is installed, a PNG beside it: TPF
-against held-out token accuracy, one marker per setting and a line per block length.
+Before the first setting it times one held-out and one HumanEval request of it and prints
+about how long the run takes; after each setting, the time left. The JSON record is rewritten
+after each setting (a partial record, `"complete": false`, until the last); Ctrl-C keeps what
+finished, says so in one line and exits with status 130, and `--resume RECORD` runs the
+settings the record lacks. At the end it prints a table and, when matplotlib is installed,
+writes a PNG beside the record (`quality_plot`): TPF against held-out token accuracy, a colour
+per setting, a marker per block length.
 
-    dlrt bench quality --num-heldout 32 --num-prompts 164 --blocks 4,8
+    dlrt bench quality --blocks 4 --settings sequential,low_confidence_dynamic@0.9,threshold@0.9 \
+        --num-heldout 8 --num-prompts 8        # minutes on 2 CPU cores
+    dlrt bench quality --blocks 4,8            # every setting: about an hour on 2 CPU cores
 """
 
 from __future__ import annotations
@@ -259,50 +266,58 @@ def score(llm, block: int, options: dict[str, Any], samples, prompts: list[str],
 
 def run(llm, blocks: list[int], chosen: list[tuple[str, dict[str, Any]]], samples,
         prompts: list[str], new_tokens: int = 64, humaneval_tokens: int = 128,
-        progress=None) -> list[dict[str, Any]]:
-    """The rows of every (block, setting), in that order."""
+        progress=None, done=frozenset(), on_row=None) -> list[dict[str, Any]]:
+    """The rows of every (block, setting), in that order, but those in `done` ((block, label)
+    pairs measured before); `on_row(row, seconds)` is called after each."""
     rows = []
     for block in blocks:
         for label, options in chosen:
+            if (block, label) in done:
+                continue
+            t0 = time.perf_counter()
             rows.append(dict(block=block, setting=label, options=options,
                              **score(llm, block, options, samples, prompts, new_tokens,
                                      humaneval_tokens)))
             if progress is not None:
                 progress.update(1)
+            if on_row is not None:
+                on_row(rows[-1], time.perf_counter() - t0)
     return rows
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> bool:
-    """TPF against held-out token accuracy as a PNG at `path`; False without matplotlib."""
-    try:
-        import matplotlib
+def probe(llm, block: int, options: dict[str, Any], samples, prompts: list[str],
+          new_tokens: int, humaneval_tokens: int) -> tuple[float, float]:
+    """Seconds of one held-out request and of one HumanEval request of a setting (0.0 for a
+    set without requests), as `score` makes them, after an untimed one of two blocks."""
+    base = dict(options, block_length=block, temperature=0.0)
+    first = samples[0][0] if samples else prompt_cut(llm.tokenizer, prompts[0])
+    _generate(llm, first, dict(base, max_new_tokens=2 * block, ignore_eos=True),
+              dict(seconds=0.0, tokens=0, rounds=0, blocks=0))
+    took = []
+    for prompt, more in (
+            (samples[0][0] if samples else None, dict(max_new_tokens=new_tokens, ignore_eos=True)),
+            (prompt_cut(llm.tokenizer, prompts[0]) if prompts else None,
+             dict(max_new_tokens=humaneval_tokens, stop=list(STOPS)))):
+        stats = dict(seconds=0.0, tokens=0, rounds=0, blocks=0)
+        if prompt is not None:
+            _generate(llm, prompt, dict(base, **more), stats)
+        took.append(stats["seconds"])
+    return took[0], took[1]
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for block in sorted({r["block"] for r in rows}):
-        mine = [r for r in rows if r["block"] == block]
-        ax.scatter([r["tpf"] for r in mine], [r["token_accuracy"] for r in mine],
-                   label=f"block {block}")
-        for r in mine:
-            ax.annotate(r["setting"], (r["tpf"], r["token_accuracy"]), fontsize=7)
-    ax.set_xlabel("tokens per forward (TPF)")
-    ax.set_ylabel("held-out continuation token accuracy")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+
+def title(model: str, blocks: list[int], samples: int, new_tokens: int, prefix_tokens: int,
+          device: str) -> str:
+    """The plot's title: the model and what was measured."""
+    return (f"{model}: greedy, block {', '.join(map(str, blocks))}; {samples} held-out "
+            f"samples of {new_tokens} tokens after {prefix_tokens}; {device}")
 
 
 def main(args, llm_kwargs: dict[str, Any]) -> int:
-    from tqdm import tqdm
-
-    from dlrt import LLM
+    from dlrt import LLM, progress
     from dlrt.bench.humaneval import load_prompts
+    from dlrt.bench.quality_plot import plot
+    from dlrt.bench.quality_record import first_estimate, left, resumed_rows, update_record
+    from dlrt.bench.report import device_name
     from dlrt.checkpoint.default import default_model_path
     from dlrt.train.corpus import load_corpus
 
@@ -326,21 +341,51 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
                               args.num_heldout, args.prefix_tokens, args.new_tokens, args.seed)
     prompts = ([p["prompt"] for p in load_prompts(args.data, args.num_prompts)]
                if args.num_prompts else [])
-    with tqdm(total=len(blocks) * len(chosen), desc="settings", disable=args.quiet) as bar:
-        rows = run(llm, blocks, chosen, samples, prompts, args.new_tokens,
-                   args.humaneval_tokens, bar)
+    facts = dict(model=str(model), device=device_name(llm.device),
+                 execution_mode=llm.execution_mode,
+                 heldout=dict(corpus.record(), samples=len(samples),
+                              model_trained_on_python=trained_on,
+                              prefix_tokens=args.prefix_tokens, new_tokens=args.new_tokens,
+                              seed=args.seed),
+                 humaneval=dict(prompts=len(prompts), max_new_tokens=args.humaneval_tokens))
+    rows = resumed_rows(args.resume, facts) if args.resume else []
+    done = {(r["block"], r["setting"]) for r in rows}
+    todo = [(b, lb, o) for b in blocks for lb, o in chosen if (b, lb) not in done]
+    if args.resume:
+        path = Path(args.resume)
+    else:
+        name = f"quality-{str(llm_kwargs.get('model') or 'default').rstrip('/').split('/')[-1]}"
+        payload = {k: v for k, v in facts.items() if k != "device"}  # write_json adds it
+        path = write_json(name, dict(payload, complete=False, rows=rows), llm.device, args.out)
+    say = progress.write
+    say(f"bench quality: {len(todo)} setting(s) to run, {len(rows)} in the record; "
+        f"writing {path} after each")
+    took: list[float] = []
+
+    def on_row(row: dict[str, Any], seconds: float) -> None:
+        rows.append(row)
+        took.append(seconds)
+        update_record(path, rows=rows)
+        say(f"[{len(took)}/{len(todo)}] block {row['block']} {row['setting']}: "
+            f"{seconds:.0f} s; {left(took, len(todo) - len(took))}")
+
+    try:
+        if todo and (samples or prompts):
+            heldout_s, humaneval_s = probe(llm, todo[0][0], todo[0][2], samples, prompts,
+                                           args.new_tokens, args.humaneval_tokens)
+            say(first_estimate(heldout_s, humaneval_s, len(todo), len(samples), len(prompts)))
+        with progress.bar(len(todo), "settings", unit="setting") as bar:
+            run(llm, blocks, chosen, samples, prompts, args.new_tokens, args.humaneval_tokens,
+                bar, done, on_row)
+    except KeyboardInterrupt:
+        print(f"interrupted: {len(took)} of {len(todo)} setting(s) finished, kept in {path} "
+              f"(--resume {path} runs the rest)", file=sys.stderr, flush=True)
+        return 130
+    update_record(path, rows=rows, complete=True)
     print(table(rows, COLUMNS))
-    name = f"quality-{str(llm_kwargs.get('model') or 'default').rstrip('/').split('/')[-1]}"
-    path = write_json(name, dict(model=str(model),
-                                 execution_mode=llm.execution_mode,
-                                 heldout=dict(corpus.record(), samples=len(samples),
-                                              model_trained_on_python=trained_on,
-                                              prefix_tokens=args.prefix_tokens,
-                                              new_tokens=args.new_tokens, seed=args.seed),
-                                 humaneval=dict(prompts=len(prompts),
-                                                max_new_tokens=args.humaneval_tokens),
-                                 rows=rows), llm.device, args.out)
     print(f"wrote {path}")
     png = path.with_suffix(".png")
-    print(f"wrote {png}" if plot(rows, png) else "no plot: matplotlib is not installed")
+    heading = title(model.name, sorted({r["block"] for r in rows}), len(samples),
+                    args.new_tokens, args.prefix_tokens, facts["device"])
+    print(f"wrote {png}" if plot(rows, png, heading) else "no plot: matplotlib is not installed")
     return 0

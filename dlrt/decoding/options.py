@@ -26,6 +26,13 @@ DEFAULT_MAX_NEW_TOKENS = 128
 # NOTE: every post pass is a forward; a block that keeps editing runs them all, and the server
 # checks cancellation and its timeout only between blocks.
 MAX_POST_STEPS = 1024
+# NOTE: a round divides the fp32 logits by the temperature (multiplies by its reciprocal in
+# fp32 on the GPU): past these bounds that overflows or underflows fp32 (1e39 is infinite
+# there, logits over 3e-39 are), and well before them sampling is greedy or uniform in all but
+# name; 0 asks for greedy. 1e-6 is SGLang's bar for greedy.
+MIN_TEMPERATURE = 1e-6
+MAX_TEMPERATURE = 1e6
+FP32_MAX = 3.4028234663852886e38  # the largest finite fp32 value (credit_boost is fp32 there)
 
 
 @dataclass(frozen=True)
@@ -43,8 +50,8 @@ class DecodingOptions:
         when its p is above it (dInfer's low_threshold; default 0.4).
     credit_weight: in [0, 100]; `credit` adds credit_weight * log(1 + credit) to the logits
         (dInfer's credit_alpha; default 0.7).
-    credit_boost: >= 0; each round adds p ** credit_boost to the credit of a masked
-        position's argmax token (dInfer's boost_gamma; default 0.2).
+    credit_boost: in [0, FP32_MAX] (fp32 on the device); each round adds p ** credit_boost to
+        the credit of a masked position's argmax token (dInfer's boost_gamma; default 0.2).
     credit_decay: in [0, 1]; the share of the credit kept from one round to the next
         (dInfer's decay_beta; default 0.8).
     editing_threshold: in [0, 1]; rewrite a decided position of the active block when its
@@ -52,7 +59,8 @@ class DecodingOptions:
         families that edit only). Default None: no edits.
     max_post_steps: 0..MAX_POST_STEPS (1024), passes over a block with no mask left while
         edits continue (editing only; default 16).
-    temperature: >= 0; 0 is greedy. top_k: >= 0 (0 = off). top_p: in (0, 1].
+    temperature: 0 (greedy) or in [MIN_TEMPERATURE, MAX_TEMPERATURE] = [1e-6, 1e6] (the
+        logits are divided by it in fp32). top_k: >= 0 (0 = off). top_p: in (0, 1].
     seed: >= 0; sampling and `random` are reproducible for a given seed.
     stop: extra stop token ids (int) or stop strings (str).
     ignore_eos: do not stop at the checkpoint's stop ids (benchmarks).
@@ -161,7 +169,8 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     Raises:
         OptionError: a value out of range (the message names the option): threshold,
             low_threshold, credit_decay or editing_threshold outside [0, 1], credit_weight
-            outside [0, 100], a negative credit_boost or max_post_steps, ...; a sampling
+            outside [0, 100], credit_boost outside fp32's [0, 3.4e38], a temperature neither 0
+            nor in [1e-6, 1e6], a negative max_post_steps, ...; a sampling
             default of `generation_config.json` out of range (the message starts with
             "generation_config.json:"; `CheckpointFolder.check_generation_config` refuses
             such a file when the model loads).
@@ -187,8 +196,8 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     _check(0.0 <= weight <= MAX_CREDIT_WEIGHT, "credit_weight", weight,
            f"must be in [0, {MAX_CREDIT_WEIGHT:g}]")
     boost = float(_pick(opts.credit_boost, defaults.credit_boost))
-    _check(math.isfinite(boost) and boost >= 0.0, "credit_boost", boost,
-           "must be a finite number >= 0")
+    _check(0.0 <= boost <= FP32_MAX, "credit_boost", boost,
+           f"must be a number in [0, {FP32_MAX:.4g}] (fp32 on the device)")
     decay = float(_pick(opts.credit_decay, defaults.credit_decay))
     _check(0.0 <= decay <= 1.0, "credit_decay", decay, "must be in [0, 1]")
     editing = _pick(opts.editing_threshold, defaults.editing_threshold)
@@ -273,8 +282,9 @@ def _is_number(v: Any) -> bool:
 # the sampling options that generation_config.json may default (with do_sample):
 # name -> (type, test of a value, what a good value is, the value that turns it off)
 SAMPLING: dict[str, tuple[type, Any, str, Any]] = {
-    "temperature": (float, lambda v: math.isfinite(v) and v >= 0.0,
-                    "must be a finite number >= 0", 0.0),
+    "temperature": (float, lambda v: v == 0.0 or MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
+                    f"must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}] (the "
+                    "logits are divided by it in fp32)", 0.0),
     "top_k": (int, lambda v: v >= 0, "must be >= 0 (0 = off)", 0),
     "top_p": (float, lambda v: 0.0 < v <= 1.0, "must be in (0, 1]", 1.0),
 }

@@ -55,6 +55,7 @@ NEEDS_ENTROPY = {"entropy_bounded"}
 NEEDS_RANDOM = {"random"}
 NEEDS_CREDIT = {"credit"}  # a [B, V] credit buffer that lives through the rounds of a block
 USES_QUOTA = {"sequential", "low_confidence_static", "low_confidence_dynamic", "random"}
+USES_THRESHOLD = {"low_confidence_dynamic", "threshold", "dynamic_pmax", "credit", "hierarchical"}
 
 # dInfer's defaults (`HierarchyDecoder.low_threshold`; `CreditThresholdParallelDecoder`'s
 # credit_alpha, boost_gamma, decay_beta), the values a request gets unless it sets its own.

@@ -33,6 +33,7 @@ from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.checkpoint.quant import QuantScheme, quantizations, resolve_scheme
 from dlrt.decoding.options import DEFAULT_MAX_NEW_TOKENS, DecoderDefaults
 from dlrt.distributed.ranks import local_ranks, world_size
+from dlrt.engine.cpu_threads import resolve_cpu_threads
 from dlrt.errors import ConfigError, OptionError
 from dlrt.layers.quant.fp8 import ACTIVATIONS
 from dlrt.models.config import ModelConfig
@@ -141,6 +142,11 @@ class EngineConfig:
         "auto", "projections on CUDA with Triton kernels: auto (per weight shape, cuBLAS or the "
         "skinny Triton GEMM, whichever was timed faster at load), cublas, triton (the fastest "
         "Triton config for every shape)", LINEAR_KERNELS)
+    cpu_threads: str | int = _option(
+        "auto", "torch threads for a model on the CPU (torch.set_num_threads, for the whole "
+        "process): auto (1 for a small model such as the embedded default; else the idle "
+        "cores this process may use; torch's count when OMP_NUM_THREADS is set or under "
+        "several ranks), or a count; a model on CUDA leaves torch's count as it is")
 
     # -- the first step: names, types, choices ------------------------------------------------
     @staticmethod
@@ -270,7 +276,9 @@ class EngineConfig:
                                   attention_backend=attention, max_model_len=max_len,
                                   mask_token_id=mask, load_format=load,
                                   quantization=scheme.name if scheme else "none",
-                                  linear_kernels=_linear_kernels(out, device))
+                                  linear_kernels=_linear_kernels(out, device),
+                                  cpu_threads=resolve_cpu_threads(out.cpu_threads, device, config,
+                                                                  out.tensor_parallel_size))
         return ResolvedConfig(out, config, defaults,
                               defaults.block_length or DEFAULT_MAX_NEW_TOKENS, eos, scheme)
 
@@ -326,6 +334,9 @@ def _check_value(f: dataclasses.Field, value: Any) -> None:
     name, choices = f.name, f.metadata["choices"]
     if name in ("model",):
         return  # a path: checked when the checkpoint is opened
+    if name == "cpu_threads":
+        _check_cpu_threads(value)
+        return
     want = int if name in ("seed", "max_model_len", "mask_token_id",
                            "tensor_parallel_size") else str
     if isinstance(value, bool) or not isinstance(value, want):
@@ -338,6 +349,14 @@ def _check_value(f: dataclasses.Field, value: Any) -> None:
     if choices is not None and value not in choices:
         raise OptionError(f"{name} {value!r}: unknown {name.replace('_', ' ')}; one of "
                           f"{list(choices)}")
+
+
+def _check_cpu_threads(value: Any) -> None:
+    """"auto", or a count >= 1 (an int, or its digits as the command line gives it)."""
+    count = value if isinstance(value, int) and not isinstance(value, bool) else (
+        int(value) if isinstance(value, str) and value.isdigit() else None)
+    if value != "auto" and (count is None or count < 1):
+        raise OptionError(f"cpu_threads must be 'auto' or a count >= 1, got {value!r}")
 
 
 def _tensor_parallel(size: int | None, device: str) -> int:

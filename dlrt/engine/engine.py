@@ -31,6 +31,7 @@ from dlrt.distributed.ranks import Ranks
 from dlrt.distributed.transform import check_sizes, shard_model
 from dlrt.distributed.vocab import VocabShard
 from dlrt.engine.config import EngineConfig, ResolvedConfig
+from dlrt.engine.cpu_threads import apply_cpu_threads
 from dlrt.errors import OptionError
 from dlrt.layers.quant.fp8 import check_fused_input, set_activations
 from dlrt.models.config import ModelConfig
@@ -112,6 +113,7 @@ class Engine:
         resolved, folder, tokenizer = Engine.open(options)
         config, mconfig, scheme = resolved.engine, resolved.model, resolved.quant
         device = config.torch_device
+        apply_cpu_threads(device, config.cpu_threads)
         tp = _tensor_parallel(config, mconfig, folder, scheme)
         _report_quantization(scheme, device)
         ops = get_ops(config.kernels)

@@ -382,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     bq.add_argument("--humaneval-tokens", type=_positive(int), default=128,
                     help="new tokens per HumanEval completion at most (default 128)")
     bq.add_argument("--seed", type=int, default=0, help="held-out sample selection seed")
+    bq.add_argument("--resume", default=None, metavar="RECORD",
+                    help="a record of an unfinished run (of the same model, device and "
+                         "samples): run the settings it lacks and write them into it")
     bq.add_argument("--quiet", action="store_true", help="no progress bar")
     bq.add_argument("--out", default=BENCH_OUT, help=OUT_HELP)
     bq.set_defaults(func=_bench_quality)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from dlrt.progress import bar as progress_bar
 from dlrt.train.corpus import HELD_OUT_SHARE, load_corpus
 from dlrt.train.data import Streams, held_out_windows, prepare, sample_windows
 from dlrt.train.evaluate import evaluate
@@ -74,7 +75,7 @@ class TrainConfig:
     save_dtype: str = _opt("bfloat16", "dtype of the saved weights (bfloat16 or float32)")
     verify: bool = _opt(True, "load the folder with dlrt (CPU) and compare its logits")
     overwrite: bool = _opt(False, "replace the output folder if it exists")
-    progress: bool = _opt(True, "show a tqdm progress bar")
+    progress: bool = _opt(True, "show a progress bar (on a terminal)")
 
     def shape(self, vocab_size: int) -> Shape:
         return Shape(vocab_size=vocab_size, hidden_size=self.hidden_size,
@@ -239,8 +240,6 @@ def _autocast(device: torch.device):
 
 
 def _fit(model: SDARTrainModel, data: Streams, cfg: TrainConfig, device: torch.device):
-    from tqdm.auto import tqdm
-
     opt = _optimizer(model, cfg, device)
     autocast = _autocast(device)
 
@@ -264,7 +263,7 @@ def _fit(model: SDARTrainModel, data: Streams, cfg: TrainConfig, device: torch.d
     limit = cfg.max_minutes * 60
     start, step, stopped = time.perf_counter(), 0, "steps"
     first_step = eval_seconds = 0.0  # the first step holds the compilation
-    bar = tqdm(total=cfg.steps, disable=not cfg.progress, dynamic_ncols=True)
+    bar = progress_bar(cfg.steps, "training", unit="step", show=cfg.progress)
     while step < cfg.steps:
         elapsed = time.perf_counter() - start
         if elapsed >= limit:

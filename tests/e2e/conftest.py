@@ -28,7 +28,8 @@ def free_port() -> int:
 class Server:
     """A server subprocess in its own session; stdout and stderr go to a log file."""
 
-    def __init__(self, argv: list[str], port: int, name: str, log: Path):
+    def __init__(self, argv: list[str], port: int, name: str, log: Path,
+                 tmp: Path | None = None):
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.name = name
@@ -36,6 +37,8 @@ class Server:
         # NOTE: one OpenMP thread per process: the test machine's cores are shared.
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONIOENCODING="utf-8",
                    PYTHONUNBUFFERED="1")
+        if tmp is not None:  # NOTE: torchrun leaves a torchelastic_* folder in its temp dir
+            env["TMPDIR"] = str(tmp)
         with open(self._log, "wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
@@ -128,7 +131,8 @@ class Server:
 def start_server(tmp_path_factory, tiny_sdar):
     """Factory: start_server(name, *flags, launcher=...) -> a ready `Server` running
     `<launcher> dlrt serve --model <tiny_sdar> --dtype float32 --port <free port> <flags>`;
-    the launcher defaults to `python -m`. All are stopped at module end."""
+    the launcher defaults to `python -m`; its temp dir (TMPDIR) is a pytest temp folder. All
+    are stopped at module end."""
     started: list[Server] = []
     logs = tmp_path_factory.mktemp("server-logs")
 
@@ -137,7 +141,8 @@ def start_server(tmp_path_factory, tiny_sdar):
         port = free_port()
         argv = [*launcher, "dlrt", "serve", "--model", str(tiny_sdar), "--dtype", "float32",
                 "--port", str(port), *flags]
-        server = Server(argv, port, name, logs / f"{name}.log")
+        server = Server(argv, port, name, logs / f"{name}.log",
+                        tmp_path_factory.mktemp(f"{name}-tmp"))
         started.append(server)
         return server.wait_ready(timeout)
 

@@ -25,16 +25,19 @@ BLOCK = re.compile(r"block (\d+): (\d+) rounds, (\d+) tokens: (.*)")
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
 
 
-def _env() -> dict[str, str]:
+def _env(tmp: Path) -> dict[str, str]:
     # NOTE: DLRT_CACHE_DIR (set by the conftest) passes through; this checkout's dlrt comes
-    # first on the path, so the examples run against the dlrt they ship with.
+    # first on the path, so the examples run against the dlrt they ship with; the temp dir is
+    # the test's (torchrun leaves a torchelastic_* folder in it).
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    return dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", PYTHONIOENCODING="utf-8")
+    return dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", PYTHONIOENCODING="utf-8",
+                TMPDIR=str(tmp))
 
 
-def run(*argv: str, timeout: float = 180) -> str:
-    """Run a command in its own process group (torchrun's ranks included); its stdout."""
-    proc = subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+def run(*argv: str, tmp: Path, timeout: float = 180) -> str:
+    """Run a command in its own process group (torchrun's ranks included) with `tmp` as its
+    temp dir; its stdout."""
+    proc = subprocess.Popen(argv, cwd=ROOT, env=_env(tmp), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
                             encoding="utf-8", start_new_session=True)
     try:
@@ -91,9 +94,9 @@ def check_result(lines: list[str]) -> dict[str, str]:
     return f
 
 
-def test_offline_generate():
+def test_offline_generate(tmp_path):
     parts = sections(run(sys.executable, "examples/offline_generate.py",
-                         "--max-new-tokens", str(MAX_NEW)))
+                         "--max-new-tokens", str(MAX_NEW), tmp=tmp_path))
     assert {"text prompt", "chat", "stream"} <= set(parts), parts
     check_result(parts["text prompt"])
     chat = check_result(parts["chat"])
@@ -110,11 +113,12 @@ def test_offline_generate():
 def test_serve_client(tmp_path):
     port = free_port()
     server = Server([sys.executable, "-m", "dlrt", "serve", "--host", "127.0.0.1",
-                     "--port", str(port)], port, "examples", tmp_path / "serve.log")
+                     "--port", str(port)], port, "examples", tmp_path / "serve.log",
+                    tmp_path)
     try:
         server.wait_ready()
         parts = sections(run(sys.executable, "examples/serve_client.py", "--base-url",
-                             server.url, "--max-new-tokens", str(MAX_NEW)))
+                             server.url, "--max-new-tokens", str(MAX_NEW), tmp=tmp_path))
     finally:
         server.stop()
     assert {"/generate (NDJSON)", "chat completion", "chat completion, streamed"} <= set(parts)
@@ -138,9 +142,9 @@ def test_serve_client(tmp_path):
     assert server.log().count("status=ok") == 3, server.log()
 
 
-def test_torchrun_generate():
+def test_torchrun_generate(tmp_path):
     args = ("examples/torchrun_generate.py", "--max-new-tokens", str(MAX_NEW))
-    two = fields(run(*TORCHRUN, *args).splitlines())
+    two = fields(run(*TORCHRUN, *args, tmp=tmp_path).splitlines())
     assert two["world"] == "2"
     assert two["ranks agree"] == "True"
     per_rank = ast.literal_eval(two["tokens per rank"])
@@ -148,6 +152,6 @@ def test_torchrun_generate():
     check_finish(two["finish_reason"], per_rank[0])
 
     # one process (world 1) generates the same greedy text
-    one = fields(run(sys.executable, *args).splitlines())
+    one = fields(run(sys.executable, *args, tmp=tmp_path).splitlines())
     assert one["world"] == "1" and one["ranks agree"] == "True"
     assert one["text"] == two["text"]

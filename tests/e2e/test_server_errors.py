@@ -8,6 +8,7 @@ field, the default and how many fit."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -45,8 +46,27 @@ def test_non_finite_logits_are_a_500_and_the_server_keeps_serving(tiny_sdar):
                 assert rows[-1]["type"] == "error" and "non-finite" in rows[-1]["message"]
             finally:
                 head[11, 0] = keep
+        # NOTE: the failed request's thread ends (logging the error) after its last event
+        deadline = time.monotonic() + 10
+        while c.get("/health").json()["running"] and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert c.get("/health").json()["running"] == 0
         r = c.post("/v1/completions", json=body)
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_temperature_past_fp32_is_a_400_naming_it_and_the_server_keeps_serving(tiny_sdar):
+    """1e39 is finite in Python but infinite in the device's fp32: refused before it runs."""
+    llm = LLM(tiny_sdar, dtype="float32")
+    with client_of(llm, "sdar") as c:
+        for path, body in (("/v1/completions", {"prompt": "Hello", "max_tokens": 4}),
+                           ("/generate", {"prompt": "Hello", "max_new_tokens": 4})):
+            r = c.post(path, json={**body, "temperature": 1e39})
+            assert r.status_code == 400, (path, r.text)
+            err = r.json()["error"]
+            assert err["param"] == "temperature" and "temperature=1e+39" in err["message"], err
+        assert c.get("/health").json()["running"] == 0
+        r = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4, "temperature": 0})
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
 
 
@@ -134,3 +154,22 @@ def test_serve_names_the_missing_server_packages(monkeypatch):
                         lambda name, *a: None if name == "uvicorn" else real(name, *a))
     with pytest.raises(OptionError, match=r"needs uvicorn: .*pip install -e '\.\[serve\]'"):
         check_server_packages()
+
+
+def test_options_without_effect_are_one_log_line_per_request(tiny_sdar, caplog):
+    """The server fills in a seed and its flags' defaults; only what has no effect is named,
+    once per request (the request still runs)."""
+    import logging
+
+    llm = LLM(tiny_sdar, dtype="float32")
+    with client_of(llm, "sdar", {"top_p": 0.9}) as c, \
+            caplog.at_level(logging.WARNING, logger="dlrt.decoding.ignored"):
+        r = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4,
+                                            "temperature": 0, "top_k": 3})
+        assert r.status_code == 200, r.text
+        r = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4,
+                                            "temperature": 0.5})
+        assert r.status_code == 200, r.text
+    lines = [r.getMessage() for r in caplog.records if r.name == "dlrt.decoding.ignored"]
+    assert len(lines) == 1, lines
+    assert "top_k=3" in lines[0] and "top_p=0.9" in lines[0] and "seed" not in lines[0]

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,12 @@ REQUESTS = [
 ]
 
 
-def torchrun(n: int, *argv: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def torchrun(n: int, *argv: str, tmp: Path, timeout: float = 240
+             ) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node n argv` with `tmp` as its temp dir (TMPDIR), where torchrun
+    leaves its `torchelastic_*` log folder: the test's temp folder, not the system's."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", TMPDIR=str(tmp))
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", str(n), *argv], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -39,7 +43,8 @@ def torchrun(n: int, *argv: str, timeout: float = 240) -> subprocess.CompletedPr
 def run_worker(tmp_path: Path, n: int, ckpt: str, requests=REQUESTS, options=None):
     req, out = tmp_path / "requests.json", tmp_path / "out.json"
     req.write_text(json.dumps(requests))
-    proc = torchrun(n, str(WORKER), ckpt, str(out), str(req), json.dumps(options or {}))
+    proc = torchrun(n, str(WORKER), ckpt, str(out), str(req), json.dumps(options or {}),
+                    tmp=tmp_path)
     return proc, (json.loads(out.read_text()) if proc.returncode == 0 else None)
 
 
@@ -89,6 +94,17 @@ def test_ranks_that_disagree_on_an_option_stop(tiny_sdar, tmp_path):
         proc.stderr[-3000:]
 
 
+def test_torchrun_leaves_no_folder_in_the_system_temp_dir(tiny_sdar, tmp_path):
+    """torchrun writes a `torchelastic_*` folder into its temp dir and never removes it: the
+    suite's runs give it the test's temp folder."""
+    system = Path(tempfile.gettempdir())
+    before = set(system.glob("torchelastic_*"))
+    proc, _ = run_worker(tmp_path, 3, str(tiny_sdar))  # stops before any weight loads
+    assert proc.returncode != 0
+    assert set(system.glob("torchelastic_*")) - before == set()
+    assert list(tmp_path.glob("torchelastic_*"))  # here instead, removed with tmp_path
+
+
 def test_a_size_that_does_not_split_the_model_is_named(tiny_sdar, tmp_path):
     proc, _ = run_worker(tmp_path, 3, str(tiny_sdar))
     assert proc.returncode != 0
@@ -96,10 +112,10 @@ def test_a_size_that_does_not_split_the_model_is_named(tiny_sdar, tmp_path):
         proc.stderr[-3000:]
 
 
-def test_cli_generate_cut_across_two_ranks(tiny_sdar):
+def test_cli_generate_cut_across_two_ranks(tiny_sdar, tmp_path):
     args = ("-m", "dlrt", "generate", "--model", str(tiny_sdar), "--prompt-ids", "5,6,7",
             "--max-new-tokens", "8", "--json", "--quiet")
-    proc = torchrun(2, *args)
+    proc = torchrun(2, *args, tmp=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one = subprocess.run([sys.executable, *args, "--tensor-parallel-size", "1"], cwd=ROOT,
                          capture_output=True, text=True, timeout=240)

@@ -316,3 +316,123 @@ def test_no_warning_for_another_heldout_root(tiny_sdar, tmp_path, monkeypatch, c
     record = _quality([], tmp_path, "--num-prompts", "0", "--heldout-root", str(_corpus(root)))
     assert record["heldout"]["model_trained_on_python"] == "2.7.18"
     assert "warning:" not in capsys.readouterr().err
+
+
+def _two_settings(tiny_sdar, tmp_path, *more):
+    return ["bench", "quality", "--model", str(tiny_sdar), "--device", "cpu",
+            "--heldout-root", str(_corpus(tmp_path)), "--num-heldout", "1", "--new-tokens", "4",
+            "--prefix-tokens", "16", "--num-prompts", "0", "--blocks", "4",
+            "--settings", "sequential,threshold@0.7", "--quiet", "--out",
+            str(tmp_path / "runs"), *more]
+
+
+def test_ctrl_c_keeps_the_finished_settings_and_resume_runs_the_rest(tiny_sdar, tmp_path,
+                                                                     monkeypatch, capsys):
+    """The record is written after each setting: Ctrl-C in the second keeps the first, says so
+    in one line and exits with 130; --resume runs only the second, into the same record."""
+    real, calls = quality.score, []
+
+    def interrupted(llm, block, options, *args):
+        calls.append(options["remasking_strategy"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(llm, block, options, *args)
+
+    monkeypatch.setattr(quality, "score", interrupted)
+    assert main(_two_settings(tiny_sdar, tmp_path)) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    (path,) = (tmp_path / "runs").glob("quality-*.json")
+    assert err[-1] == (f"interrupted: 1 of 2 setting(s) finished, kept in {path} "
+                       f"(--resume {path} runs the rest)")
+    assert not any("Traceback" in line for line in err)
+    record = json.loads(path.read_text())
+    assert record["complete"] is False and record["commit"] and record["device"]
+    assert [r["setting"] for r in record["rows"]] == ["sequential"]
+    first = record["rows"][0]
+
+    calls.clear()
+    monkeypatch.setattr(quality, "score", lambda *a: (calls.append(a[2]), real(*a))[1])
+    assert main(_two_settings(tiny_sdar, tmp_path, "--resume", str(path))) == 0
+    assert [o["remasking_strategy"] for o in calls] == ["threshold"]
+    assert list((tmp_path / "runs").glob("quality-*.json")) == [path]
+    record = json.loads(path.read_text())
+    assert record["complete"] is True
+    assert [r["setting"] for r in record["rows"]] == ["sequential", "threshold@0.7"]
+    assert record["rows"][0] == first
+    out = capsys.readouterr().out
+    assert "sequential" in out and "threshold@0.7" in out  # the table holds both
+
+
+def test_resume_refuses_a_record_of_other_samples(tiny_sdar, tmp_path, monkeypatch):
+    monkeypatch.setattr(quality, "score", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(_two_settings(tiny_sdar, tmp_path)) == 130
+    (path,) = (tmp_path / "runs").glob("quality-*.json")
+    argv = _two_settings(tiny_sdar, tmp_path, "--resume", str(path))
+    argv[argv.index("--new-tokens") + 1] = "5"
+    with pytest.raises(SystemExit, match="--resume: .* another heldout"):
+        main(argv)
+
+
+def test_the_time_is_estimated_before_the_first_setting_and_after_each(tiny_sdar, tmp_path,
+                                                                       monkeypatch):
+    from dlrt import progress
+
+    events, real = [], quality.score
+    monkeypatch.setattr(progress, "write", events.append)
+    monkeypatch.setattr(quality, "score",
+                        lambda *a: (events.append(("score", a[2]["remasking_strategy"])),
+                                    real(*a))[1])
+    assert main(_two_settings(tiny_sdar, tmp_path)) == 0
+    first = events.index(("score", "sequential"))
+    assert any(isinstance(e, str) and e.startswith("about ") and "for 2 setting(s)" in e
+               for e in events[:first])
+    after = [e for e in events if isinstance(e, str) and e.startswith("[")]
+    assert after[0].startswith("[1/2] block 4 sequential: ") and after[0].endswith(" left")
+    assert after[1].startswith("[2/2] block 4 threshold@0.7: ") and after[1].endswith("done")
+
+
+def test_plot_has_a_title_and_no_label_over_a_point_or_another_label():
+    """Close points (as the strategies' often are) got labels written over each other: the
+    settings are now a legend beside the axes, and the title names the model."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from dlrt.bench.quality_plot import figure
+
+    labels = [label for label, _ in quality.SETTINGS]
+    rows = [dict(block=b, setting=label, tpf=1.0 + 0.01 * i + b / 8,
+                 token_accuracy=0.30 + 0.001 * i) for b in (4, 8)
+            for i, label in enumerate(labels)]
+    rows[3].update(tpf=rows[2]["tpf"], token_accuracy=rows[2]["token_accuracy"])  # alike
+    fig = figure(rows, quality.title("sdar-stdlib-8m", [4, 8], 32, 64, 256, "cpu"))
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        (ax,) = fig.axes
+        centres = [tuple(c.get_offset_transform().transform(c.get_offsets())[0].round())
+                   for c in ax.collections if len(c.get_offsets())]
+        assert len(centres) == len(rows) == len(set(centres))  # no marker hides another
+        assert ax.get_title().startswith("sdar-stdlib-8m: greedy, block 4, 8; 32 held-out")
+        assert not ax.texts  # no text drawn among the points
+        legend = ax.get_legend()
+        shown = [t.get_text() for t in legend.get_texts()]
+        assert shown == [*labels, "block 4", "block 8"]
+        boxes = [t.get_window_extent(renderer) for t in legend.get_texts()]
+        boxes += [ax.title.get_window_extent(renderer)]
+        for i, a in enumerate(boxes):
+            for b in boxes[i + 1:]:
+                assert not a.overlaps(b), (a, b)
+        inside = fig.bbox
+        for box in [legend.get_window_extent(renderer), *boxes]:
+            assert inside.x0 <= box.x0 and box.x1 <= inside.x1 + 1, (box, inside)
+        assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
+    finally:
+        plt.close(fig)
+
+
+def test_points_that_fall_together_are_set_apart():
+    from dlrt.bench.quality_plot import DODGE_PT, dodges
+
+    assert dodges([(1.0, 0.3)]) == [0.0]
+    assert dodges([(1.0, 0.3), (2.0, 0.5), (1.0, 0.3), (1.0, 0.3)]) == \
+        [-DODGE_PT, 0.0, 0.0, DODGE_PT]

@@ -116,6 +116,7 @@ def test_out_of_range_names_the_field(name, value):
     ("editing_threshold", 1.0), ("max_post_steps", 0), ("max_post_steps", 1024),
     ("low_threshold", 0.0), ("low_threshold", 1.0), ("credit_weight", 0), ("credit_weight", 100),
     ("credit_boost", 0), ("credit_boost", 1e6), ("credit_decay", 0), ("credit_decay", 1),
+    ("temperature", 1e-6), ("temperature", 1e6), ("credit_boost", 3.4e38),
 ])
 def test_range_boundaries_accepted(name, value):
     params(**{name: value})
@@ -225,6 +226,21 @@ def test_stop_ints_and_strings_are_split():
     assert params(stop="END").stop_token_ids == frozenset(EOS)
     assert params(stop=11).stop_token_ids == frozenset({11, *EOS})
     assert params(stop=(11, "x")).stop_strings == ("x",)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("temperature", 1e39), ("temperature", 1e7), ("temperature", 3e-39), ("temperature", 1e-7),
+    ("credit_boost", 1e39),
+])
+def test_values_past_the_device_range_are_refused(name, value):
+    """Finite in Python, but past what the device's fp32 can hold or divide by: 1e39 is
+    infinite in fp32 (a NumericalError, or an overflow writing credit_boost), and the logits
+    divided by 3e-39 overflow."""
+    with pytest.raises(OptionError) as e:
+        params(**{name: value})
+    assert str(e.value).startswith(f"{name}={value!r} "), str(e.value)
+    with pytest.raises(OptionError, match="generation_config.json: temperature=1e"):
+        params(gen={**SAMPLE_GEN, "temperature": 1e39})
 
 
 @pytest.mark.parametrize("name, value", [("temperature", float("inf")),

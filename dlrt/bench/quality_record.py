@@ -1,0 +1,68 @@
+"""`dlrt bench quality` while it runs: the JSON record rewritten after every setting (a partial
+record, `"complete": false`, that `--resume` continues), and the time estimates it prints."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+# what a record must share with the run that resumes it (else its rows do not compare)
+SAME = ("model", "device", "execution_mode", "heldout", "humaneval")
+
+
+def update_record(path: Path, **fields: Any) -> None:
+    """Replace `fields` of the JSON record at `path`, atomically (a reader, or a run stopped
+    while it writes, sees the old record or the new one, never a part)."""
+    record = json.loads(path.read_text())
+    record.update(fields)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    os.replace(tmp, path)
+
+
+def resumed_rows(path: str | Path, facts: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of the record at `path`, after checking that it is a `bench quality` record
+    whose `SAME` fields equal `facts`'.
+
+    Raises:
+        SystemExit: "--resume: ..." naming an unreadable record or the first field that
+            differs (its value there and here).
+    """
+    try:
+        record = json.loads(Path(path).read_text())
+        rows = record["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--resume: {path} is not a bench quality record ({e})") from None
+    for key in SAME:
+        if record.get(key) != facts[key]:
+            raise SystemExit(f"--resume: {path} was measured with another {key} "
+                             f"({record.get(key)!r}; this run: {facts[key]!r})")
+    return list(rows)
+
+
+def duration(seconds: float) -> str:
+    """"45 s", "12 min", "1 h 05 min"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def first_estimate(heldout_s: float, humaneval_s: float, settings: int, samples: int,
+                   prompts: int) -> str:
+    """About how long the run takes, from one held-out request and one HumanEval request of
+    the first setting (the first setting's rule for every setting)."""
+    seconds = settings * (samples * heldout_s + prompts * humaneval_s)
+    return (f"about {duration(seconds)} for {settings} setting(s) of {samples} held-out and "
+            f"{prompts} HumanEval request(s) (one of each took {heldout_s:.2f} s and "
+            f"{humaneval_s:.2f} s in the first setting); updated after each setting")
+
+
+def left(seconds_done: list[float], settings_left: int) -> str:
+    """The time left at the mean seconds per setting so far."""
+    if not settings_left:
+        return "done"
+    mean = sum(seconds_done) / max(len(seconds_done), 1)
+    return f"about {duration(mean * settings_left)} left"
