@@ -27,9 +27,9 @@ DEFAULT_MAX_NEW_TOKENS = 128
 # checks cancellation and its timeout only between blocks.
 MAX_POST_STEPS = 1024
 # NOTE: a round divides the fp32 logits by the temperature (multiplies by its reciprocal in
-# fp32 on the GPU): past these bounds that overflows or underflows fp32 (1e39 is infinite
-# there, logits over 3e-39 are), and well before them sampling is greedy or uniform in all but
-# name; 0 asks for greedy. 1e-6 is SGLang's bar for greedy.
+# fp32 on the GPU): past MAX_TEMPERATURE sampling is uniform in all but name and 1e39 is
+# infinite in fp32, so larger values are refused; below MIN_TEMPERATURE (SGLang's bar) the
+# reciprocal overflows fp32 long before 0, so such a temperature is greedy, as in SGLang.
 MIN_TEMPERATURE = 1e-6
 MAX_TEMPERATURE = 1e6
 FP32_MAX = 3.4028234663852886e38  # the largest finite fp32 value (credit_boost is fp32 there)
@@ -59,8 +59,8 @@ class DecodingOptions:
         families that edit only). Default None: no edits.
     max_post_steps: 0..MAX_POST_STEPS (1024), passes over a block with no mask left while
         edits continue (editing only; default 16).
-    temperature: 0 (greedy) or in [MIN_TEMPERATURE, MAX_TEMPERATURE] = [1e-6, 1e6] (the
-        logits are divided by it in fp32). top_k: >= 0 (0 = off). top_p: in (0, 1].
+    temperature: in [0, MAX_TEMPERATURE] = [0, 1e6] (the logits are divided by it in fp32);
+        0, and anything below MIN_TEMPERATURE (1e-6, SGLang's bar), is greedy. top_k: >= 0 (0 = off). top_p: in (0, 1].
     seed: >= 0; sampling and `random` are reproducible for a given seed.
     stop: extra stop token ids (int) or stop strings (str).
     ignore_eos: do not stop at the checkpoint's stop ids (benchmarks).
@@ -169,8 +169,8 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     Raises:
         OptionError: a value out of range (the message names the option): threshold,
             low_threshold, credit_decay or editing_threshold outside [0, 1], credit_weight
-            outside [0, 100], credit_boost outside fp32's [0, 3.4e38], a temperature neither 0
-            nor in [1e-6, 1e6], a negative max_post_steps, ...; a sampling
+            outside [0, 100], credit_boost outside fp32's [0, 3.4e38], a temperature outside
+            [0, 1e6], a negative max_post_steps, ...; a sampling
             default of `generation_config.json` out of range (the message starts with
             "generation_config.json:"; `CheckpointFolder.check_generation_config` refuses
             such a file when the model loads).
@@ -209,6 +209,7 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
            f"must be in [0, {MAX_POST_STEPS}] (post passes a block may run while edits go on)")
     file = {k: gen.get(k) for k in SAMPLING} if sample else {}
     temperature = _sampling(opts.temperature, file, "temperature")
+    temperature = 0.0 if temperature < MIN_TEMPERATURE else temperature  # greedy
     top_k = _sampling(opts.top_k, file, "top_k")
     top_p = _sampling(opts.top_p, file, "top_p")
     seed = _pick(opts.seed, random_seed)
@@ -282,9 +283,9 @@ def _is_number(v: Any) -> bool:
 # the sampling options that generation_config.json may default (with do_sample):
 # name -> (type, test of a value, what a good value is, the value that turns it off)
 SAMPLING: dict[str, tuple[type, Any, str, Any]] = {
-    "temperature": (float, lambda v: v == 0.0 or MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
-                    f"must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}] (the "
-                    "logits are divided by it in fp32)", 0.0),
+    "temperature": (float, lambda v: 0.0 <= v <= MAX_TEMPERATURE,
+                    f"must be in [0, {MAX_TEMPERATURE:g}] (the logits are divided by it in fp32; "
+                    f"below {MIN_TEMPERATURE:g} it is greedy)", 0.0),
     "top_k": (int, lambda v: v >= 0, "must be >= 0 (0 = off)", 0),
     "top_p": (float, lambda v: 0.0 < v <= 1.0, "must be in (0, 1]", 1.0),
 }

@@ -229,13 +229,11 @@ def test_stop_ints_and_strings_are_split():
 
 
 @pytest.mark.parametrize("name, value", [
-    ("temperature", 1e39), ("temperature", 1e7), ("temperature", 3e-39), ("temperature", 1e-7),
-    ("credit_boost", 1e39),
+    ("temperature", 1e39), ("temperature", 1e7), ("credit_boost", 1e39),
 ])
 def test_values_past_the_device_range_are_refused(name, value):
-    """Finite in Python, but past what the device's fp32 can hold or divide by: 1e39 is
-    infinite in fp32 (a NumericalError, or an overflow writing credit_boost), and the logits
-    divided by 3e-39 overflow."""
+    """Finite in Python, but past what the device's fp32 can hold: 1e39 is infinite in fp32
+    (a NumericalError, or an overflow writing credit_boost)."""
     with pytest.raises(OptionError) as e:
         params(**{name: value})
     assert str(e.value).startswith(f"{name}={value!r} "), str(e.value)
@@ -269,3 +267,12 @@ def test_triton_backend_on_cpu_needs_the_interpreter(tiny_sdar, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(OptionError, match="needs a CUDA device"):
         LLM(tiny_sdar, device="cpu", attention_backend="triton")
+
+
+@pytest.mark.parametrize("value", [3e-39, 1e-7, 9.9e-7])
+def test_a_temperature_below_the_greedy_bar_is_greedy(value):
+    """Below 1e-6 (SGLang's bar) the reciprocal of the temperature overflows fp32 long before
+    0 (3e-39: infinite): such a request is greedy, from a request or generation_config.json."""
+    assert params(temperature=value).sampling.temperature == 0.0
+    assert params(gen={**SAMPLE_GEN, "temperature": value}).sampling.temperature == 0.0
+    assert params(temperature=1e-6).sampling.temperature == 1e-6
