@@ -60,7 +60,8 @@ class DecodingOptions:
     max_post_steps: 0..MAX_POST_STEPS (1024), passes over a block with no mask left while
         edits continue (editing only; default 16).
     temperature: in [0, MAX_TEMPERATURE] = [0, 1e6] (the logits are divided by it in fp32);
-        0, and anything below MIN_TEMPERATURE (1e-6, SGLang's bar), is greedy. top_k: >= 0 (0 = off). top_p: in (0, 1].
+        0, and anything below MIN_TEMPERATURE (1e-6, SGLang's bar), is greedy.
+    top_k: >= 0 (0 = off). top_p: in (0, 1].
     seed: >= 0; sampling and `random` are reproducible for a given seed.
     stop: extra stop token ids (int) or stop strings (str).
     ignore_eos: do not stop at the checkpoint's stop ids (benchmarks).

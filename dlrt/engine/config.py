@@ -2,16 +2,16 @@
 dataclass. Each option's default, choices and help are written once, in its field; the CLI
 generates its flags from them (`dlrt.entrypoints.cli`).
 
-Two steps, both here: `EngineConfig.from_kwargs` checks names, types and choices before
-anything is read (a bad value never waits for a checkpoint to load); `resolve` replaces every
-"auto" and every default by a concrete value for one checkpoint folder and device and checks
-what depends on them (the decoder fits the family, the attention backend serves the device,
-dtype, head size and KV cache dtype, the context fits the model, the quantisation scheme fits
-the folder, the mask token is no end-of-text id), and returns a `ResolvedConfig`: the resolved
-options with the model config, the decoder's defaults, the block length of a default request,
-the eos ids and the quantisation scheme. Resolving builds nothing; the engine builds every part
-from the `ResolvedConfig`, and a request's defaults come from it. Everything is frozen; nothing
-changes it afterwards.
+Two steps, both methods here (their value rules in `dlrt.engine.resolve`):
+`EngineConfig.from_kwargs` checks names, types and choices before anything is read (a bad value
+never waits for a checkpoint to load); `resolve` replaces every "auto" and every default by a
+concrete value for one checkpoint folder and device and checks what depends on them (the decoder
+fits the family, the attention backend serves the device, dtype, head size and KV cache dtype,
+the context fits the model, the quantisation scheme fits the folder, the mask token is no end-
+of-text id), and returns a `ResolvedConfig`: the resolved options with the model config, the
+decoder's defaults, the block length of a default request, the eos ids and the quantisation
+scheme. Resolving builds nothing; the engine builds every part from the `ResolvedConfig`, and a
+request's defaults come from it. Everything is frozen; nothing changes it afterwards.
 """
 
 from __future__ import annotations
@@ -34,6 +34,15 @@ from dlrt.checkpoint.quant import QuantScheme, quantizations, resolve_scheme
 from dlrt.decoding.options import DEFAULT_MAX_NEW_TOKENS, DecoderDefaults
 from dlrt.distributed.ranks import local_ranks, world_size
 from dlrt.engine.cpu_threads import resolve_cpu_threads
+from dlrt.engine.resolve import (
+    check_persistent,
+    context_limit,
+    eos_ids,
+    linear_kernels,
+    mask_token,
+    tensor_parallel_size,
+    torch_device,
+)
 from dlrt.errors import ConfigError, OptionError
 from dlrt.layers.quant.fp8 import ACTIVATIONS
 from dlrt.models.config import ModelConfig
@@ -169,7 +178,7 @@ class EngineConfig:
     # -- the second step: concrete values for one checkpoint ----------------------------------
     @property
     def torch_device(self) -> torch.device:
-        return _device(self.device)
+        return torch_device(self.device)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -190,8 +199,8 @@ class EngineConfig:
                 KV cache's dtype (FlashInfer and an FP8 cache), the persistent round off CUDA
                 or under tensor parallelism (each part's own reason: `supports`).
         """
-        tp = _tensor_parallel(self.tensor_parallel_size, self.device)
-        device = _device(self.device)
+        tp = tensor_parallel_size(self.tensor_parallel_size, self.device)
+        device = torch_device(self.device)
         if world_size() > 1 and device.type == "cuda" and device.index is None:
             # this rank's GPU (tensor_parallel_size 1: whole models, as many as fit)
             device = torch.device("cuda", local_ranks()[0] % max(torch.cuda.device_count(), 1))
@@ -217,7 +226,7 @@ class EngineConfig:
             check_backend(attention, device, DTYPES[dtype], mode, kv_cache_dtype=kv_torch)
         round_kernel = "layers" if self.round_kernel == "auto" else self.round_kernel
         if round_kernel == "persistent":
-            _check_persistent(device=device, tensor_parallel_size=tp)
+            check_persistent(device=device, tensor_parallel_size=tp)
         return dataclasses.replace(self, device=str(device), dtype=dtype, execution_mode=mode,
                                    kernels=kernels, attention_backend=attention,
                                    kv_cache_dtype=kv, round_kernel=round_kernel,
@@ -245,7 +254,7 @@ class EngineConfig:
         device, dtype = out.torch_device, out.torch_dtype
         try:
             config = model_config(folder.hf_config)
-            mask = _mask_token(config, out.mask_token_id, tokenizer_mask_id)
+            mask = mask_token(config, out.mask_token_id, tokenizer_mask_id)
         except ConfigError as e:
             raise ConfigError(f"{folder.path}: {e}") from e
         decoder, defaults = decoder_for(family(config.family),
@@ -256,10 +265,10 @@ class EngineConfig:
         if attention == "auto":
             attention = default_backend(device, dtype, decoder, config.head_dim, kv)
         check_backend(attention, device, dtype, out.execution_mode, config.head_dim, kv)
-        max_len = _context(config, out.max_model_len)
+        max_len = context_limit(config, out.max_model_len)
         config = config.replace(mask_token_id=mask)
         folder.check_generation_config(config.vocab_size)
-        eos = _eos_ids(folder.generation_config, config)
+        eos = eos_ids(folder.generation_config, config)
         if mask in eos:
             raise OptionError(
                 f"mask_token_id={mask} is an end-of-text id of {folder.path} (eos ids "
@@ -267,16 +276,17 @@ class EngineConfig:
                 "stop; pass another mask_token_id")
         scheme = resolve_scheme(out.quantization, folder.hf_config, folder.path)
         if out.round_kernel == "persistent":
-            _check_persistent(device=device, tensor_parallel_size=out.tensor_parallel_size,
+            check_persistent(device=device, tensor_parallel_size=out.tensor_parallel_size,
                               config=config, decoder=decoder, dtype=dtype, kv_cache_dtype=kv,
                               quantization=scheme.name if scheme else "none",
                               fp8_activations=out.fp8_activations)
         load = "safetensors" if out.load_format == "auto" else out.load_format
+        policy = linear_kernels(out.linear_kernels, out.kernels, device)
         out = dataclasses.replace(out, model=str(folder.path), decoder=decoder,
                                   attention_backend=attention, max_model_len=max_len,
                                   mask_token_id=mask, load_format=load,
                                   quantization=scheme.name if scheme else "none",
-                                  linear_kernels=_linear_kernels(out, device),
+                                  linear_kernels=policy,
                                   cpu_threads=resolve_cpu_threads(out.cpu_threads, device, config,
                                                                   out.tensor_parallel_size))
         return ResolvedConfig(out, config, defaults,
@@ -310,26 +320,6 @@ class ResolvedConfig:
     quant: QuantScheme | None = None
 
 
-def _check_persistent(**needs: Any) -> None:
-    """Raises OptionError with the persistent round's reason when it does not serve `needs`
-    (`PersistentRounds.supports`)."""
-    from dlrt.runtime.persistent.kernel import PersistentRounds
-
-    why = PersistentRounds.supports(**needs)
-    if why is not None:
-        raise OptionError(why)
-
-
-def _linear_kernels(config: EngineConfig, device: torch.device) -> str:
-    """The linear policy that applies: a timed choice needs CUDA and the Triton ops."""
-    if device.type == "cuda" and config.kernels == "triton":
-        return config.linear_kernels
-    if config.linear_kernels == "triton":
-        log.warning("linear_kernels='triton' needs CUDA and kernels='triton'; projections run "
-                    "on %s with F.linear", device.type)
-    return "cublas"
-
-
 def _check_value(f: dataclasses.Field, value: Any) -> None:
     name, choices = f.name, f.metadata["choices"]
     if name in ("model",):
@@ -357,68 +347,6 @@ def _check_cpu_threads(value: Any) -> None:
         int(value) if isinstance(value, str) and value.isdigit() else None)
     if value != "auto" and (count is None or count < 1):
         raise OptionError(f"cpu_threads must be 'auto' or a count >= 1, got {value!r}")
-
-
-def _tensor_parallel(size: int | None, device: str) -> int:
-    """The tensor-parallel size: given, else torchrun's world size. It must be 1 or the world
-    size, and a host's ranks need a GPU each when the model runs on CUDA."""
-    world = world_size()
-    tp = world if size is None else size
-    if tp not in (1, world):
-        now = "this process was started without torchrun" if world == 1 else \
-            f"torchrun started {world}"
-        raise OptionError(f"tensor_parallel_size {tp} needs {tp} processes, one per rank: start "
-                          f"them with torchrun --nproc-per-node {tp} ({now})")
-    if tp > 1 and _device(device).type == "cuda":
-        here, gpus = local_ranks()[1], torch.cuda.device_count()
-        if here > gpus:
-            raise OptionError(f"tensor_parallel_size {tp}: {here} ranks on this host but only "
-                              f"{gpus} GPU(s); start at most {gpus} ranks per host")
-    return tp
-
-
-def _device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise OptionError(f"device {device!r} is not a valid device") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise OptionError(f"device {device!r} asked for, but CUDA is not available")
-    if dev.type not in ("cpu", "cuda"):
-        raise OptionError(f"device {device!r}: only cpu and cuda are supported")
-    return dev
-
-
-def _context(config: ModelConfig, max_model_len: int | None) -> int:
-    limit = config.max_position_embeddings
-    if max_model_len is None:
-        return limit
-    if not 1 <= max_model_len <= limit:
-        raise OptionError(f"max_model_len={max_model_len!r} must be in [1, {limit}]")
-    return max_model_len
-
-
-def _mask_token(config: ModelConfig, option: int | None, tokenizer_mask: int | None) -> int:
-    if option is not None:
-        if not 0 <= option < config.vocab_size:
-            raise OptionError(f"mask_token_id={option!r} is not a token id of the vocabulary")
-        return option
-    if config.mask_token_id is not None:
-        return int(config.mask_token_id)
-    if tokenizer_mask is not None:
-        return int(tokenizer_mask)
-    raise ConfigError("config.json has no mask_token_id and the tokenizer no mask token; "
-                      "pass mask_token_id=...")
-
-
-def _eos_ids(generation_config: dict[str, Any], config: ModelConfig) -> tuple[int, ...]:
-    """generation_config.json's eos ids (else config.json's) plus the family's stop ids."""
-    gen_eos = generation_config.get("eos_token_id")
-    eos = tuple(gen_eos if isinstance(gen_eos, list) else [gen_eos]) if gen_eos is not None \
-        else config.eos_token_ids
-    return tuple(dict.fromkeys(eos + family(config.family).stop_ids))
 
 
 # option -> its command-line flag, where the flag is not `--` + the name with dashes

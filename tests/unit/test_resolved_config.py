@@ -87,7 +87,7 @@ def test_one_default_block_length(tiny_sdar, tiny_llada, tiny_llada2, monkeypatc
 
     monkeypatch.setattr(engine_module, "tune", tune)
     # the timed plan, as on CUDA with the Triton ops (nothing is timed: no quantised layer)
-    monkeypatch.setattr(config_module, "_linear_kernels", lambda config, device: "auto")
+    monkeypatch.setattr(config_module, "linear_kernels", lambda policy, kernels, device: "auto")
     llm = LLM(path, device="cpu", decoder=decoder, max_model_len=512)
     resolved = llm.engine.resolved
     assert llm.resolve(DecodingOptions()).block_length == resolved.block_length == block
