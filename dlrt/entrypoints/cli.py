@@ -198,7 +198,7 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(engine_kwargs(args), decoding_kwargs(args), args.host, args.port,
                  args.max_queue, args.request_timeout, args.max_body_bytes,
                  served_model_name=args.served_model_name,
-                 api_key=args.api_key or env.api_key())
+                 api_key=env.api_key() if args.api_key is None else args.api_key)
 
 
 def _token_ids(text: str) -> list[int]:
@@ -408,9 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; the exit code: 0, 2 (a named error: one `error:` line on stderr), 130
-    (interrupted: Ctrl-C, one line on stderr), or the command's own (a `bench` check that
-    failed: 1)."""
+    """Run one command; the exit code: 0, 2 (a named error: one `error:` line on stderr; some
+    errors carry their own code, as `dlrt serve`'s address in use: 3), 130 (interrupted:
+    Ctrl-C, one line on stderr), or the command's own (a `bench` check that failed: 1)."""
     try:
         logging.basicConfig(level=logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s")
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(e, DlrtError):
             raise
         sys.stderr.write(f"error: {e}\n")  # one write: ranks' lines do not interleave
-        return 2
+        return getattr(e, "exit_code", 2)
 
 
 def _interrupted(error: BaseException | None) -> bool:

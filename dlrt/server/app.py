@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from dlrt.errors import OptionError
 from dlrt.server.auth import RequireKey
 from dlrt.server.body import read_body
 from dlrt.server.errors import HTTPError, error_response, http_error_handler
@@ -33,7 +34,13 @@ def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | 
     """The server app around a loaded `LLM`, serving it as `model_name`. `defaults` are decoding
     options applied to every request unless it sets them (the `dlrt serve` flags);
     `max_body_bytes`: larger bodies get 413; `api_key`: the key every endpoint but /health
-    asks for (None: none)."""
+    asks for (None: none).
+
+    Raises:
+        OptionError: an empty (or blank) `api_key`: it would ask for nothing.
+    """
+    if api_key is not None and not api_key.strip():
+        raise OptionError("api_key: the key is empty: give a key, or None to ask for none")
     app = FastAPI(title="dlrt", version="0.1.0")
     app.state.dlrt = ServerState(llm=llm, worker=worker, model_name=model_name,
                                  defaults=dict(defaults or {}), max_body_bytes=max_body_bytes,
