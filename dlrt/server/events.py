@@ -8,15 +8,15 @@ from typing import Any
 
 from dlrt.server.errors import HTTPError
 from dlrt.server.state import ServerState
-from dlrt.server.worker import Job, QueueFull
+from dlrt.server.worker import Job, QueueFull, ShuttingDown
 
 Event = tuple[str, Any]
 
 
 async def start(state: ServerState, job: Job) -> AsyncIterator[Event]:
     """Enter the queue and wait for the job's first event, so that a refusal is still an HTTP
-    error: 503 with Retry-After when the queue is full. Closing the returned stream cancels
-    the job (`Worker.run`)."""
+    error: 503 with Retry-After when the queue is full, 503 when the server is shutting down.
+    Closing the returned stream cancels the job (`Worker.run`)."""
     worker = state.worker
     events = worker.run(job)
     try:
@@ -25,6 +25,8 @@ async def start(state: ServerState, job: Job) -> AsyncIterator[Event]:
         raise HTTPError(503, f"server busy: one request running, {worker.waiting} waiting "
                              f"(--max-queue {worker.max_queue})",
                         headers={"Retry-After": "1"}) from None
+    except ShuttingDown:
+        raise HTTPError(503, "server shutting down: the request was not started") from None
     return _observed(state, first, events)
 
 

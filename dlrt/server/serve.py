@@ -1,6 +1,11 @@
 """`dlrt serve`: check the flags and the address, load the model and serve it over HTTP
 (uvicorn). Under torchrun `LLM(...)` returns only on rank 0, which serves; the other ranks run
-its requests with it."""
+its requests with it.
+
+Stopping: the first SIGINT or SIGTERM stops taking connections and drains (the running request
+and the queued ones finish); a second SIGINT answers the queued ones with 503 and cancels the
+running one at its next block; a third stops at once. The generation thread has stopped before
+the LLM closes."""
 
 from __future__ import annotations
 
@@ -146,8 +151,8 @@ def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int
           api_key: str | None = None) -> int:
     """Load `LLM(**llm_kwargs)` and serve it (blocks until shutdown) as `served_model_name`
     (default: `served_name`), asking for `api_key` when set. Under torchrun the model loads on
-    every rank and only rank 0 gets here past the load (`LLM`). Returns the process exit code
-    (3: the server could not start).
+    every rank and only rank 0 gets here past the load (`LLM`). Returns the process exit code:
+    0, 128 + the signal that stopped it (130: SIGINT), 3: the server could not start.
 
     Raises:
         OptionError: an empty name or key, a host that does not resolve or a port out of
@@ -165,26 +170,20 @@ def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int
     llm = LLM(**llm_kwargs)
     model = llm_kwargs.get("model")
     check_defaults(llm, defaults)
-    import uvicorn
-
     from dlrt.server.app import create_app
+    from dlrt.server.http_server import HTTPServer
 
     name = served_model_name or served_name(model)
     worker = Worker(llm, max_queue=max_queue, timeout_s=request_timeout)
     app = create_app(llm, worker, name, defaults, max_body_bytes, api_key=api_key)
-
-    class Server(uvicorn.Server):
-        async def startup(self, sockets=None) -> None:
-            await super().startup(sockets)  # a failed bind logs the error and exits
-            if self.started:
-                log.info("serving %s on http://%s:%d (%d rank(s)%s)", name, host, port,
-                         llm.world_size, ", API key required" if api_key else "")
-
-    server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = HTTPServer(app, worker, host, port, started=lambda: log.info(
+        "serving %s on http://%s:%d (%d rank(s)%s)", name, host, port, llm.world_size,
+        ", API key required" if api_key else ""))
     try:
-        server.run()  # as uvicorn.run does
-    except KeyboardInterrupt:
-        pass
+        server.run()
     finally:
+        worker.close_now()  # the generation thread has stopped (it has, unless run failed)
         llm.close()  # under torchrun: the other ranks close with it and end
+    if server.signals:
+        return 128 + server.signals[0]
     return 0 if server.started else 3  # uvicorn's STARTUP_FAILURE
