@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dlrt.errors import OptionError
+
 
 def cache_dir() -> Path:
     """DLRT_CACHE_DIR: where the built CUDA kernels and the kernel timings are kept (default
@@ -34,8 +36,13 @@ def commit() -> str | None:
 
 def api_key() -> str | None:
     """DLRT_API_KEY: the key `dlrt serve` asks for (`Authorization: Bearer KEY` on every
-    endpoint but /health) when `--api-key` is not given; unset = no key."""
-    return os.environ.get("DLRT_API_KEY") or None
+    endpoint but /health) when `--api-key` is not given; unset = no key. OptionError when it
+    is set but empty (or blank): it would ask for nothing."""
+    value = os.environ.get("DLRT_API_KEY")
+    if value is not None and not value.strip():
+        raise OptionError("DLRT_API_KEY is set but empty: set it to a key, or unset it to "
+                          "serve without one")
+    return value
 
 
 SPLIT_K_REDUCE = ("fused", "kernel")

@@ -173,8 +173,11 @@ def run_http(argv: list[str], problems: list[dict[str, Any]], chat: bool, port: 
         _wait_ready(proc, url, log, startup_timeout_s)
         with httpx.Client(timeout=httpx.Timeout(None, connect=30), trust_env=False) as client:
             result = _timed(problems, lambda p: _http_one(client, url, _body(p, chat)))
-    except BaseException:
+    except Exception:
         print(f"server log: {log}", file=sys.stderr)
+        raise
+    except KeyboardInterrupt:  # nothing went wrong: no log to point at
+        log.unlink(missing_ok=True)
         raise
     finally:
         _stop(proc)

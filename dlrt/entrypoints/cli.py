@@ -15,7 +15,6 @@ import sys
 import typing
 
 from dlrt import __version__, env, progress
-from dlrt.decoding.options import DecodingOptions
 from dlrt.errors import DlrtError, OptionError
 
 BENCH_OUT = "benchmarks/runs"  # ignored by git: curated tables go to benchmarks/results
@@ -57,6 +56,8 @@ _HELP = {
 
 def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per `DecodingOptions` field; all default to None (= the model's default)."""
+    from dlrt.decoding.options import DecodingOptions
+
     hints = typing.get_type_hints(DecodingOptions)
     for f in dataclasses.fields(DecodingOptions):
         flag = "--" + f.name.replace("_", "-")
@@ -73,7 +74,7 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
 def decoding_kwargs(args: argparse.Namespace) -> dict:
     """The decoding options given on the command line, their ranges checked (before any model
     is loaded; the error names the flag)."""
-    from dlrt.decoding.options import as_flag_error, check_ranges
+    from dlrt.decoding.options import DecodingOptions, as_flag_error, check_ranges
 
     kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(DecodingOptions)}
     if kw["stop"]:
@@ -197,7 +198,7 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(engine_kwargs(args), decoding_kwargs(args), args.host, args.port,
                  args.max_queue, args.request_timeout, args.max_body_bytes,
                  served_model_name=args.served_model_name,
-                 api_key=args.api_key or env.api_key())
+                 api_key=env.api_key() if args.api_key is None else args.api_key)
 
 
 def _token_ids(text: str) -> list[int]:
@@ -410,11 +411,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
-    progress.set_quiet(getattr(args, "quiet", False))
+    """Run one command; the exit code: 0, 2 (a named error: one `error:` line on stderr; some
+    errors carry their own code, as `dlrt serve`'s address in use: 3), 130 (interrupted:
+    Ctrl-C, one line on stderr), or the command's own (a `bench` check that failed: 1)."""
     try:
+        logging.basicConfig(level=logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
+        args = build_parser().parse_args(argv)
+        progress.set_quiet(getattr(args, "quiet", False))
         return args.func(args)
-    except DlrtError as e:
+    except BaseException as e:
+        if _interrupted(e):
+            # NOTE: an interrupt inside an exec of a string (dataclasses build their methods
+            # so) marks the interpreter to end by SIGINT whatever main returns; an exec that
+            # completes clears the mark
+            exec("")
+            # NOTE: on a terminal the cursor stands after the echoed ^C
+            sys.stderr.write("\ninterrupted\n" if sys.stderr.isatty() else "interrupted\n")
+            return 130
+        if not isinstance(e, DlrtError):
+            raise
         sys.stderr.write(f"error: {e}\n")  # one write: ranks' lines do not interleave
-        return 2
+        return getattr(e, "exit_code", 2)
+
+
+def _interrupted(error: BaseException | None) -> bool:
+    """Whether `error` is a KeyboardInterrupt or was raised by one: CPython wraps one raised
+    in a class's `__set_name__` in a RuntimeError, and clean-up code may fail on its way out."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False

@@ -1,8 +1,15 @@
-"""`dlrt serve`: load the model and serve it over HTTP (uvicorn). Under torchrun `LLM(...)` returns
-only on rank 0, which serves; the other ranks run its requests with it."""
+"""`dlrt serve`: check the flags and the address, load the model and serve it over HTTP
+(uvicorn). Under torchrun `LLM(...)` returns only on rank 0, which serves; the other ranks run
+its requests with it.
+
+Stopping: the first SIGINT or SIGTERM stops taking connections and drains (the running request
+and the queued ones finish); a second SIGINT answers the queued ones with 503 and cancels the
+running one at its next block; a third stops at once. The generation thread has stopped before
+the LLM closes."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 
@@ -10,6 +17,13 @@ from dlrt.errors import OptionError, PromptError
 from dlrt.server.worker import Worker
 
 log = logging.getLogger("dlrt.server")
+
+
+class CannotListen(OptionError):
+    """The server cannot listen on its address (a port in use, an address not of this
+    machine): exit code 3, as uvicorn's startup failure."""
+
+    exit_code = 3
 
 
 def check_defaults(llm, defaults: dict) -> None:
@@ -59,6 +73,61 @@ def check_address(host: str, port: int) -> None:
                           f"({e})") from e
 
 
+def check_listen(host: str, port: int) -> None:
+    """Refuse an address the server could not listen on, before the model loads (uvicorn finds
+    it only after): bind every address `host` resolves to, as uvicorn's listener does
+    (SO_REUSEADDR, IPv6 only on IPv6 sockets), and let go. Port 0 (any free port) passes.
+
+    Raises:
+        CannotListen: "--port: 127.0.0.1:18080: address already in use (...)".
+    """
+    if port == 0:
+        return
+    for family, kind, proto, _, address in socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError:  # a family this machine lacks: the listener skips it too
+            continue
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as e:
+                where = f"{address[0]}:{address[1]}"
+                if e.errno == errno.EADDRINUSE:
+                    raise CannotListen(f"--port: {where}: address already in use (another "
+                                       "process listens there): stop it or choose another "
+                                       "--port") from e
+                raise CannotListen(f"--host/--port: cannot listen on {where}: "
+                                   f"{e.strerror or e}") from e
+
+
+def check_served_name(name: str | None) -> None:
+    """Refuse an empty (or blank) `--served-model-name` (None: the default name).
+
+    Raises:
+        OptionError: "--served-model-name: empty: ...".
+    """
+    if name is not None and not name.strip():
+        raise OptionError(f"--served-model-name: {name!r} is empty: give the name clients "
+                          "send as `model`, or leave the flag out to serve the --model "
+                          "folder's name")
+
+
+def check_api_key(key: str | None) -> None:
+    """Refuse an empty (or blank) `--api-key`: it would ask for nothing (None: no key).
+
+    Raises:
+        OptionError: "--api-key: empty: ...".
+    """
+    if key is not None and not key.strip():
+        raise OptionError("--api-key: the key is empty: give a key, or leave --api-key out "
+                          "(and DLRT_API_KEY unset) to serve without one")
+
+
 def check_server_packages() -> None:
     """OptionError naming the install command when FastAPI or uvicorn is missing (the
     `serve` extras)."""
@@ -82,40 +151,39 @@ def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int
           api_key: str | None = None) -> int:
     """Load `LLM(**llm_kwargs)` and serve it (blocks until shutdown) as `served_model_name`
     (default: `served_name`), asking for `api_key` when set. Under torchrun the model loads on
-    every rank and only rank 0 gets here past the load (`LLM`). Returns the process exit code
-    (3: the server could not start).
+    every rank and only rank 0 gets here past the load (`LLM`). Returns the process exit code:
+    0, 128 + the signal that stopped it (130: SIGINT), 3: the server could not start.
 
     Raises:
-        OptionError: a host that does not resolve or a port out of range (before the model
-            loads), decoding defaults no request could use (`check_defaults`).
+        OptionError: an empty name or key, a host that does not resolve or a port out of
+            range (before the model loads), decoding defaults no request could use
+            (`check_defaults`).
+        CannotListen: an address the server cannot listen on (before the model loads).
     """
     from dlrt import LLM
 
     check_server_packages()  # before the model loads
+    check_served_name(served_model_name)
+    check_api_key(api_key)
     check_address(host, port)  # on every rank, before the model loads: all of them stop
+    check_listen(host, port)
     llm = LLM(**llm_kwargs)
     model = llm_kwargs.get("model")
     check_defaults(llm, defaults)
-    import uvicorn
-
     from dlrt.server.app import create_app
+    from dlrt.server.http_server import HTTPServer
 
     name = served_model_name or served_name(model)
     worker = Worker(llm, max_queue=max_queue, timeout_s=request_timeout)
     app = create_app(llm, worker, name, defaults, max_body_bytes, api_key=api_key)
-
-    class Server(uvicorn.Server):
-        async def startup(self, sockets=None) -> None:
-            await super().startup(sockets)  # a failed bind logs the error and exits
-            if self.started:
-                log.info("serving %s on http://%s:%d (%d rank(s)%s)", name, host, port,
-                         llm.world_size, ", API key required" if api_key else "")
-
-    server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = HTTPServer(app, worker, host, port, started=lambda: log.info(
+        "serving %s on http://%s:%d (%d rank(s)%s)", name, host, port, llm.world_size,
+        ", API key required" if api_key else ""))
     try:
-        server.run()  # as uvicorn.run does
-    except KeyboardInterrupt:
-        pass
+        server.run()
     finally:
+        worker.close_now()  # the generation thread has stopped (it has, unless run failed)
         llm.close()  # under torchrun: the other ranks close with it and end
+    if server.signals:
+        return 128 + server.signals[0]
     return 0 if server.started else 3  # uvicorn's STARTUP_FAILURE

@@ -8,6 +8,10 @@ cancels the generation at the next block boundary; the slot is released only whe
 has stopped, so the next request finds the device free. A request that runs longer than
 `timeout_s` ends with finish_reason "timeout". Under torchrun the LLM runs each request on every
 rank itself: closing its stream stops every rank.
+
+Shutting down: `refuse_waiting` refuses every waiting request (and any later one) with
+`ShuttingDown` and cancels the running one at its next block; `close` does that and returns
+once the generation thread has stopped, so the LLM can be closed after it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ log = logging.getLogger("dlrt.server")
 
 class QueueFull(Exception):
     """More requests are waiting than the queue holds."""
+
+
+class ShuttingDown(Exception):
+    """The server is shutting down: a request that would wait (or still waits) is refused."""
 
 
 @dataclass
@@ -52,11 +60,21 @@ class Worker:
         self.running = 0
         self._lock: asyncio.Lock | None = None
         self._ending = False  # the running request has delivered its last event
+        self._running: tuple[Job, asyncio.Future] | None = None  # the job and its thread
+        self.refusing = False  # shutting down: waiting requests are refused
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlrt-gen")
 
     async def run(self, job: Job) -> AsyncIterator[tuple[str, Any]]:
+        """The job's events, once its turn comes.
+
+        Raises:
+            QueueFull: it would wait and `max_queue` requests wait already.
+            ShuttingDown: the worker refuses waiting requests (`refuse_waiting`).
+        """
         if self._lock is None:
             self._lock = asyncio.Lock()
+        if self.refusing:
+            raise ShuttingDown
         # NOTE: a request is busy-refused only if it would wait. It would when another waits
         # (`waiting` also counts a waiter woken but not yet resumed, when the lock looks free)
         # or runs; a run that has delivered its last event counts as done (its thread is
@@ -69,6 +87,9 @@ class Worker:
             await self._lock.acquire()  # FIFO: asyncio.Lock wakes waiters in order
         finally:
             self.waiting -= 1
+        if self.refusing:
+            self._lock.release()
+            raise ShuttingDown
         self._ending = False
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
@@ -79,6 +100,7 @@ class Worker:
             self.running -= 1
             self._lock.release()
             raise
+        self._running = (job, fut)
         fut.add_done_callback(lambda _: self._release())
         try:
             while True:
@@ -93,21 +115,46 @@ class Worker:
 
     def _release(self) -> None:
         self.running -= 1
+        self._running = None
         self._lock.release()
+
+    def refuse_waiting(self) -> None:
+        """Refuse the waiting requests (and every later one) with `ShuttingDown` and cancel the
+        running one at its next block (its stream ends with finish_reason "cancelled")."""
+        self.refusing = True
+        if self._running is not None:
+            self._running[0].cancel.set()
+
+    async def close(self) -> None:
+        """`refuse_waiting`, then wait until the generation thread has stopped."""
+        self.refuse_waiting()
+        if self._running is not None:
+            await asyncio.wait([self._running[1]])
+        self._pool.shutdown(wait=True)
+
+    def close_now(self) -> None:
+        """`close` outside the event loop (after it has stopped): blocks until the generation
+        thread has stopped."""
+        self.refuse_waiting()
+        self._pool.shutdown(wait=True)
 
     def _generate(self, job: Job, events: asyncio.Queue, loop) -> None:
         """Generation thread: stream blocks; close the stream when it ends early."""
         def emit(kind, payload):
-            loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
+            except RuntimeError:  # the event loop has closed: nobody reads, stop
+                job.cancel.set()
 
         t0 = time.perf_counter()
         new = rounds = blocks = 0
         first_block_s = None
         finish, stop_reason, status = None, None, "ok"
         try:
-            if job.cancel.is_set():
-                return
-            stream = self.llm.stream(job.prompt_ids, **job.options)
+            cancelled = job.cancel.is_set()  # before its start: the client left, or shutdown
+            stream = iter(()) if cancelled else self.llm.stream(job.prompt_ids, **job.options)
+            if cancelled:
+                finish, status = "cancelled", "cancelled"
             for block in stream:
                 first_block_s = first_block_s or time.perf_counter() - t0
                 new += len(block.token_ids)

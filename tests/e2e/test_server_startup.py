@@ -2,7 +2,8 @@
 naming the flag, no model loaded), a host that does not resolve (exit 2 naming it, no model
 loaded), decoding defaults no request could use (exit 2 naming the flag, checked as
 `LLM.generate` checks them: a default max_new_tokens past the context after a one-token prompt
-too), and a port in use (no "serving" line)."""
+too), a port in use (exit 3 naming the address, no model loaded; no "serving" line), and an
+empty API key or served model name (exit 2 naming the flag or variable, no model loaded)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import dlrt
 from dlrt import LLM
 from dlrt.entrypoints.cli import main as cli_main
 from dlrt.errors import OptionError
-from dlrt.server.serve import check_address, check_defaults
+from dlrt.server.serve import CannotListen, check_address, check_defaults, check_listen
 
 pytestmark = pytest.mark.slow  # subprocesses: servers, torchrun, examples
 
@@ -131,3 +132,63 @@ def test_port_in_use_is_not_announced(tiny_sdar):
     assert out.returncode == 3, log  # uvicorn's STARTUP_FAILURE
     assert "address already in use" in log and "serving" not in log, log
     assert "Traceback" not in log, log
+
+
+def test_port_in_use_is_refused_before_the_model_loads(capsys, monkeypatch):
+    """Exit 3 (the server cannot start), one line naming the address, no model loaded."""
+    monkeypatch.setattr(dlrt, "LLM", lambda *a, **k: pytest.fail("loaded a model"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for host in ("127.0.0.1", "0.0.0.0"):
+            line = error_line(capsys, ["serve", "--host", host, "--port", str(port)], code=3)
+            assert line.startswith(f"error: --port: {host}:{port}: address already in use"), \
+                line
+
+
+def test_check_listen():
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    check_listen("127.0.0.1", port)  # free (and left free)
+    check_listen("127.0.0.1", port)
+    check_listen("127.0.0.1", 0)
+    with pytest.raises(CannotListen, match=r"--host/--port: cannot listen on 192\.0\.2\.1:"):
+        check_listen("192.0.2.1", port)  # TEST-NET-1: never an address of this machine
+
+
+@pytest.mark.parametrize(("argv", "variable", "head"), [
+    (["--api-key", ""], None, "error: --api-key: the key is empty"),
+    (["--api-key", "  "], None, "error: --api-key: the key is empty"),
+    ([], "", "error: DLRT_API_KEY is set but empty"),
+    ([], " ", "error: DLRT_API_KEY is set but empty"),
+    (["--served-model-name", ""], None, "error: --served-model-name: '' is empty"),
+])
+def test_empty_api_key_or_served_name_refused_before_the_model_loads(
+        capsys, monkeypatch, argv, variable, head):
+    monkeypatch.setattr(dlrt, "LLM", lambda *a, **k: pytest.fail("loaded a model"))
+    if variable is None:
+        monkeypatch.delenv("DLRT_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("DLRT_API_KEY", variable)
+    assert error_line(capsys, ["serve", *argv]).startswith(head)
+
+
+def test_api_key_flag_wins_over_an_empty_variable(monkeypatch):
+    """`--api-key KEY` is used without reading DLRT_API_KEY, even when that is empty."""
+    from dlrt.server import serve
+
+    seen = {}
+    monkeypatch.setattr(serve, "serve", lambda *a, **kw: seen.update(kw) or 0)
+    monkeypatch.setenv("DLRT_API_KEY", "")
+    assert cli_main(["serve", "--api-key", "k1"]) == 0
+    assert seen["api_key"] == "k1"
+
+
+def test_create_app_refuses_an_empty_api_key(llm):
+    from dlrt.server.app import create_app
+    from dlrt.server.worker import Worker
+
+    with pytest.raises(OptionError, match="api_key: the key is empty"):
+        create_app(llm, Worker(llm), "tiny", api_key="")

@@ -1,0 +1,2 @@
+"""The route handlers, one module per endpoint family; each reads the `ServerState` from the
+request."""

@@ -1,0 +1,141 @@
+"""The OpenAI-compatible endpoints: `GET /v1/models`, `POST /v1/chat/completions` and
+`POST /v1/completions`, each a whole answer or, with `"stream": true`, server-sent events
+(`stream_options.include_usage` adds a last chunk with the usage, as the OpenAI API sends it).
+Their answers are text: a checkpoint without a tokenizer gets a 400."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from dlrt.server import protocol
+from dlrt.server.body import read_body
+from dlrt.server.errors import HTTPError, error_response
+from dlrt.server.events import Event, start
+from dlrt.server.prepare import check_model, prepare
+from dlrt.server.state import server_state
+
+router = APIRouter()
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    state = server_state(request)
+    return {"object": "list", "data": [{"id": state.model_name, "object": "model",
+                                        "created": state.created, "owned_by": "dlrt"}]}
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    return await _complete(request, protocol.ChatRequest, protocol.chat_call, "chat")
+
+
+@router.post("/v1/completions")
+async def completions(request: Request):
+    return await _complete(request, protocol.CompletionRequest, protocol.completion_call,
+                           "completion")
+
+
+async def _complete(request: Request, model: type[BaseModel],
+                    call: Callable[[Any], protocol.Call], endpoint: str):
+    state = server_state(request)
+    body = await read_body(request, model, state.max_body_bytes)
+    check_model(state, body)
+    if state.llm.tokenizer is None:  # NOTE: the OpenAI answers are text, never token ids
+        raise HTTPError(400, f"this checkpoint has no tokenizer and {request.url.path} "
+                             f"answers text: send token ids as input_ids to /generate "
+                             f"(its blocks carry token_ids)", protocol.prompt_field(body))
+    if body.stream_options is not None and not body.stream:
+        raise HTTPError(400, "stream_options: only with stream: true", "stream_options")
+    events = await start(state, prepare(state, call, body, endpoint))
+    answer = _Answer(state.model_name, chat=endpoint == "chat", include_usage=(
+        body.stream_options is not None and body.stream_options.include_usage))
+    if not body.stream:
+        return await _whole(request, events, answer)
+    return StreamingResponse(_sse(events, answer), media_type="text/event-stream")
+
+
+@dataclass
+class _Answer:
+    """The shapes of one answer: a whole completion, or its streamed chunks."""
+
+    model_name: str
+    chat: bool
+    include_usage: bool
+    rid: str = field(init=False)
+
+    def __post_init__(self):
+        self.rid = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    def whole(self, content: str, final: dict[str, Any]) -> dict[str, Any]:
+        choice = ({"index": 0, "message": {"role": "assistant", "content": content}}
+                  if self.chat else {"index": 0, "text": content, "logprobs": None})
+        choice["finish_reason"] = final["finish_reason"]
+        return {"id": self.rid, "object": self.object, "created": int(time.time()),
+                "model": self.model_name, "choices": [choice], "usage": _usage(final)}
+
+    def chunk(self, delta: str | None, finish=None, role: bool = False,
+              usage: dict[str, int] | None = None, choices: bool = True) -> str:
+        if self.chat:
+            d = {"role": "assistant", "content": ""} if role else (
+                {} if delta is None else {"content": delta})
+            choice = {"index": 0, "delta": d, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": delta or "", "finish_reason": finish,
+                      "logprobs": None}
+        row = {"id": self.rid, "object": self.object + (".chunk" if self.chat else ""),
+               "created": int(time.time()), "model": self.model_name,
+               "choices": [choice] if choices else []}
+        if usage is not None or self.include_usage:
+            row["usage"] = usage  # NOTE: with include_usage, null but on the last chunk
+        return f"data: {json.dumps(row, ensure_ascii=False)}\n\n"
+
+
+async def _whole(request: Request, events: AsyncIterator[Event], answer: _Answer):
+    text, final = [], None
+    async for kind, payload in events:
+        if await request.is_disconnected():
+            # NOTE: closing the event stream cancels the generation at the next block.
+            await events.aclose()
+            return error_response(499, "client closed the request")
+        if kind == "block":
+            text.append(payload.text)
+        elif kind == "final":
+            final = payload
+        else:
+            return error_response(500, f"generation failed: {payload}")
+    return answer.whole("".join(text), final)
+
+
+async def _sse(events: AsyncIterator[Event], answer: _Answer) -> AsyncIterator[str]:
+    if answer.chat:
+        yield answer.chunk(None, role=True)
+    async for kind, payload in events:
+        if kind == "block":
+            if payload.text:
+                yield answer.chunk(payload.text)
+        elif kind == "final" and answer.include_usage:  # as the OpenAI API sends it
+            yield answer.chunk(None, finish=payload["finish_reason"])
+            yield answer.chunk(None, usage=_usage(payload), choices=False)
+        elif kind == "final":  # no usage unless asked for, as the OpenAI API does
+            yield answer.chunk(None, finish=payload["finish_reason"])
+        else:
+            yield f"data: {json.dumps({'error': {'message': payload}})}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def _usage(final: dict[str, Any]) -> dict[str, int]:
+    p, c = final["prompt_tokens"], final["completion_tokens"]
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
