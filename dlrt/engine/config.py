@@ -108,8 +108,9 @@ class EngineConfig:
         None, "mask token id (default: the config's, else the tokenizer's)")
     execution_mode: str = _option(
         "auto", "device_loop (one CUDA graph per block, its WHILE node runs the rounds; auto "
-        "on CUDA), host_loop (a graph per round), eager (auto on the CPU); all give the "
-        "same tokens", ("auto", *MODES))
+        "on CUDA where its kernel can be built: NVRTC from cuda-bindings, else nvcc), "
+        "host_loop (a graph per round; auto on CUDA otherwise, with a warning), eager (auto on "
+        "the CPU); all give the same tokens", ("auto", *MODES))
     attention_backend: str = _option(
         "auto", "auto (sdpa on the CPU; flashinfer for the canvas decoder on Hopper when "
         "installed; else triton; DLRT_ATTENTION_BACKEND overrides auto), triton, flashinfer "
