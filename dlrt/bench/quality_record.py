@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+from operator import eq
 from pathlib import Path
 from typing import Any
+
+from dlrt.bench.report import same_device
 
 # what a record must share with the run that resumes it (else its rows do not compare)
 SAME = ("model", "device", "execution_mode", "heldout", "humaneval")
@@ -24,7 +27,8 @@ def update_record(path: Path, **fields: Any) -> None:
 
 def resumed_rows(path: str | Path, facts: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows of the record at `path`, after checking that it is a `bench quality` record
-    whose `SAME` fields equal `facts`'.
+    whose `SAME` fields equal `facts`' (the device's, the CPU's thread count aside: the record
+    keeps the count it was first measured with).
 
     Raises:
         SystemExit: "--resume: ..." naming an unreadable record or the first field that
@@ -36,7 +40,8 @@ def resumed_rows(path: str | Path, facts: dict[str, Any]) -> list[dict[str, Any]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"--resume: {path} is not a bench quality record ({e})") from None
     for key in SAME:
-        if record.get(key) != facts[key]:
+        same = same_device if key == "device" and isinstance(record.get(key), str) else eq
+        if not same(record.get(key), facts[key]):
             raise SystemExit(f"--resume: {path} was measured with another {key} "
                              f"({record.get(key)!r}; this run: {facts[key]!r})")
     return list(rows)

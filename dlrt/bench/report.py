@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -33,9 +34,20 @@ def git_commit() -> str:
 
 
 def device_name(device: torch.device) -> str:
+    """The GPU's name ("NVIDIA H100 80GB HBM3"), or "cpu (<processor>, <n> threads)" with
+    torch's thread count."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def same_device(a: str, b: str) -> bool:
+    """Whether two `device_name`s name the same device, the CPU's thread count aside (with
+    `cpu_threads=auto` it follows the machine's load)."""
+    def bare(name: str) -> str:
+        return re.sub(r", \d+ threads\)$", ")", name) if name.startswith("cpu (") else name
+
+    return bare(a) == bare(b)
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:

@@ -373,6 +373,46 @@ def test_resume_refuses_a_record_of_other_samples(tiny_sdar, tmp_path, monkeypat
         main(argv)
 
 
+@pytest.fixture
+def torch_threads():
+    """torch's thread count is restored after the test."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_resume_takes_a_record_of_another_cpu_thread_count(tiny_sdar, tmp_path, monkeypatch,
+                                                           torch_threads):
+    """With cpu_threads=auto the count follows the machine's load: a record measured with 2
+    threads is resumed with 1, and keeps its count."""
+    real = quality.score
+    monkeypatch.setattr(quality, "score", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(_two_settings(tiny_sdar, tmp_path, "--cpu-threads", "2")) == 130
+    (path,) = (tmp_path / "runs").glob("quality-*.json")
+    device = json.loads(path.read_text())["device"]
+    assert device.startswith("cpu (") and device.endswith(", 2 threads)")
+    monkeypatch.setattr(quality, "score", real)
+    assert main(_two_settings(tiny_sdar, tmp_path, "--cpu-threads", "1", "--resume",
+                              str(path))) == 0
+    record = json.loads(path.read_text())
+    assert record["complete"] is True and record["device"] == device
+
+
+def test_resume_compares_the_device_without_the_thread_count(tmp_path):
+    from dlrt.bench.quality_record import resumed_rows
+
+    facts = dict(model="m", device="cpu (x86_64, 2 threads)", execution_mode="eager",
+                 heldout={}, humaneval={})
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(dict(facts, rows=[{"block": 4}])))
+    assert resumed_rows(path, dict(facts, device="cpu (x86_64, 7 threads)")) == [{"block": 4}]
+    for other in ("cpu (aarch64, 2 threads)", "NVIDIA H100 80GB HBM3"):
+        with pytest.raises(SystemExit, match="another device"):
+            resumed_rows(path, dict(facts, device=other))
+
+
 def test_the_time_is_estimated_before_the_first_setting_and_after_each(tiny_sdar, tmp_path,
                                                                        monkeypatch):
     from dlrt import progress
