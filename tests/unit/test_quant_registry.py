@@ -66,6 +66,11 @@ def test_the_formats_register_themselves():
     with pytest.raises(ValueError, match="'fp8' is registered twice"):
         registry.register(Other(block_rows=True))
     assert registry.formats()["fp8"] is FP8_FORMAT
+    with pytest.raises(ValueError, match=r"'fp8' is registered twice \(dlrt\.layers\.quant\.fp8"
+                       r"\.Fp8Format at 0x[0-9a-f]+, dlrt\.layers\.quant\.fp8\.Fp8Format at"):
+        registry.register(Fp8Format(block_rows=False))
+    assert registry.formats()["fp8"] is FP8_FORMAT
+    assert registry.register(FP8_FORMAT) is FP8_FORMAT
     with pytest.raises(OptionError, match=r"unknown quantised format; one of \['fp8', 'nvfp4'\]"):
         registry.get_format("int4")
 
