@@ -76,17 +76,28 @@ def machine(monkeypatch):
     return Machine
 
 
-def test_auto(machine, monkeypatch):
+@pytest.fixture
+def three_threads():
+    """torch runs 3 threads (neither a small model's answer nor a large one's on `machine`);
+    its count is restored after the test."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    yield 3
+    torch.set_num_threads(before)
+
+
+def test_auto(machine, monkeypatch, three_threads):
     cpu = torch.device("cpu")
     assert ct.resolve_cpu_threads("auto", cpu, SMALL) == 1
     assert ct.resolve_cpu_threads("auto", cpu, LARGE) == 16
     machine.busy = 3.0
     assert ct.resolve_cpu_threads("auto", cpu, LARGE) == 13
-    now = torch.get_num_threads()
-    assert ct.resolve_cpu_threads("auto", torch.device("cuda"), SMALL) == now
-    assert ct.resolve_cpu_threads("auto", cpu, SMALL, ranks=2) == now
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert ct.resolve_cpu_threads("auto", cpu, SMALL) == now  # torch read it at start
+    for model in (SMALL, LARGE):  # torch's count is kept
+        assert ct.resolve_cpu_threads("auto", torch.device("cuda"), model) == three_threads
+        assert ct.resolve_cpu_threads("auto", cpu, model, ranks=2) == three_threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    for model in (SMALL, LARGE):  # torch read it at start
+        assert ct.resolve_cpu_threads("auto", cpu, model) == three_threads
 
 
 def test_a_count_given_is_kept(machine):
