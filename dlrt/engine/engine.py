@@ -1,11 +1,13 @@
 """The engine: one checkpoint loaded for one `EngineConfig`, with everything a request runs on.
 
 `Engine.create` opens the checkpoint folder and its tokenizer, resolves the config
-(`EngineConfig.resolve`: pure, nothing built; `Engine.open` stops there) and builds from the
-`ResolvedConfig`, in order: the ops table, the model (meta device, then weights), the linear layers'
-methods (`dlrt.tuning.linear`, `dlrt.tuning.quant`), the paged KV cache (the model dtype, or FP8
-with the checkpoint's per-layer scales), the attention backend, the runner, the executor and
-the decoder. Nothing here is global: two engines in one process are independent.
+(`EngineConfig.resolve`: nothing built, JSON files read, and for cpu_threads="auto" with a
+large model on the CPU the cores' load watched for 0.1 s; `Engine.open` stops there) and builds
+from the `ResolvedConfig`, in order: the ops table, the model (meta device, then weights), the
+linear layers' methods (`dlrt.tuning.linear`, `dlrt.tuning.quant`), the paged KV cache (the
+model dtype, or FP8 with the checkpoint's per-layer scales), the attention backend, the runner,
+the executor and the decoder. Nothing here is global: two engines in one process are
+independent.
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ class Engine:
     def open(options: EngineConfig) -> tuple[ResolvedConfig, CheckpointFolder, Any]:
         """Open the checkpoint folder (`options.model`; None: the embedded default) and its
         tokenizer, and resolve the options for them: (resolved config, folder, tokenizer or
-        None). Reads the folder's JSON and tokenizer files only; builds nothing.
+        None). Reads the folder's JSON and tokenizer files (and watches the cores' load as
+        `EngineConfig.resolve` says); builds nothing.
 
         Raises:
             CheckpointError, ConfigError, OptionError: as `EngineConfig.resolve`; option
