@@ -35,7 +35,6 @@ from dlrt.distributed.vocab import VocabShard
 from dlrt.engine.config import EngineConfig, ResolvedConfig
 from dlrt.engine.cpu_threads import apply_cpu_threads
 from dlrt.errors import OptionError
-from dlrt.layers.quant.fp8 import check_fused_input, set_activations
 from dlrt.models.config import ModelConfig
 from dlrt.models.registry import build_model, family
 from dlrt.ops import Ops, get_ops
@@ -178,7 +177,7 @@ def _load(config: ModelConfig, ops: Ops, folder: CheckpointFolder, engine: Engin
         log.info("rank %d of %d: %d module(s) cut", tp.rank, tp.size, len(cut))
     if scheme is not None:
         names = quantize_model(model, config.hidden_size, scheme, set(folder.tensor_files))
-        set_activations(model, engine.fp8_activations)
+        scheme.fmt.set_activations(model, engine.fp8_activations)
         log.info("%s weights in %d module(s)%s", scheme.name, len(names),
                  " (quantised while loading)" if scheme.online else "")
     materialize(model, engine.torch_dtype, engine.torch_device)
@@ -187,7 +186,7 @@ def _load(config: ModelConfig, ops: Ops, folder: CheckpointFolder, engine: Engin
     else:
         load_safetensors(model, folder, online=scheme is not None and scheme.online)
     if scheme is not None:
-        check_fused_input(model, ops, engine.torch_dtype, engine.torch_device)
+        scheme.fmt.check_activations(model, ops, engine.torch_dtype, engine.torch_device)
     return model.eval()
 
 
@@ -209,21 +208,17 @@ def _kv_cache(config: ModelConfig, engine: EngineConfig, model: nn.Module,
 
 
 def _report_quantization(scheme: QuantScheme | None, device: torch.device) -> None:
-    """Say which path serves quantised weights: the dequantising reference on the CPU and on
-    GPUs before sm_89 (no FP8 tensor cores, no e4m3 conversions: a warning); else the format's
-    own note (`QuantFormat.path_note`; NVFP4 before sm_100: weight-only kernels)."""
+    """Say which path serves quantised weights: the dequantising reference on the CPU; on a
+    GPU the format's note for its compute capability (`QuantFormat.path_note`: a warning where
+    that path is slower than the unquantised model)."""
     if scheme is None:
         return
     if device.type != "cuda":
         log.info("%s weights on the CPU: the dequantising reference path", scheme.name)
         return
-    cap = torch.cuda.get_device_capability(device)
-    if cap < (8, 9):
-        log.warning("%s weights on a GPU of compute capability %d.%d, which has no FP8 tensor "
-                    "cores (sm_89+): served by the dequantising path (each call dequantises "
-                    "its weight; slower than the unquantised model)", scheme.name, *cap)
-    elif scheme.fmt.path_note(cap):
-        log.info("%s", scheme.fmt.path_note(cap))
+    note = scheme.fmt.path_note(torch.cuda.get_device_capability(device))
+    if note is not None:
+        log.log(logging.WARNING if note.slow else logging.INFO, "%s", note.text)
 
 
 def _plan_linears(model: nn.Module, config: EngineConfig, block_length: int) -> LinearPlan:
