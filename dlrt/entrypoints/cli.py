@@ -282,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_decoding_flags(gen)
     gen.set_defaults(func=_generate)
 
+    from dlrt.checkpoint.make import write_choices
     from dlrt.checkpoint.presets import PRESETS, real_configs
 
     mk = sub.add_parser("make-checkpoint",
@@ -299,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where to draw the random values: cpu (default) or cuda")
     mk.add_argument("--overwrite", action="store_true",
                     help="replace OUT if it is a checkpoint folder (never another folder)")
-    mk.add_argument("--quantization", default="none", choices=("none", "fp8", "nvfp4"),
+    mk.add_argument("--quantization", default="none", choices=write_choices(),
                     help="write the linear layers and experts (not the LM head) quantised: fp8 "
                          "(HF block-scaled, 128x128 e4m3, scale = amax/448) or nvfp4 (ModelOpt "
                          "layout, groups of 16); default none")

@@ -101,6 +101,15 @@ def test_a_registered_format_is_a_choice_and_is_read(again, tiny_sdar, tmp_path)
     assert resolved.quant.not_convert == ("lm_head",) and resolved.quant.fmt is again
 
 
+def test_a_registered_format_is_a_choice_of_make_checkpoint(again):
+    from dlrt.checkpoint.make import write_choices
+
+    assert write_choices() == ("none", "fp8", "fp8-again", "nvfp4")
+    args = build_parser().parse_args(["make-checkpoint", "tiny-sdar", "out", "--quantization",
+                                      "fp8-again"])
+    assert args.quantization == "fp8-again"
+
+
 def test_a_registered_format_is_written_and_loaded(again, tmp_path):
     ours = make_checkpoint("tiny-sdar", tmp_path / "again", dtype="float32",
                            quantization="fp8-again")
