@@ -124,8 +124,7 @@ class Engine:
         plan.apply(model)
         cache = _kv_cache(mconfig, config, model, folder, tp.size)
         backend = get_backend(config.attention_backend, cache, mconfig.num_heads // tp.size)
-        vocab = VocabShard(tp, mconfig.vocab_size, mconfig.mask_token_id) \
-            if tp.size > 1 else None
+        vocab = VocabShard(tp, mconfig.vocab_size) if tp.size > 1 else None
         persistent = _persistent_rounds(model, cache, resolved.block_length) \
             if config.round_kernel == "persistent" else None
         runner = ModelRunner(model, ops, backend, cache, device, vocab=vocab,
