@@ -10,6 +10,7 @@ import pytest
 
 from dlrt.bench import quality
 from dlrt.entrypoints.cli import main
+from dlrt.errors import OptionError
 from dlrt.resources import data_path
 from dlrt.tokenizer import load_tokenizer
 from dlrt.train.corpus import is_held_out
@@ -182,8 +183,9 @@ def test_run_and_the_record(tiny_sdar, tmp_path, capsys):
 
 
 def test_errors(tiny_sdar, capsys):
-    with pytest.raises(SystemExit, match="--settings: unknown setting"):
-        main(["bench", "quality", "--model", str(tiny_sdar), "--settings", "fastest"])
+    assert main(["bench", "quality", "--model", str(tiny_sdar), "--settings", "fastest"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --settings: unknown setting") and err.count("\n") == 1
 
 
 def test_score_warms_up_untimed():
@@ -363,14 +365,22 @@ def test_ctrl_c_keeps_the_finished_settings_and_resume_runs_the_rest(tiny_sdar, 
     assert "sequential" in out and "threshold@0.7" in out  # the table holds both
 
 
-def test_resume_refuses_a_record_of_other_samples(tiny_sdar, tmp_path, monkeypatch):
+def test_resume_refuses_a_record_of_other_samples(tiny_sdar, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(quality, "score", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     assert main(_two_settings(tiny_sdar, tmp_path)) == 130
     (path,) = (tmp_path / "runs").glob("quality-*.json")
     argv = _two_settings(tiny_sdar, tmp_path, "--resume", str(path))
     argv[argv.index("--new-tokens") + 1] = "5"
-    with pytest.raises(SystemExit, match="--resume: .* another heldout"):
-        main(argv)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --resume: {path} was measured with another heldout (")
+    assert err.count("\n") == 1
+    (tmp_path / "other.json").write_text("[]")
+    assert main(_two_settings(tiny_sdar, tmp_path, "--resume", str(tmp_path / "other.json"))) \
+        == 2
+    assert capsys.readouterr().err.startswith(
+        f"error: --resume: {tmp_path / 'other.json'} is not a bench quality record (")
 
 
 @pytest.fixture
@@ -409,7 +419,7 @@ def test_resume_compares_the_device_without_the_thread_count(tmp_path):
     path.write_text(json.dumps(dict(facts, rows=[{"block": 4}])))
     assert resumed_rows(path, dict(facts, device="cpu (x86_64, 7 threads)")) == [{"block": 4}]
     for other in ("cpu (aarch64, 2 threads)", "NVIDIA H100 80GB HBM3"):
-        with pytest.raises(SystemExit, match="another device"):
+        with pytest.raises(OptionError, match="another device"):
             resumed_rows(path, dict(facts, device=other))
 
 
