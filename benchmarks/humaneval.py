@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate on HumanEval prompts; print round latency, TPF and TPS; write benchmarks/results/.
+"""Generate on HumanEval prompts; print round latency, TPF and TPS; write benchmarks/runs/.
 
     python benchmarks/humaneval.py --model CKPT --num-prompts 8 --max-new-tokens 128 --chat
 Same as `dlrt bench humaneval ...`.

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from dlrt.bench.report import table, write_json
+from dlrt.errors import OptionError
 
 # precision name -> the engine options that load it
 PRECISIONS = {"fp8": dict(quantization="fp8", fp8_activations="dynamic"),
@@ -145,7 +146,7 @@ def run(llm_kwargs: dict[str, Any], quantizations: list[str], num_tokens: int,
 
 
 def _refuse_quantised(model: str | Path) -> None:
-    """SystemExit naming `model` when its folder holds quantised weights: the command quantises
+    """OptionError naming `model` when its folder holds quantised weights: the command quantises
     an unquantised checkpoint while loading and compares it with that checkpoint, and dlrt
     does not dequantise a quantised one at load."""
     from dlrt.checkpoint.folder import CheckpointFolder
@@ -154,19 +155,19 @@ def _refuse_quantised(model: str | Path) -> None:
     folder = CheckpointFolder.open(model, require_weights=False)
     scheme = read_scheme(folder.hf_config, folder.path)
     if scheme is not None:
-        raise SystemExit(f"--model: {folder.path} holds {scheme.name} weights; bench accuracy "
-                         "compares each precision with the unquantised model, which dlrt "
-                         "cannot rebuild from quantised weights: give --model the unquantised "
-                         "checkpoint (--quantization lists the precisions it is quantised to "
-                         "while loading)")
+        raise OptionError(f"--model: {folder.path} holds {scheme.name} weights; bench "
+                          "accuracy compares each precision with the unquantised model, which "
+                          "dlrt cannot rebuild from quantised weights: give --model the "
+                          "unquantised checkpoint (--quantization lists the precisions it is "
+                          "quantised to while loading)")
 
 
 def main(args, llm_kwargs: dict[str, Any]) -> int:
     quantizations = [q.strip() for q in args.quantization.split(",") if q.strip()]
     bad = [q for q in quantizations if q not in PRECISIONS]
     if bad or not quantizations:
-        raise SystemExit(f"--quantization: expected some of {', '.join(PRECISIONS)}, got "
-                         f"{args.quantization!r}")
+        raise OptionError(f"--quantization: expected some of {', '.join(PRECISIONS)}, got "
+                          f"{args.quantization!r}")
     model = llm_kwargs.get("model")
     if model is not None:
         _refuse_quantised(model)
@@ -174,9 +175,9 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
         kw = dict(llm_kwargs)
         if args.num_layers is not None:
             if kw.get("load_format") != "dummy":
-                raise SystemExit("--num-layers needs --load-format dummy")
+                raise OptionError("--num-layers needs --load-format dummy")
             if model is None:
-                raise SystemExit("--num-layers needs --model")
+                raise OptionError("--num-layers needs --model")
             kw["model"] = reduced_model(model, args.num_layers, Path(tmp) / "model")
         rows, facts = run(kw, quantizations, args.num_tokens)
     shown = [{**r, **{c: f"{r[c]:.2e}" for c in COLUMNS[1:3]}} for r in rows]

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from dlrt.bench.report import table, write_json
+from dlrt.errors import OptionError
 from dlrt.tuning.timing import graph_us
 
 COLUMNS = ["op", "shape", "impl", "us", "vs_reference", "GBps"]
@@ -136,10 +137,10 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
     from dlrt.bench.step import copy_bandwidth
 
     if not torch.cuda.is_available():
-        raise SystemExit("dlrt bench kernels needs a CUDA GPU")
+        raise OptionError("dlrt bench kernels needs a CUDA GPU")
     llm = LLM(**{**llm_kwargs, "max_model_len": 4096, "kernels": "triton"})
     if not llm.linear_plan.records:
-        raise SystemExit("projection timing is off (--linear-kernels cublas)")
+        raise OptionError("--linear-kernels cublas: projection timing is off")
     with torch.inference_mode():
         rows = run(llm, args.rows)
     bw = copy_bandwidth(llm.device)

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrt.bench.report import table, write_json
+from dlrt.errors import OptionError
 
 # (label, decoding options): the strategies and the settings the table compares
 SETTINGS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -324,12 +325,12 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
     try:
         chosen = settings(args.settings)
     except ValueError as e:
-        raise SystemExit(f"--settings: {e}") from None
+        raise OptionError(f"--settings: {e}") from None
     blocks = list(args.blocks)  # positive ints, checked by the parser
     llm = LLM(**llm_kwargs)
     if llm.tokenizer is None:
-        raise SystemExit("bench quality needs a model with a tokenizer (held-out text and "
-                         "HumanEval prompts are text)")
+        raise OptionError("--model: bench quality needs a model with a tokenizer (held-out "
+                          "text and HumanEval prompts are text)")
     model = Path(llm_kwargs.get("model") or default_model_path())
     corpus = load_corpus(args.heldout_root)
     trained_on = trained_on_python(model)

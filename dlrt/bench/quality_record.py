@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+from operator import eq
 from pathlib import Path
 from typing import Any
+
+from dlrt.bench.report import same_device
+from dlrt.errors import OptionError
 
 # what a record must share with the run that resumes it (else its rows do not compare)
 SAME = ("model", "device", "execution_mode", "heldout", "humaneval")
@@ -24,21 +28,23 @@ def update_record(path: Path, **fields: Any) -> None:
 
 def resumed_rows(path: str | Path, facts: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows of the record at `path`, after checking that it is a `bench quality` record
-    whose `SAME` fields equal `facts`'.
+    whose `SAME` fields equal `facts`' (the device's, the CPU's thread count aside: the record
+    keeps the count it was first measured with).
 
     Raises:
-        SystemExit: "--resume: ..." naming an unreadable record or the first field that
+        OptionError: "--resume: ..." naming an unreadable record or the first field that
             differs (its value there and here).
     """
     try:
         record = json.loads(Path(path).read_text())
         rows = record["rows"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SystemExit(f"--resume: {path} is not a bench quality record ({e})") from None
+        raise OptionError(f"--resume: {path} is not a bench quality record ({e})") from None
     for key in SAME:
-        if record.get(key) != facts[key]:
-            raise SystemExit(f"--resume: {path} was measured with another {key} "
-                             f"({record.get(key)!r}; this run: {facts[key]!r})")
+        same = same_device if key == "device" and isinstance(record.get(key), str) else eq
+        if not same(record.get(key), facts[key]):
+            raise OptionError(f"--resume: {path} was measured with another {key} "
+                              f"({record.get(key)!r}; this run: {facts[key]!r})")
     return list(rows)
 
 

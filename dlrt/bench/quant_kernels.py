@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from dlrt.bench.report import table, write_json
+from dlrt.bench.report import BENCH_OUT, table, write_json
 from dlrt.tuning.timing import graph_us
 
 COLUMNS = ["shape", "M", "impl", "us", "MB", "GBps", "vs_copy", "floor_us", "vs_bf16",
@@ -192,9 +192,7 @@ def bench_shape(n: int, k: int, rows: tuple[int, ...] = (1, 4, 16), configs: int
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    from dlrt.bench.step import copy_bandwidth
-
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m dlrt.bench.quant_kernels",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
@@ -202,8 +200,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="weight shapes NxK")
     ap.add_argument("--configs", type=int, default=8,
                     help="candidate configs timed per Triton variant and shape")
-    ap.add_argument("--out", default="benchmarks/results")
-    args = ap.parse_args(argv)
+    ap.add_argument("--out", default=BENCH_OUT,
+                    help=f"folder for the JSON record (default: {BENCH_OUT})")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dlrt.bench.step import copy_bandwidth
+
+    args = build_parser().parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the quantised GEMM benchmark needs a CUDA GPU")
     dev = torch.device("cuda")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -12,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+# NOTE: every benchmark's default output folder, ignored by git; the records the docs cite are
+# copied by hand into the curated results folder beside it, which no benchmark writes to
+BENCH_OUT = "benchmarks/runs"
 
 
 def git_commit() -> str:
@@ -33,9 +38,20 @@ def git_commit() -> str:
 
 
 def device_name(device: torch.device) -> str:
+    """The GPU's name ("NVIDIA H100 80GB HBM3"), or "cpu (<processor>, <n> threads)" with
+    torch's thread count."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def same_device(a: str, b: str) -> bool:
+    """Whether two `device_name`s name the same device, the CPU's thread count aside (with
+    `cpu_threads=auto` it follows the machine's load)."""
+    def bare(name: str) -> str:
+        return re.sub(r", \d+ threads\)$", ")", name) if name.startswith("cpu (") else name
+
+    return bare(a) == bare(b)
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -52,7 +68,7 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 def write_json(name: str, payload: dict[str, Any], device: torch.device,
-               out_dir: str | Path = "benchmarks/results") -> Path:
+               out_dir: str | Path = BENCH_OUT) -> Path:
     """Write `payload` plus commit, device, command and time to out_dir/name-<time>.json."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from dlrt.bench.report import table, write_json
+from dlrt.errors import OptionError
 from dlrt.layers.linear import LinearBase
 from dlrt.layers.quant import LinearMethod
 from dlrt.tuning.linear import linear_layers
@@ -384,12 +385,12 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
 
     contexts = [int(c) for c in args.context.split(",")]
     if not torch.cuda.is_available():
-        raise SystemExit("dlrt bench step needs a CUDA GPU")
+        raise OptionError("dlrt bench step needs a CUDA GPU")
     b, limit = block_and_limit(llm_kwargs, options)
     need = max(contexts) + 2 * b + 64
     if need > limit:
-        raise SystemExit(f"context {max(contexts)} + 2 blocks + 64 exceeds the model's "
-                         f"{limit} positions; largest context: {limit - 2 * b - 64}")
+        raise OptionError(f"--context: {max(contexts)} + 2 blocks + 64 exceeds the model's "
+                          f"{limit} positions; largest context: {limit - 2 * b - 64}")
     llm = LLM(**{**llm_kwargs, "max_model_len": llm_kwargs.get("max_model_len") or need})
     options = {**options, "block_length": b}
     params = llm.resolve(DecodingOptions.from_kwargs(options))

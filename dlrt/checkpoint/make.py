@@ -43,8 +43,9 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "me
 _CHECKPOINT_FILES = ("config.json", "generation_config.json", INDEX_NAME, *_TOKENIZER_FILES)
 
 
-def quantizations() -> tuple[str, ...]:
-    """`make_checkpoint`'s quantization choices: "none" and every registered format."""
+def write_choices() -> tuple[str, ...]:
+    """`make_checkpoint`'s quantization choices: "none" and every registered format (the
+    `quantization` option's, `dlrt.checkpoint.quant.quantizations`, add "auto")."""
     return ("none", *format_names())
 
 
@@ -101,9 +102,9 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
 
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
-    if quantization not in quantizations():
+    if quantization not in write_choices():
         raise OptionError(f"quantization {quantization!r}: unknown quantization; one of "
-                          f"{list(quantizations())}")
+                          f"{list(write_choices())}")
     _check_device(device)
     if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) \
             or max_shard_bytes < 1:

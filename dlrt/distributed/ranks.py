@@ -36,7 +36,6 @@ class Ranks:
     def __init__(self):
         self.world = world_size()
         self.rank = process_rank()
-        self.local_rank = local_ranks()[0]
         self._group = None
         self._owns_default = False
         if self.world > 1:
@@ -57,10 +56,6 @@ class Ranks:
     def group(self):
         """The ranks' gloo group (None in one process)."""
         return self._group
-
-    @property
-    def leader(self) -> bool:
-        return self.rank == 0
 
     def gather_at_load(self, obj: Any) -> list[Any]:
         """Every rank's `obj` in rank order, over the default group: it gives up after

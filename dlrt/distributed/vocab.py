@@ -29,7 +29,6 @@ class VocabShard:
 
     tp: TensorParallel
     vocab_size: int
-    mask_token_id: int
 
     @property
     def lo(self) -> int:

@@ -236,8 +236,10 @@ class EngineConfig:
     def resolve(self, folder: CheckpointFolder, tokenizer_mask_id: int | None = None
                 ) -> ResolvedConfig:
         """Every "auto" and every default made concrete for the checkpoint `folder` (its
-        tokenizer's mask token `tokenizer_mask_id`, if any). Reads only the folder's JSON
-        files: no weights, no model, no device memory.
+        tokenizer's mask token `tokenizer_mask_id`, if any). Reads the folder's JSON files:
+        no weights, no model, no device memory; with `cpu_threads="auto"` for a large model on
+        the CPU it also watches the cores' load in /proc/stat for 0.1 s
+        (`dlrt.engine.cpu_threads.resolve_cpu_threads`).
 
         Raises:
             OptionError: as `resolve_device`; a decoder that does not fit the family, an

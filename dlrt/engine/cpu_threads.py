@@ -93,11 +93,9 @@ def busy_cores(cpus: set[int], seconds: float = BUSY_SAMPLE_S) -> float:
         return 0.0
 
 
-def choose(weights: int, usable: int, busy: float) -> int:
-    """Threads for a model of `weights` per token on `usable` cores of which `busy` are busy:
-    1 for a small model, else the idle ones (at least 1)."""
-    if weights < SMALL_MODEL:
-        return 1
+def choose(usable: int, busy: float) -> int:
+    """Threads for a large model on `usable` cores of which `busy` are busy: the idle ones (at
+    least 1)."""
     return max(1, min(usable, round(usable - busy)))
 
 
@@ -105,16 +103,16 @@ def resolve_cpu_threads(option: str | int, device: torch.device, config: ModelCo
                         ranks: int = 1) -> int:
     """The thread count `option` ("auto", or a count >= 1, maybe as digits) means for a model
     of `config` on `device` among `ranks` ranks: a count given is kept; `auto` is torch's
-    current count on CUDA, with OMP_NUM_THREADS set or several ranks, else `choose`'s."""
+    current count on CUDA, with OMP_NUM_THREADS set or several ranks, 1 for a small model, else
+    `choose`'s for the cores' load now (it watches /proc/stat for `BUSY_SAMPLE_S` seconds)."""
     if option != "auto":
         return int(option)
     if device.type != "cpu" or os.environ.get("OMP_NUM_THREADS") or ranks > 1:
         return torch.get_num_threads()
-    weights = token_weights(config)
-    if weights < SMALL_MODEL:
+    if token_weights(config) < SMALL_MODEL:
         return 1
     cores = usable_cores()
-    return choose(weights, len(cores), busy_cores(cores))
+    return choose(len(cores), busy_cores(cores))
 
 
 def apply_cpu_threads(device: torch.device, threads: int) -> None:

@@ -1,11 +1,13 @@
 """The engine: one checkpoint loaded for one `EngineConfig`, with everything a request runs on.
 
 `Engine.create` opens the checkpoint folder and its tokenizer, resolves the config
-(`EngineConfig.resolve`: pure, nothing built; `Engine.open` stops there) and builds from the
-`ResolvedConfig`, in order: the ops table, the model (meta device, then weights), the linear layers'
-methods (`dlrt.tuning.linear`, `dlrt.tuning.quant`), the paged KV cache (the model dtype, or FP8
-with the checkpoint's per-layer scales), the attention backend, the runner, the executor and
-the decoder. Nothing here is global: two engines in one process are independent.
+(`EngineConfig.resolve`: nothing built, JSON files read, and for cpu_threads="auto" with a
+large model on the CPU the cores' load watched for 0.1 s; `Engine.open` stops there) and builds
+from the `ResolvedConfig`, in order: the ops table, the model (meta device, then weights), the
+linear layers' methods (`dlrt.tuning.linear`, `dlrt.tuning.quant`), the paged KV cache (the
+model dtype, or FP8 with the checkpoint's per-layer scales), the attention backend, the runner,
+the executor and the decoder. Nothing here is global: two engines in one process are
+independent.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from dlrt.distributed.vocab import VocabShard
 from dlrt.engine.config import EngineConfig, ResolvedConfig
 from dlrt.engine.cpu_threads import apply_cpu_threads
 from dlrt.errors import OptionError
-from dlrt.layers.quant.fp8 import check_fused_input, set_activations
 from dlrt.models.config import ModelConfig
 from dlrt.models.registry import build_model, family
 from dlrt.ops import Ops, get_ops
@@ -84,7 +85,8 @@ class Engine:
     def open(options: EngineConfig) -> tuple[ResolvedConfig, CheckpointFolder, Any]:
         """Open the checkpoint folder (`options.model`; None: the embedded default) and its
         tokenizer, and resolve the options for them: (resolved config, folder, tokenizer or
-        None). Reads the folder's JSON and tokenizer files only; builds nothing.
+        None). Reads the folder's JSON and tokenizer files (and watches the cores' load as
+        `EngineConfig.resolve` says); builds nothing.
 
         Raises:
             CheckpointError, ConfigError, OptionError: as `EngineConfig.resolve`; option
@@ -122,8 +124,7 @@ class Engine:
         plan.apply(model)
         cache = _kv_cache(mconfig, config, model, folder, tp.size)
         backend = get_backend(config.attention_backend, cache, mconfig.num_heads // tp.size)
-        vocab = VocabShard(tp, mconfig.vocab_size, mconfig.mask_token_id) \
-            if tp.size > 1 else None
+        vocab = VocabShard(tp, mconfig.vocab_size) if tp.size > 1 else None
         persistent = _persistent_rounds(model, cache, resolved.block_length) \
             if config.round_kernel == "persistent" else None
         runner = ModelRunner(model, ops, backend, cache, device, vocab=vocab,
@@ -175,7 +176,7 @@ def _load(config: ModelConfig, ops: Ops, folder: CheckpointFolder, engine: Engin
         log.info("rank %d of %d: %d module(s) cut", tp.rank, tp.size, len(cut))
     if scheme is not None:
         names = quantize_model(model, config.hidden_size, scheme, set(folder.tensor_files))
-        set_activations(model, engine.fp8_activations)
+        scheme.fmt.set_activations(model, engine.fp8_activations)
         log.info("%s weights in %d module(s)%s", scheme.name, len(names),
                  " (quantised while loading)" if scheme.online else "")
     materialize(model, engine.torch_dtype, engine.torch_device)
@@ -184,7 +185,7 @@ def _load(config: ModelConfig, ops: Ops, folder: CheckpointFolder, engine: Engin
     else:
         load_safetensors(model, folder, online=scheme is not None and scheme.online)
     if scheme is not None:
-        check_fused_input(model, ops, engine.torch_dtype, engine.torch_device)
+        scheme.fmt.check_activations(model, ops, engine.torch_dtype, engine.torch_device)
     return model.eval()
 
 
@@ -206,21 +207,17 @@ def _kv_cache(config: ModelConfig, engine: EngineConfig, model: nn.Module,
 
 
 def _report_quantization(scheme: QuantScheme | None, device: torch.device) -> None:
-    """Say which path serves quantised weights: the dequantising reference on the CPU and on
-    GPUs before sm_89 (no FP8 tensor cores, no e4m3 conversions: a warning); else the format's
-    own note (`QuantFormat.path_note`; NVFP4 before sm_100: weight-only kernels)."""
+    """Say which path serves quantised weights: the dequantising reference on the CPU; on a
+    GPU the format's note for its compute capability (`QuantFormat.path_note`: a warning where
+    that path is slower than the unquantised model)."""
     if scheme is None:
         return
     if device.type != "cuda":
         log.info("%s weights on the CPU: the dequantising reference path", scheme.name)
         return
-    cap = torch.cuda.get_device_capability(device)
-    if cap < (8, 9):
-        log.warning("%s weights on a GPU of compute capability %d.%d, which has no FP8 tensor "
-                    "cores (sm_89+): served by the dequantising path (each call dequantises "
-                    "its weight; slower than the unquantised model)", scheme.name, *cap)
-    elif scheme.fmt.path_note(cap):
-        log.info("%s", scheme.fmt.path_note(cap))
+    note = scheme.fmt.path_note(torch.cuda.get_device_capability(device))
+    if note is not None:
+        log.log(logging.WARNING if note.slow else logging.INFO, "%s", note.text)
 
 
 def _plan_linears(model: nn.Module, config: EngineConfig, block_length: int) -> LinearPlan:

@@ -17,8 +17,6 @@ import typing
 from dlrt import __version__, env, progress
 from dlrt.errors import DlrtError, OptionError
 
-BENCH_OUT = "benchmarks/runs"  # ignored by git: curated tables go to benchmarks/results
-OUT_HELP = f"folder for the JSON record (default: {BENCH_OUT})"
 _HELP = {
     "max_new_tokens": "tokens to generate at most (default 128)",
     "block_length": "block length B (default: the model's / decoder's); for the LLaDA canvas, "
@@ -250,6 +248,15 @@ def _positive_ints(text: str) -> list[int]:
 _port = _int_in(1, 65535)
 
 
+def add_out_flag(parser: argparse.ArgumentParser) -> None:
+    """A benchmark's `--out`: the folder of its JSON record (default: the ignored runs
+    folder)."""
+    from dlrt.bench.report import BENCH_OUT
+
+    parser.add_argument("--out", default=BENCH_OUT,
+                        help=f"folder for the JSON record (default: {BENCH_OUT})")
+
+
 def add_prompt_flags(parser: argparse.ArgumentParser) -> None:
     """The HumanEval request flags of `bench humaneval` and `bench serve`."""
     parser.add_argument("--data", default=None,
@@ -257,7 +264,7 @@ def add_prompt_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=_positive(int), default=8,
                         help="the first N problems (default 8)")
     parser.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
-    parser.add_argument("--out", default=BENCH_OUT, help=OUT_HELP)
+    add_out_flag(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -275,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_decoding_flags(gen)
     gen.set_defaults(func=_generate)
 
+    from dlrt.checkpoint.make import write_choices
     from dlrt.checkpoint.presets import PRESETS, real_configs
 
     mk = sub.add_parser("make-checkpoint",
@@ -292,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where to draw the random values: cpu (default) or cuda")
     mk.add_argument("--overwrite", action="store_true",
                     help="replace OUT if it is a checkpoint folder (never another folder)")
-    mk.add_argument("--quantization", default="none", choices=("none", "fp8", "nvfp4"),
+    mk.add_argument("--quantization", default="none", choices=write_choices(),
                     help="write the linear layers and experts (not the LM head) quantised: fp8 "
                          "(HF block-scaled, 128x128 e4m3, scale = amax/448) or nvfp4 (ModelOpt "
                          "layout, groups of 16); default none")
@@ -347,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--context", default="0,1024,4096,16384",
                     help="comma-separated context lengths")
     st.add_argument("--rounds", type=int, default=100, help="rounds per timing")
-    st.add_argument("--out", default=BENCH_OUT, help=OUT_HELP)
+    add_out_flag(st)
     add_decoding_flags(st)
     st.set_defaults(func=_bench_step)
 
@@ -355,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
                                           "projections' bandwidth, at a model's shapes")
     add_engine_flags(bk, skip=("execution_mode", "max_model_len", "kernels"))
     bk.add_argument("--rows", type=_positive(int), default=4, help="rows N (the block length)")
-    bk.add_argument("--out", default=BENCH_OUT, help=OUT_HELP)
+    add_out_flag(bk)
     bk.set_defaults(func=_bench_kernels)
 
     bq = bench.add_parser("quality", help="per remasking strategy and block length: held-out "
@@ -387,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a record of an unfinished run (of the same model, device and "
                          "samples): run the settings it lacks and write them into it")
     bq.add_argument("--quiet", action="store_true", help="no progress bar")
-    bq.add_argument("--out", default=BENCH_OUT, help=OUT_HELP)
+    add_out_flag(bq)
     bq.set_defaults(func=_bench_quality)
 
     ba = bench.add_parser("accuracy", help="FP8 / NVFP4 logits of one prefill forward against "
@@ -401,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="prompt positions of the forward (default 64)")
     ba.add_argument("--num-layers", type=_positive(int), default=None,
                     help="keep only the first L layers (with --load-format dummy)")
-    ba.add_argument("--out", default=BENCH_OUT, help=OUT_HELP)
+    add_out_flag(ba)
     ba.set_defaults(func=_bench_accuracy)
     for command in (*sub.choices.values(), *bench.choices.values()):
         if "--quiet" not in command._option_string_actions:

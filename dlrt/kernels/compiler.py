@@ -1,4 +1,5 @@
-"""The compilers of `csrc/`: NVRTC first, nvcc where NVRTC is missing; each builds a CUBIN
+"""The compilers of `csrc/`: NVRTC first, nvcc where NVRTC is missing or, with a driver loaded,
+newer than the driver (a CUDA 13 CUBIN does not load on a CUDA 12 driver); each builds a CUBIN
 for one real architecture (`sm_XY`) from the same source and defines.
 
 NVRTC comes from cuda-bindings (`cuda.bindings.nvrtc`), which loads libnvrtc through
@@ -20,6 +21,7 @@ fp16/bf16/fp8 headers come from cuda-pathfinder's `cudart` header folder (the
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import shutil
@@ -30,6 +32,8 @@ from pathlib import Path
 import torch
 
 from dlrt.errors import DlrtError
+
+log = logging.getLogger(__name__)
 
 MIN_CUDA = (12, 4)  # conditional graph nodes (cudaGraphSetConditional)
 
@@ -182,24 +186,53 @@ def header_dirs() -> list[str]:
     return [found] if found else []
 
 
+def driver_version() -> tuple[int, int] | None:
+    """The CUDA version (major, minor) of the loaded NVIDIA driver; None where cuda-bindings or
+    the driver is missing (CPU-only machines)."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return None
+    try:
+        err, version = driver.cuDriverGetVersion()
+    except RuntimeError:  # no libcuda here
+        return None
+    if int(err) != 0:
+        return None
+    return version // 1000, version % 1000 // 10
+
+
 @functools.cache
-def _search() -> tuple[Compiler | None, str]:
-    reasons = []
+def _search(driver: tuple[int, int] | None) -> tuple[Compiler | None, str]:
+    reasons, skipped = [], []
     for kind in (NVRTC, NVCC):
         try:
-            return kind(), ""
+            found = kind()
         except Missing as e:
             reasons.append(str(e))
+            continue
+        if driver is not None and found.version[0] > driver[0]:
+            # NOTE: a CUBIN of a newer CUDA major version does not load on this driver.
+            skipped.append(f"{found} builds for CUDA {found.version[0]} drivers, and the NVIDIA "
+                           f"driver supports CUDA {driver[0]}.{driver[1]}")
+            reasons.append(skipped[-1])
+            continue
+        if skipped:
+            log.warning("the csrc kernels are built with %s: %s", found, "; ".join(skipped))
+        return found, ""
     return None, f"no CUDA compiler: {reasons[0]}, and {reasons[1]}; {install_hint()}"
 
 
 def find_compiler() -> Compiler:
-    """NVRTC where cuda-bindings loads it, else nvcc (each of CUDA >= 12.4); looked up once.
+    """NVRTC where cuda-bindings loads it, else nvcc (each of CUDA >= 12.4); where a driver is
+    loaded, one whose CUDA major version is newer than the driver's is skipped (its CUBINs
+    would not load), with a warning naming it. Looked up once per driver version.
 
     Raises:
-        DlrtError: neither is here (the message names what is missing and how to get it).
+        DlrtError: none is here (the message names what is missing or skipped, and why, and
+            how to get one).
     """
-    compiler, why = _search()
+    compiler, why = _search(driver_version())
     if compiler is None:
         raise DlrtError(why)
     return compiler
@@ -207,7 +240,7 @@ def find_compiler() -> Compiler:
 
 def missing_compiler() -> str | None:
     """None when `find_compiler` finds one; else what is missing and how to get it."""
-    return _search()[1] or None
+    return _search(driver_version())[1] or None
 
 
 def install_hint() -> str:

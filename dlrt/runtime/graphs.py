@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from dlrt.kernels.compiler import MIN_CUDA, find_compiler, install_hint, missing_compiler
+from dlrt.kernels.compiler import MIN_CUDA, driver_version, install_hint, missing_compiler
 from dlrt.kernels.cubin import Kernel
 from dlrt.kernels.cubin import check as _check
 
@@ -31,32 +31,20 @@ _cond_kernel = None
 def device_loop_missing() -> str | None:
     """None when the device loop can run here; else what is missing and how to get it.
 
-    It needs cuda-bindings (the graph API), a compiler of CUDA >= 12.4 for csrc/graph_cond.cu
-    (NVRTC, else nvcc) and, where a driver is loaded, a driver of CUDA >= 12.4 whose major
-    version is at least the compiler's (a CUBIN of CUDA 13 does not load on a CUDA 12 driver).
-    Needs no GPU: without a driver only the first two are checked.
+    It needs cuda-bindings (the graph API), where a driver is loaded a driver of CUDA >= 12.4,
+    and a compiler of CUDA >= 12.4 for csrc/graph_cond.cu whose major version is at most the
+    driver's (NVRTC, else nvcc: `find_compiler` skips one whose CUBINs would not load). Needs
+    no GPU: without a driver only the first and the last are checked.
     """
     try:
         from cuda.bindings import driver, runtime  # noqa: F401
     except ImportError:
         return f"cuda-bindings is not installed; {install_hint()}"
-    missing = missing_compiler()
-    if missing is not None:
-        return missing
-    try:
-        err, version = driver.cuDriverGetVersion()
-    except RuntimeError:  # no libcuda here
-        return None
-    if int(err) != 0:
-        return None
-    have, compiler = (version // 1000, version % 1000 // 10), find_compiler()
-    if have < MIN_CUDA:
+    have = driver_version()
+    if have is not None and have < MIN_CUDA:
         return (f"the NVIDIA driver supports CUDA {have[0]}.{have[1]}, older than "
                 f"{MIN_CUDA[0]}.{MIN_CUDA[1]} (conditional graph nodes); update the driver")
-    if compiler.version[0] > have[0]:
-        return (f"{compiler} builds for CUDA {compiler.version[0]} drivers, and the NVIDIA "
-                f"driver supports CUDA {have[0]}.{have[1]}; {install_hint()}")
-    return None
+    return missing_compiler()
 
 
 class _CondKernel:

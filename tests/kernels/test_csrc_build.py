@@ -50,7 +50,7 @@ def nvrtc() -> NVRTC:
 @pytest.fixture
 def only_nvrtc(nvrtc, monkeypatch, tmp_path) -> NVRTC:
     """`build_cubin` with NVRTC (also where nvcc is installed) into an empty cache."""
-    monkeypatch.setattr(compiler, "_search", lambda: (nvrtc, ""))
+    monkeypatch.setattr(compiler, "_search", lambda driver: (nvrtc, ""))
     monkeypatch.setenv("DLRT_CACHE_DIR", str(tmp_path))
     return nvrtc
 

@@ -10,6 +10,7 @@ import pytest
 
 from dlrt.bench import quality
 from dlrt.entrypoints.cli import main
+from dlrt.errors import OptionError
 from dlrt.resources import data_path
 from dlrt.tokenizer import load_tokenizer
 from dlrt.train.corpus import is_held_out
@@ -182,8 +183,9 @@ def test_run_and_the_record(tiny_sdar, tmp_path, capsys):
 
 
 def test_errors(tiny_sdar, capsys):
-    with pytest.raises(SystemExit, match="--settings: unknown setting"):
-        main(["bench", "quality", "--model", str(tiny_sdar), "--settings", "fastest"])
+    assert main(["bench", "quality", "--model", str(tiny_sdar), "--settings", "fastest"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --settings: unknown setting") and err.count("\n") == 1
 
 
 def test_score_warms_up_untimed():
@@ -363,14 +365,62 @@ def test_ctrl_c_keeps_the_finished_settings_and_resume_runs_the_rest(tiny_sdar, 
     assert "sequential" in out and "threshold@0.7" in out  # the table holds both
 
 
-def test_resume_refuses_a_record_of_other_samples(tiny_sdar, tmp_path, monkeypatch):
+def test_resume_refuses_a_record_of_other_samples(tiny_sdar, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(quality, "score", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     assert main(_two_settings(tiny_sdar, tmp_path)) == 130
     (path,) = (tmp_path / "runs").glob("quality-*.json")
     argv = _two_settings(tiny_sdar, tmp_path, "--resume", str(path))
     argv[argv.index("--new-tokens") + 1] = "5"
-    with pytest.raises(SystemExit, match="--resume: .* another heldout"):
-        main(argv)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --resume: {path} was measured with another heldout (")
+    assert err.count("\n") == 1
+    (tmp_path / "other.json").write_text("[]")
+    assert main(_two_settings(tiny_sdar, tmp_path, "--resume", str(tmp_path / "other.json"))) \
+        == 2
+    assert capsys.readouterr().err.startswith(
+        f"error: --resume: {tmp_path / 'other.json'} is not a bench quality record (")
+
+
+@pytest.fixture
+def torch_threads():
+    """torch's thread count is restored after the test."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_resume_takes_a_record_of_another_cpu_thread_count(tiny_sdar, tmp_path, monkeypatch,
+                                                           torch_threads):
+    """With cpu_threads=auto the count follows the machine's load: a record measured with 2
+    threads is resumed with 1, and keeps its count."""
+    real = quality.score
+    monkeypatch.setattr(quality, "score", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(_two_settings(tiny_sdar, tmp_path, "--cpu-threads", "2")) == 130
+    (path,) = (tmp_path / "runs").glob("quality-*.json")
+    device = json.loads(path.read_text())["device"]
+    assert device.startswith("cpu (") and device.endswith(", 2 threads)")
+    monkeypatch.setattr(quality, "score", real)
+    assert main(_two_settings(tiny_sdar, tmp_path, "--cpu-threads", "1", "--resume",
+                              str(path))) == 0
+    record = json.loads(path.read_text())
+    assert record["complete"] is True and record["device"] == device
+
+
+def test_resume_compares_the_device_without_the_thread_count(tmp_path):
+    from dlrt.bench.quality_record import resumed_rows
+
+    facts = dict(model="m", device="cpu (x86_64, 2 threads)", execution_mode="eager",
+                 heldout={}, humaneval={})
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(dict(facts, rows=[{"block": 4}])))
+    assert resumed_rows(path, dict(facts, device="cpu (x86_64, 7 threads)")) == [{"block": 4}]
+    for other in ("cpu (aarch64, 2 threads)", "NVIDIA H100 80GB HBM3"):
+        with pytest.raises(OptionError, match="another device"):
+            resumed_rows(path, dict(facts, device=other))
 
 
 def test_the_time_is_estimated_before_the_first_setting_and_after_each(tiny_sdar, tmp_path,

@@ -1,10 +1,12 @@
-"""`dlrt bench step`'s CPU-side parts: the round's byte count and the skipped-linear stand-in."""
+"""`dlrt bench step`'s CPU-side parts: the round's byte count, the skipped-linear stand-in and
+its refusals (one `error:` line, status 2)."""
 
 import pytest
 import torch
 
 from dlrt import LLM
 from dlrt.bench.step import SkipLinear, round_bytes
+from dlrt.entrypoints.cli import main
 from dlrt.layers.quant.unquantized import CUBLAS
 
 
@@ -48,3 +50,16 @@ def test_round_bytes_count_the_kv_cache_dtype(tiny_sdar, kv_cache_dtype, item):
     parts = round_bytes(llm, context=32, b=4)
     assert parts["kv"] == 2 * c.num_layers * (32 + 4) * c.num_kv_heads * c.head_dim * item
     assert llm.kv_cache.k.element_size() == item
+
+
+def test_a_bad_option_ends_with_one_error_line(tiny_sdar, monkeypatch, capsys):
+    argv = ["bench", "step", "--model", str(tiny_sdar), "--device", "cpu", "--context", "0"]
+    if not torch.cuda.is_available():
+        assert main(argv) == 2
+        assert capsys.readouterr().err == "error: dlrt bench step needs a CUDA GPU\n"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # refused before any GPU use
+    argv[-1] = "0,100000"
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --context: 100000 + 2 blocks + 64 exceeds the model's ")
+    assert err.count("\n") == 1

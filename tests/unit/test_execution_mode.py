@@ -4,7 +4,8 @@ kernel cannot be built or run (`dlrt.runtime.executor.resolve_mode`,
 host_loop with exactly one warning naming what is missing, an explicit device_loop is an
 OptionError naming it; where it can run, auto is device_loop; on the CPU, eager without a
 probe. The probe itself names a missing cuda-bindings, a missing compiler, and a driver too
-old for conditional nodes or for the compiler's CUBINs."""
+old for conditional nodes or for every compiler's CUBINs; an nvcc that suits the driver serves
+where NVRTC is too new for it."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def test_engine_config_on_a_faked_cuda(probe, monkeypatch, caplog):
 
 def test_the_probe_names_a_missing_compiler(monkeypatch):
     pytest.importorskip("cuda.bindings.runtime")
-    monkeypatch.setattr(compiler, "_search", lambda: (None, MISSING))
+    monkeypatch.setattr(compiler, "_search", lambda driver: (None, MISSING))
     assert graphs.device_loop_missing() == MISSING
 
 
@@ -100,18 +101,40 @@ def test_the_probe_names_missing_cuda_bindings(monkeypatch):
         "nvidia-cuda-nvrtc-cu12")
 
 
-@pytest.mark.parametrize("driver,compiled,wants", [
-    (12080, (13, 0), "nvrtc 13.0 builds for CUDA 13 drivers, and the NVIDIA driver supports "
-                     "CUDA 12.8"),
-    (12020, (12, 9), "the NVIDIA driver supports CUDA 12.2, older than 12.4"),
-    (13000, (13, 0), None),
-    (12080, (12, 9), None),
+@pytest.fixture
+def compilers(monkeypatch):
+    """compilers(nvrtc, nvcc): the versions of the compilers found here (None: that one is
+    missing). Lookups start afresh."""
+    def fake(name, version):
+        def make():
+            if version is None:
+                raise compiler.Missing(f"no {name} was found")
+            found = compiler.Compiler(version)
+            found.name = name
+            return found
+        return make
+
+    def install(nvrtc, nvcc):
+        monkeypatch.setattr(compiler, "NVRTC", fake("nvrtc", nvrtc))
+        monkeypatch.setattr(compiler, "NVCC", fake("nvcc", nvcc))
+
+    compiler._search.cache_clear()
+    yield install
+    compiler._search.cache_clear()
+
+
+@pytest.mark.parametrize("driver,nvrtc,nvcc,wants", [
+    (12080, (13, 0), None, "no CUDA compiler: nvrtc 13.0 builds for CUDA 13 drivers, and the "
+                           "NVIDIA driver supports CUDA 12.8, and no nvcc was found; pip"),
+    (12080, (13, 0), (12, 8), None),
+    (12020, (12, 9), None, "the NVIDIA driver supports CUDA 12.2, older than 12.4"),
+    (13000, (13, 0), None, None),
+    (12080, (12, 9), None, None),
+    (12080, None, (12, 6), None),
 ])
-def test_the_probe_checks_the_driver(monkeypatch, driver, compiled, wants):
+def test_the_probe_checks_the_driver(monkeypatch, compilers, driver, nvrtc, nvcc, wants):
     bindings = pytest.importorskip("cuda.bindings.driver")
-    fake = compiler.Compiler(compiled)
-    fake.name = "nvrtc"
-    monkeypatch.setattr(compiler, "_search", lambda: (fake, ""))
+    compilers(nvrtc, nvcc)
     monkeypatch.setattr(bindings, "cuDriverGetVersion", lambda: (0, driver))
     found = graphs.device_loop_missing()
     assert found == wants or (wants is not None and found.startswith(wants))

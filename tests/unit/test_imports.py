@@ -3,12 +3,13 @@
 Every `import` statement of every module (lazy ones inside functions included) is read with
 `ast`. Packages are ranked from the bottom (errors, kernels) to the top (server, CLI); a module
 may import from its own rank or a lower one, never upward, and the module graph has no cycle.
-Adding a package means giving it a rank here.
+Adding a package means giving it a rank here, the rank ARCHITECTURE.md's table gives its folder.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import dlrt
@@ -17,7 +18,7 @@ ROOT = Path(dlrt.__file__).resolve().parent
 RANKS = [  # bottom to top
     ("dlrt.errors", "dlrt.env", "dlrt.resources", "dlrt.outputs", "dlrt.progress"),
     ("dlrt.kernels",),
-    ("dlrt.models.hf", "dlrt.models.config", "dlrt.decoding", "dlrt.tokenizer", "dlrt.stops"),
+    ("dlrt.decoding", "dlrt.tokenizer", "dlrt.stops"),
     ("dlrt.ops",),
     ("dlrt.attention",),
     ("dlrt.layers",),
@@ -109,6 +110,29 @@ def test_no_import_circles():
         if name not in state:
             visit(name, [name])
     assert not cycles, cycles
+
+
+def architecture_ranks() -> dict[str, int]:
+    """The rank of each package (folder or top-level module) in ARCHITECTURE.md's table."""
+    text = (ROOT.parent / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    out = {}
+    for number, cell in re.findall(r"^\| (\d+) \| ([^|]+) \|", text, re.MULTILINE):
+        for entry in re.findall(r"`([\w.]+/?)`", cell):
+            stem = entry.removesuffix("/").removesuffix(".py")
+            out["dlrt" if stem == "__init__" else f"dlrt.{stem}"] = int(number)
+    return out
+
+
+def test_the_ranks_are_architecture_md_s():
+    """Every package of ARCHITECTURE.md's table sits at its rank here, and so does every
+    listed module of a folder in that table (a module ranks with its folder)."""
+    table = architecture_ranks()
+    assert len(table) > 15 and table["dlrt.models"] == 6
+    listed = {prefix: i for i, names in enumerate(RANKS) for prefix in names}
+    assert {name: listed.get(name) for name in table} == table
+    apart = {prefix: (i, table[folder(prefix)]) for prefix, i in listed.items()
+             if folder(prefix) in table and table[folder(prefix)] != i}
+    assert not apart, f"ranked apart from their folder (here, ARCHITECTURE.md): {apart}"
 
 
 def test_lazy_imports_count():

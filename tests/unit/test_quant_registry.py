@@ -2,26 +2,32 @@
 (`dlrt.layers.quant.registry`), and the `quantization` option's choices, the checkpoint reader,
 make-checkpoint and the load-time plan find it there. A format defined here (FP8 weights under
 another name) is a choice of the option and of the CLI, is read from a folder's config, is
-written by make-checkpoint and loads to the tokens of the same weights in FP8."""
+written by make-checkpoint and loads to the tokens of the same weights in FP8. The engine asks
+the format which path serves it on a GPU (`path_note`) and hands it the activation setup
+(`set_activations` before the weights load, `check_activations` after); nothing of FP8 runs
+for another format."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import shutil
 
 import pytest
+import torch
 
 from dlrt import LLM
 from dlrt.checkpoint.make import make_checkpoint
-from dlrt.checkpoint.quant import read_scheme
+from dlrt.checkpoint.quant import QuantScheme, read_scheme
+from dlrt.engine import engine as engine_module
 from dlrt.engine.config import EngineConfig
 from dlrt.engine.engine import Engine
 from dlrt.entrypoints.cli import build_parser, engine_kwargs
 from dlrt.errors import CheckpointError, OptionError
 from dlrt.layers.quant import registry
 from dlrt.layers.quant.fp8 import FP8_FORMAT, Fp8Format
-from dlrt.layers.quant.nvfp4 import NVFP4_FORMAT
+from dlrt.layers.quant.nvfp4 import NVFP4_FORMAT, Nvfp4Format
 
 PROMPT = [5, 6, 7, 8, 9]
 
@@ -66,6 +72,11 @@ def test_the_formats_register_themselves():
     with pytest.raises(ValueError, match="'fp8' is registered twice"):
         registry.register(Other(block_rows=True))
     assert registry.formats()["fp8"] is FP8_FORMAT
+    with pytest.raises(ValueError, match=r"'fp8' is registered twice \(dlrt\.layers\.quant\.fp8"
+                       r"\.Fp8Format at 0x[0-9a-f]+, dlrt\.layers\.quant\.fp8\.Fp8Format at"):
+        registry.register(Fp8Format(block_rows=False))
+    assert registry.formats()["fp8"] is FP8_FORMAT
+    assert registry.register(FP8_FORMAT) is FP8_FORMAT
     with pytest.raises(OptionError, match=r"unknown quantised format; one of \['fp8', 'nvfp4'\]"):
         registry.get_format("int4")
 
@@ -90,6 +101,15 @@ def test_a_registered_format_is_a_choice_and_is_read(again, tiny_sdar, tmp_path)
     assert resolved.quant.not_convert == ("lm_head",) and resolved.quant.fmt is again
 
 
+def test_a_registered_format_is_a_choice_of_make_checkpoint(again):
+    from dlrt.checkpoint.make import write_choices
+
+    assert write_choices() == ("none", "fp8", "fp8-again", "nvfp4")
+    args = build_parser().parse_args(["make-checkpoint", "tiny-sdar", "out", "--quantization",
+                                      "fp8-again"])
+    assert args.quantization == "fp8-again"
+
+
 def test_a_registered_format_is_written_and_loaded(again, tmp_path):
     ours = make_checkpoint("tiny-sdar", tmp_path / "again", dtype="float32",
                            quantization="fp8-again")
@@ -110,3 +130,62 @@ def test_an_unknown_format_names_every_registered_one(tmp_path):
     message = str(e.value)
     assert "quant_method 'modelopt' with quant_algo 'FP8' is not supported" in message
     assert FP8_FORMAT.declared in message and NVFP4_FORMAT.declared in message
+
+
+@pytest.mark.parametrize("name,capability,level,says", [
+    ("fp8", (8, 0), logging.WARNING, "fp8 weights on a GPU of compute capability 8.0, which has "
+                                     "no FP8 tensor cores (sm_89+): served by the dequantising"),
+    ("fp8", (9, 0), None, None),
+    ("nvfp4", (8, 6), logging.WARNING, "nvfp4 weights on compute capability 8.6, which has no "
+                                       "e4m3 conversions (sm_89+) for the group scales"),
+    ("nvfp4", (9, 0), logging.INFO, "nvfp4 weights on compute capability 9.0, which has no FP4 "
+                                    "tensor cores (sm_100+): weight-only kernels"),
+    ("nvfp4", (10, 0), None, None),
+])
+def test_the_format_says_which_path_serves_it_on_a_gpu(monkeypatch, caplog, name, capability,
+                                                       level, says):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    with caplog.at_level(logging.INFO, logger="dlrt.engine.engine"):
+        engine_module._report_quantization(QuantScheme(name), torch.device("cuda"))
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records]
+    if says is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and lines[0][0] == level and lines[0][1].startswith(says)
+    assert not (name != "fp8" and any("FP8 tensor cores" in m for _, m in lines))
+
+
+class Nvfp4Spy(Nvfp4Format):
+    """NVFP4 weights under another name, whose activation hooks say when they run."""
+
+    name = "nvfp4-spy"
+
+    def __init__(self):
+        self.calls = []
+
+    def reads(self, q):
+        return False
+
+    def set_activations(self, model, activations):
+        self.calls.append(("set", activations, any(p.is_meta for p in model.parameters())))
+
+    def check_activations(self, model, ops, dtype, device):
+        self.calls.append(("check", dtype, any(p.is_meta for p in model.parameters())))
+
+
+def test_the_engine_runs_the_formats_activation_hooks(monkeypatch, tiny_sdar):
+    """set_activations before the weights are materialised, check_activations after they are
+    loaded; the FP8 functions are never called for another format."""
+    from dlrt.layers.quant import fp8
+
+    def fp8_only(*args):
+        raise AssertionError("FP8 activation code ran for an NVFP4 model")
+
+    monkeypatch.setattr(registry, "_FORMATS", dict(registry.formats()))
+    spy = registry.register(Nvfp4Spy())
+    monkeypatch.setattr(fp8, "set_activations", fp8_only)
+    monkeypatch.setattr(fp8, "check_fused_input", fp8_only)
+    llm = LLM(tiny_sdar, device="cpu", quantization="nvfp4-spy", max_model_len=64,
+              fp8_activations="weight_only")
+    assert spy.calls == [("set", "weight_only", True), ("check", torch.float32, False)]
+    assert llm.generate(PROMPT, max_new_tokens=4).token_ids

@@ -1,7 +1,9 @@
 """The docs cite only records that are in the repository: every `benchmarks/results/...` path
 and every record-like file name (`step-...json`, `quality-...png`, ...) in the docs names a file
 of `benchmarks/results/`, which holds a few curated files (at most 25, RESULTS.md included),
-each of them cited by RESULTS.md. Raw per-run output goes to the ignored `benchmarks/runs/`."""
+each of them cited by RESULTS.md. Raw per-run output goes to the ignored `benchmarks/runs/`: the
+default output of every benchmark (the `dlrt bench` commands, `dlrt.bench` modules, the scripts
+of benchmarks/), none of which names the results folder."""
 
 from __future__ import annotations
 
@@ -94,6 +96,33 @@ def test_every_kept_record_is_cited_by_results_md():
 def test_the_raw_output_folder_is_ignored():
     ignore = (ROOT / ".gitignore").read_text(encoding="utf-8").split()
     assert "/benchmarks/runs/" in ignore or "benchmarks/runs/" in ignore
+
+
+def test_every_benchmark_writes_into_the_raw_output_folder(tmp_path, monkeypatch):
+    import torch
+
+    from dlrt.bench import quant_kernels
+    from dlrt.bench.report import write_json
+    from dlrt.entrypoints.cli import build_parser
+
+    bench = next(a for a in build_parser()._subparsers._group_actions
+                 if "bench" in a.choices).choices["bench"]
+    (commands,) = bench._subparsers._group_actions
+    outs = {name: p.get_default("out") for name, p in commands.choices.items()}
+    assert outs and outs == dict.fromkeys(commands.choices, "benchmarks/runs")
+    assert quant_kernels.build_parser().get_default("out") == "benchmarks/runs"
+    monkeypatch.chdir(tmp_path)
+    path = write_json("step-x", {}, torch.device("cpu"))
+    assert path.parent == Path("benchmarks/runs")
+
+
+def test_no_benchmark_names_the_results_folder():
+    sources = [*(ROOT / "dlrt" / "bench").glob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
+               *(p for p in (ROOT / "benchmarks" / "device").iterdir() if p.is_file())]
+    naming = [p.relative_to(ROOT).as_posix() for p in sources
+              if "benchmarks/results" in p.read_text(encoding="utf-8")]
+    assert len(sources) > 10 and not naming, (
+        f"{naming} name benchmarks/results/: benchmarks write into benchmarks/runs/")
 
 
 def test_the_patterns():

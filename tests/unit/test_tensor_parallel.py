@@ -211,7 +211,7 @@ def _greedy_check(logits: torch.Tensor, mask: int, size: int):
     n = v // size
     ref_ids, ref_conf = reference_candidates(logits, SamplingSpec(0.0, 0, 1.0, 0),
                                              SamplingMode(True), 0, torch.arange(4), mask)
-    out = run_ranks(size, lambda r, tp: VocabShard(tp, v, mask).greedy(
+    out = run_ranks(size, lambda r, tp: VocabShard(tp, v).greedy(
         logits[:, r * n:(r + 1) * n], None, None, 0, None, mask))
     for ids, conf in out:
         assert torch.equal(ids, ref_ids)
@@ -239,7 +239,7 @@ def test_vocab_shard_gathers_where_the_strategy_needs_the_distribution():
     """Greedy low-confidence and threshold rounds stay local; sampled, credit and
     entropy-bounded rounds get the gathered logits and the ops table's op."""
     def kinds(r, tp):
-        shard = VocabShard(tp, 8, -1)
+        shard = VocabShard(tp, 8)
         x = torch.full((2, 4), float(r))
         out = []
         for kind in (RoundKind("low_confidence", SamplingMode(True)),

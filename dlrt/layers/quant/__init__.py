@@ -17,20 +17,24 @@ rows when every part boundary falls on a 128-row block, else one scale row per w
 
 A format owns everything else about itself too, in its own module, registered by name
 (`dlrt.layers.quant.registry`): how a checkpoint folder declares it and which modules it leaves
-unquantised, the config a written checkpoint gets, its `LinearMethod`, and the kernels a
-load-time plan may time for it (`dlrt.tuning.quant` runs them). The checkpoint reader
+unquantised, the config a written checkpoint gets, its `LinearMethod`, what serves it on a GPU
+of a given compute capability (`path_note`), how its layers take their activations
+(`set_activations`, `check_activations`: FP8's W8A8 mode), and the kernels a load-time plan may
+time for it (`dlrt.tuning.quant` runs them). The checkpoint reader
 (`dlrt.checkpoint.quant`), make-checkpoint and the plan are generic over the registry.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from dlrt.errors import CheckpointError
+from dlrt.ops import Ops
 
 # ModelOpt's quantization config, beside config.json (its "quantization" object)
 HF_QUANT_CONFIG = "hf_quant_config.json"
@@ -62,6 +66,16 @@ class LinearMethod:
         return f"{type(self).__name__}({self.name})"
 
 
+@dataclass(frozen=True)
+class PathNote:
+    """What serves a format's layers on a GPU (`QuantFormat.path_note`): `text` for the log;
+    `slow` when that path is slower than the unquantised model (a warning, else an info
+    line)."""
+
+    text: str
+    slow: bool = False
+
+
 class QuantFormat:
     """One weight format (see the module docstring). Subclasses: `fp8.Fp8Format`,
     `nvfp4.Nvfp4Format`; a module defining one registers it
@@ -70,6 +84,8 @@ class QuantFormat:
     The checkpoint: `reads(q)`, `not_convert(q, where)`, `checkpoint_config(not_convert)`,
     `declared` (how a folder declares the format, for errors), `files` (JSON files beside
     config.json its checkpoints may hold).
+    The device and the activations: `path_note(capability)`, `set_activations(model, mode)`
+    (before the weights load), `check_activations(model, ops, dtype, device)` (after).
     The weights: `suffixes`, `stored`, `held`, `expand`, `row_block`, `for_parts`, `check`,
     `quantize`, `dequantize`, `linear_method`.
     The kernels a load-time plan times for a layer (`dlrt.tuning.quant`): `tuned(layer)`,
@@ -108,10 +124,23 @@ class QuantFormat:
         (`dlrt.checkpoint.make.make_checkpoint`)."""
         raise NotImplementedError
 
-    def path_note(self, capability: tuple[int, int]) -> str | None:
-        """What serves the format's layers on a GPU of compute capability `capability` when it
-        is worth a line in the log (None: nothing to say)."""
+    def path_note(self, capability: tuple[int, int]) -> PathNote | None:
+        """What serves the format's layers on a GPU of compute capability `capability` (e.g.
+        (9, 0)) when it is worth a line in the log (None: nothing to say; on the CPU the
+        dequantising reference path serves every format)."""
         return None
+
+    # -- the activations -----------------------------------------------------------------------
+    def set_activations(self, model: nn.Module, activations: str) -> None:
+        """Before the weights load: give `model`'s layers holding this format the activation
+        mode `activations` (the `fp8_activations` option: "dynamic" or "weight_only").
+        Default: nothing (a format whose layers take activations in the model dtype)."""
+
+    def check_activations(self, model: nn.Module, ops: Ops, dtype: torch.dtype,
+                          device: torch.device) -> None:
+        """After the weights load: check on `device`, in `dtype`, what the layers' activation
+        mode needs of `ops`, and fall back (with a warning) where it fails. Default:
+        nothing."""
 
     # -- the weights ---------------------------------------------------------------------------
     def for_parts(self, parts: list[list[int]]) -> QuantFormat:

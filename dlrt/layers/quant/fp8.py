@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlrt.errors import CheckpointError
-from dlrt.layers.quant import LinearMethod, QuantFormat, not_convert_entries
+from dlrt.layers.quant import LinearMethod, PathNote, QuantFormat, not_convert_entries
 from dlrt.layers.quant.registry import register
 from dlrt.ops import E4M3_MAX, Fp8Activation, Ops, e4m3_scale
 
@@ -153,6 +153,20 @@ class Fp8Format(QuantFormat):
         return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                 "weight_block_size": [BLOCK, BLOCK],
                 "modules_to_not_convert": not_convert}, {}
+
+    def path_note(self, capability):
+        if capability >= (8, 9):
+            return None
+        return PathNote(f"{self.name} weights on a GPU of compute capability {capability[0]}."
+                        f"{capability[1]}, which has no FP8 tensor cores (sm_89+): served by "
+                        "the dequantising path (each call dequantises its weight; slower than "
+                        "the unquantised model)", slow=True)
+
+    def set_activations(self, model, activations):
+        set_activations(model, activations)
+
+    def check_activations(self, model, ops, dtype, device):
+        check_fused_input(model, ops, dtype, device)
 
     def tuned(self, layer):
         """Layers with block-row scales (`FP8_FORMAT`); those with a scale row per weight row

@@ -36,7 +36,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlrt.errors import CheckpointError
-from dlrt.layers.quant import HF_QUANT_CONFIG, LinearMethod, QuantFormat, not_convert_entries
+from dlrt.layers.quant import (
+    HF_QUANT_CONFIG,
+    LinearMethod,
+    PathNote,
+    QuantFormat,
+    not_convert_entries,
+)
 from dlrt.layers.quant.registry import register
 
 GROUP = 16
@@ -171,9 +177,15 @@ class Nvfp4Format(QuantFormat):
     def path_note(self, capability):
         if capability >= (10, 0):
             return None
-        return (f"nvfp4 weights on compute capability {capability[0]}.{capability[1]}, which "
-                "has no FP4 tensor cores (sm_100+): weight-only kernels (codes dequantised in "
-                "registers, products in the model dtype)")
+        where = f"nvfp4 weights on compute capability {capability[0]}.{capability[1]}, which has"
+        if capability < (8, 9):
+            return PathNote(f"{where} no e4m3 conversions (sm_89+) for the group scales: a "
+                            "weight-only kernel serves a layer only where it passes its "
+                            "load-time check, else the dequantising path (each call "
+                            "dequantises its weight; slower than the unquantised model)",
+                            slow=True)
+        return PathNote(f"{where} no FP4 tensor cores (sm_100+): weight-only kernels (codes "
+                        "dequantised in registers, products in the model dtype)")
 
     def tuned(self, layer):
         return isinstance(layer.method, Nvfp4Linear)

@@ -21,16 +21,21 @@ def register(fmt: QuantFormat) -> QuantFormat:
     """Add `fmt` under its name; returns it (a module's `FORMAT = register(MyFormat())`).
 
     Raises:
-        ValueError: another format holds the name ("auto" and "none" are option values).
+        ValueError: another format object holds the name, even one of the same class
+            ("auto" and "none" are option values); registering `fmt` again is no change.
     """
     if fmt.name in ("auto", "none", "base"):
         raise ValueError(f"a quantised format cannot be named {fmt.name!r}")
     held = _FORMATS.get(fmt.name)
-    if held is not None and type(held) is not type(fmt):
+    if held is not None and held is not fmt:
         raise ValueError(f"quantised format {fmt.name!r} is registered twice "
-                         f"({type(held).__name__}, {type(fmt).__name__})")
+                         f"({_named(held)}, {_named(fmt)})")
     _FORMATS[fmt.name] = fmt
     return fmt
+
+
+def _named(fmt: QuantFormat) -> str:
+    return f"{type(fmt).__module__}.{type(fmt).__qualname__} at {id(fmt):#x}"
 
 
 def formats() -> dict[str, QuantFormat]:
