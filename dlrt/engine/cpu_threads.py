@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from dlrt.errors import OptionError
 from dlrt.models.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -104,8 +105,17 @@ def resolve_cpu_threads(option: str | int, device: torch.device, config: ModelCo
     """The thread count `option` ("auto", or a count >= 1, maybe as digits) means for a model
     of `config` on `device` among `ranks` ranks: a count given is kept; `auto` is torch's
     current count on CUDA, with OMP_NUM_THREADS set or several ranks, 1 for a small model, else
-    `choose`'s for the cores' load now (it watches /proc/stat for `BUSY_SAMPLE_S` seconds)."""
+    `choose`'s for the cores' load now (it watches /proc/stat for `BUSY_SAMPLE_S` seconds).
+
+    Raises:
+        OptionError: a count above the cores this process may use (`usable_cores`): more
+            threads than cores only wait for each other, and far more crash OpenMP.
+    """
     if option != "auto":
+        cores = len(usable_cores())
+        if int(option) > cores:
+            raise OptionError(f"cpu_threads={option!r}: this process may run on {cores} CPU "
+                              f"core(s) (its affinity and CPU quota); pass at most {cores}")
         return int(option)
     if device.type != "cpu" or os.environ.get("OMP_NUM_THREADS") or ranks > 1:
         return torch.get_num_threads()

@@ -110,6 +110,15 @@ def test_a_small_model_does_not_watch_the_cores(machine, monkeypatch):
 def test_a_count_given_is_kept(machine):
     assert ct.resolve_cpu_threads(3, torch.device("cpu"), SMALL) == 3
     assert ct.resolve_cpu_threads("5", torch.device("cpu"), LARGE) == 5  # from the flag
+    assert ct.resolve_cpu_threads(16, torch.device("cpu"), LARGE) == 16
+
+
+@pytest.mark.parametrize("value", [17, "100000"])
+def test_more_threads_than_usable_cores_are_refused(machine, value):
+    """100000 threads crashed OpenMP (a segmentation fault, no message)."""
+    with pytest.raises(OptionError, match=rf"^cpu_threads={value!r}: this process may run on "
+                                          r"16 CPU core\(s\) .* pass at most 16$"):
+        ct.resolve_cpu_threads(value, torch.device("cpu"), SMALL)
 
 
 @pytest.mark.parametrize("value", [0, -2, "0", "many", 2.5, True])
