@@ -6,12 +6,15 @@ Decoding flags are derived from `DecodingOptions` (each default written once, th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import re
+import signal
 import sys
+import threading
 import typing
 
 from dlrt import __version__, env, progress
@@ -267,8 +270,35 @@ def add_prompt_flags(parser: argparse.ArgumentParser) -> None:
     add_out_flag(parser)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one `error:` line for a bad flag (not the usage block), exit status 2;
+    every subcommand's parser is one too (argparse makes them of the parent's class)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        hint = f"`{self.prog} --help` lists its flags" if self.prog != "dlrt" else \
+            "`dlrt --help` lists the commands, `dlrt COMMAND --help` their flags"
+        sys.stderr.write(f"error: {self.prog}: {message} ({hint})\n")
+        raise SystemExit(2)
+
+
+@contextlib.contextmanager
+def _interrupt_after():
+    """Hold SIGINT (Ctrl-C) until the block ends, then raise it (KeyboardInterrupt) there: an
+    interrupt in the middle of an import leaves half-made modules behind (numpy then refuses
+    to load again, or the interrupt is lost inside library code). Main thread, POSIX only."""
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = mask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        mask(signal.SIG_SETMASK, before)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dlrt", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="dlrt", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dlrt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text for one prompt")
@@ -427,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
                             format="%(levelname)s %(name)s: %(message)s")
         args = build_parser().parse_args(argv)
         progress.set_quiet(getattr(args, "quiet", False))
+        with _interrupt_after():  # the libraries every command loads, whole or not at all
+            import transformers  # noqa: F401
+
+            import dlrt.llm  # noqa: F401
         return args.func(args)
     except BaseException as e:
         if _interrupted(e):

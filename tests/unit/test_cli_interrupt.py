@@ -55,3 +55,35 @@ def test_other_errors_are_not_interrupts(monkeypatch, capsys):
 
     with pytest.raises(RuntimeError, match="a bug"):
         run(monkeypatch, capsys, crash)
+
+
+def test_an_interrupt_during_the_imports_comes_after_them():
+    """A Ctrl-C while the libraries load is held until they are whole, then raised: half-made
+    modules (numpy refusing to load twice) or a lost interrupt came from one in an import."""
+    import os
+    import signal
+
+    order = []
+    with pytest.raises(KeyboardInterrupt):
+        with cli._interrupt_after():
+            os.kill(os.getpid(), signal.SIGINT)
+            order.append("imports done")
+        order.append("after the block")
+    assert order == ["imports done"]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["generate", "--prompt", "x", "--block-length", "four"], "--block-length"),
+    (["generate", "--prompt", "x", "--bogus"], "--bogus"),
+    (["bench", "step", "--rounds", "x"], "--rounds"),
+    ([], "command"),
+])
+def test_a_bad_flag_is_one_error_line(capsys, argv, flag):
+    """argparse's own errors too: one `error:` line naming the flag and where the flags are
+    listed, not the usage block, and exit status 2."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: dlrt") and flag in err, err
+    assert "--help` lists" in err and "usage:" not in err
