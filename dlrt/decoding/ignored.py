@@ -33,8 +33,8 @@ def ignored_options(opts: DecodingOptions, params: DecodingParams) -> dict[str, 
         "credit_decay": None if strategy in NEEDS_CREDIT else unread,
         "max_post_steps": None if params.editing_threshold is not None else
         "no token editing (editing_threshold is not set)",
-        "top_k": None if params.sampling.temperature != 0 else "temperature 0 is greedy",
-        "top_p": None if params.sampling.temperature != 0 else "temperature 0 is greedy",
+        "top_k": None if params.sampling.temperature != 0 else "greedy: temperature 0 or below 1e-6",
+        "top_p": None if params.sampling.temperature != 0 else "greedy: temperature 0 or below 1e-6",
     }
     out = {}
     for name, reason in why.items():
