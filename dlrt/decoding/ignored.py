@@ -24,6 +24,7 @@ def ignored_options(opts: DecodingOptions, params: DecodingParams) -> dict[str, 
     and it acts only when sampling or with `random`."""
     strategy = params.strategy.name
     unread = f"the {strategy} strategy does not read it"
+    greedy = "greedy: temperature 0 or below 1e-6"
     why = {
         "threshold": None if strategy in USES_THRESHOLD else unread,
         "eb_threshold": None if strategy in NEEDS_ENTROPY else unread,
@@ -33,8 +34,8 @@ def ignored_options(opts: DecodingOptions, params: DecodingParams) -> dict[str, 
         "credit_decay": None if strategy in NEEDS_CREDIT else unread,
         "max_post_steps": None if params.editing_threshold is not None else
         "no token editing (editing_threshold is not set)",
-        "top_k": None if params.sampling.temperature != 0 else "greedy: temperature 0 or below 1e-6",
-        "top_p": None if params.sampling.temperature != 0 else "greedy: temperature 0 or below 1e-6",
+        "top_k": None if params.sampling.temperature != 0 else greedy,
+        "top_p": None if params.sampling.temperature != 0 else greedy,
     }
     out = {}
     for name, reason in why.items():
