@@ -32,11 +32,16 @@ def load_tokenizer(path: str | Path):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # config fields it would rename
-            return AutoTokenizer.from_pretrained(str(root), trust_remote_code=False)
+            tokenizer = AutoTokenizer.from_pretrained(str(root), trust_remote_code=False)
     except Exception as e:  # NOTE: transformers and tokenizers raise many unrelated types
         raise CheckpointError(f"cannot load the tokenizer of {root}: {e}") from e
     finally:
         hf_logging.set_verbosity(level)
+    # NOTE: the engine checks a prompt against the model's context (max_model_len); the
+    # tokenizer's own limit (model_max_length, often a training length) only made transformers
+    # warn of "sequence length is longer" before that check
+    tokenizer.model_max_length = int(1e30)
+    return tokenizer
 
 
 def encode_prompt(tokenizer, prompt: Prompt, vocab_size: int, chat: bool = False) -> list[int]:

@@ -49,3 +49,20 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_named(tokenizer, prompt):
     says so, not an index error inside the embedding."""
     with pytest.raises(PromptError, match=r"outside the model's vocabulary \[0, 512\)"):
         encode_prompt(tokenizer, prompt, 512, chat=False)
+
+
+def test_a_long_prompt_brings_no_tokenizer_length_warning(caplog, capsys):
+    """The engine checks a prompt against the model's context; the tokenizer's own
+    model_max_length (the default model's: 1024) made transformers warn "sequence length is
+    longer than the specified maximum" first."""
+    import logging
+
+    from dlrt.checkpoint.default import default_model_path
+    from dlrt.tokenizer import encode_prompt, load_tokenizer
+
+    tok = load_tokenizer(default_model_path())
+    with caplog.at_level(logging.WARNING):
+        ids = encode_prompt(tok, "x = 1\n" * 2000, 1 << 30)
+    assert len(ids) > 1024
+    logged = caplog.text + capsys.readouterr().err
+    assert "longer than the specified maximum" not in logged, logged
