@@ -1,5 +1,6 @@
 """The API key: every endpoint but `/health` needs `Authorization: Bearer KEY` (ASGI
-middleware); the header is compared in constant time and the key is never logged."""
+middleware; the scheme's case does not matter, RFC 7235); the key is compared in constant time
+and never logged."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ class RequireKey:
 
     def __init__(self, app, key: str, unauthorized):
         self.app = app
-        self._expected = b"Bearer " + key.encode("utf-8")
+        self._expected = key.encode("utf-8")
         self._unauthorized = unauthorized
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
+            scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given, self._expected):
                 return await self._unauthorized()(scope, receive, send)
         await self.app(scope, receive, send)

@@ -98,6 +98,15 @@ def test_every_endpoint_but_health_needs_the_key(server, headers):
             assert r.headers["www-authenticate"] == "Bearer"
 
 
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER"])
+def test_the_scheme_of_the_key_is_case_insensitive(server, scheme):
+    """RFC 7235: the authentication scheme is case-insensitive (the key itself is not)."""
+    ok = httpx.get(server.url + "/v1/models", headers={"Authorization": f"{scheme} {KEY}"})
+    assert ok.status_code == 200, ok.text
+    error_of(httpx.get(server.url + "/v1/models",
+                       headers={"Authorization": f"{scheme} {KEY.upper()}x"}), 401)
+
+
 def test_wrong_key_through_the_openai_client(server):
     bad = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0, timeout=30)
     with pytest.raises(openai.AuthenticationError) as e:
