@@ -317,7 +317,13 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
     from dlrt import LLM, progress
     from dlrt.bench.humaneval import load_prompts
     from dlrt.bench.quality_plot import plot
-    from dlrt.bench.quality_record import first_estimate, left, resumed_rows, update_record
+    from dlrt.bench.quality_record import (
+        first_estimate,
+        left,
+        read_record,
+        resumed_rows,
+        update_record,
+    )
     from dlrt.bench.report import device_name
     from dlrt.checkpoint.default import default_model_path
     from dlrt.train.corpus import load_corpus
@@ -327,6 +333,7 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
     except ValueError as e:
         raise OptionError(f"--settings: {e}") from None
     blocks = list(args.blocks)  # positive ints, checked by the parser
+    resumed = read_record(args.resume) if args.resume else None  # before the model loads
     llm = LLM(**llm_kwargs)
     if llm.tokenizer is None:
         raise OptionError("--model: bench quality needs a model with a tokenizer (held-out "
@@ -349,7 +356,7 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
                               prefix_tokens=args.prefix_tokens, new_tokens=args.new_tokens,
                               seed=args.seed),
                  humaneval=dict(prompts=len(prompts), max_new_tokens=args.humaneval_tokens))
-    rows = resumed_rows(args.resume, facts) if args.resume else []
+    rows = resumed_rows(args.resume, facts, resumed) if args.resume else []
     done = {(r["block"], r["setting"]) for r in rows}
     todo = [(b, lb, o) for b in blocks for lb, o in chosen if (b, lb) not in done]
     if args.resume:

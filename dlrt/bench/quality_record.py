@@ -26,26 +26,38 @@ def update_record(path: Path, **fields: Any) -> None:
     os.replace(tmp, path)
 
 
-def resumed_rows(path: str | Path, facts: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows of the record at `path`, after checking that it is a `bench quality` record
-    whose `SAME` fields equal `facts`' (the device's, the CPU's thread count aside: the record
-    keeps the count it was first measured with).
+def read_record(path: str | Path) -> dict[str, Any]:
+    """The `bench quality` record at `path` (read before the model loads).
+
+    Raises:
+        OptionError: "--resume: ..." naming an unreadable record.
+    """
+    try:
+        record = json.loads(Path(path).read_text())
+        if not isinstance(record, dict) or not isinstance(record.get("rows"), list):
+            raise ValueError("no list of rows")
+    except (OSError, ValueError) as e:
+        raise OptionError(f"--resume: {path} is not a bench quality record ({e})") from None
+    return record
+
+
+def resumed_rows(path: str | Path, facts: dict[str, Any],
+                 record: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The rows of the record at `path` (`record`: as `read_record` read it), after checking
+    that it is a `bench quality` record whose `SAME` fields equal `facts`' (the device's, the
+    CPU's thread count aside: the record keeps the count it was first measured with).
 
     Raises:
         OptionError: "--resume: ..." naming an unreadable record or the first field that
             differs (its value there and here).
     """
-    try:
-        record = json.loads(Path(path).read_text())
-        rows = record["rows"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise OptionError(f"--resume: {path} is not a bench quality record ({e})") from None
+    record = read_record(path) if record is None else record
     for key in SAME:
         same = same_device if key == "device" and isinstance(record.get(key), str) else eq
         if not same(record.get(key), facts[key]):
             raise OptionError(f"--resume: {path} was measured with another {key} "
                               f"({record.get(key)!r}; this run: {facts[key]!r})")
-    return list(rows)
+    return list(record["rows"])
 
 
 def duration(seconds: float) -> str:

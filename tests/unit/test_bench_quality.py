@@ -486,3 +486,20 @@ def test_points_that_fall_together_are_set_apart():
     assert dodges([(1.0, 0.3)]) == [0.0]
     assert dodges([(1.0, 0.3), (2.0, 0.5), (1.0, 0.3), (1.0, 0.3)]) == \
         [-DODGE_PT, 0.0, 0.0, DODGE_PT]
+
+
+@pytest.mark.parametrize("content", [None, "not json", "[1, 2]", '{"rows": 3}'])
+def test_an_unreadable_resume_record_is_refused_before_the_model_loads(tmp_path, monkeypatch,
+                                                                        capsys, content):
+    import dlrt
+
+    def boom(*args, **kwargs):
+        raise AssertionError("loaded the model before reading --resume")
+
+    monkeypatch.setattr(dlrt, "LLM", boom)
+    path = tmp_path / "record.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(_two_settings("unused", tmp_path, "--resume", str(path))) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --resume: {path} is not a bench quality record"), err
