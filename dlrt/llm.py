@@ -377,11 +377,14 @@ class LLM:
                 except GeneratorExit:  # the consumer closed the stream: every rank stops
                     request.end_block(False)
                     raise
+                if finish is not None:  # (a request started after the last block is no newer one)
+                    request.end_block(False)
+                    return
                 if self._request != me:
                     raise DlrtError("this stream was superseded by a newer request on the same "
                                     "LLM (one request runs at a time); finish or close a stream "
                                     "first")
-                if not request.end_block(finish is None):
+                if not request.end_block(True):
                     return
         except Exception as e:
             request.fail(e)  # every rank hears of it (nothing if the request has ended)

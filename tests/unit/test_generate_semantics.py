@@ -294,6 +294,19 @@ def test_new_request_supersedes_an_open_stream(llm):
     assert first.token_ids == alone.token_ids[: len(first.token_ids)]
 
 
+def test_a_request_started_after_the_last_block_does_not_supersede_it(llm, ref):
+    """A stream whose last block has come is finished: a request started by its consumer before
+    the loop ends runs, and the stream ends without error."""
+    blocks, other = [], None
+    for b in llm.stream(PROMPT, max_new_tokens=N):
+        blocks.append(b)
+        if b.finish_reason:
+            other = llm.generate([5, 6, 7], max_new_tokens=4)
+    assert blocks[-1].finish_reason == "length"
+    assert [t for b in blocks for t in b.token_ids] == ref.token_ids
+    assert other is not None and len(other.token_ids) == 4
+
+
 @pytest.mark.parametrize("stop", [(), ("zzzz-never",)])
 def test_detokenisation_cost_is_linear(llm, monkeypatch, stop):
     """Streaming text decodes each token a bounded number of times (not the whole output after
