@@ -265,19 +265,21 @@ class Calls:
     def close(self, release: Callable[[], None]) -> None:
         """Close on every rank: rank 0 tells the others (a rank that cannot be told is
         logged), every rank runs `release` (collective: the engine's buffers, in rank order),
-        then leaves the process group."""
-        self.end_request()
-        told = True
-        if self.sharing:
-            try:
-                self.exchange(Close(), Close, Ready)
-            except OutOfStep as e:
-                told = False
-                log.warning("closing without the other ranks: %s", e)
-        if told and not self.lost:
-            release()
-        if self.ranks is not None:
-            self.ranks.close()
+        then leaves the process group (also when ending a request or `release` raises)."""
+        try:
+            self.end_request()
+            told = True
+            if self.sharing:
+                try:
+                    self.exchange(Close(), Close, Ready)
+                except OutOfStep as e:
+                    told = False
+                    log.warning("closing without the other ranks: %s", e)
+            if told and not self.lost:
+                release()
+        finally:
+            if self.ranks is not None:
+                self.ranks.close()
 
 
 def _names(kind: type | tuple) -> str:
