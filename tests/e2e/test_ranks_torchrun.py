@@ -22,7 +22,7 @@ REQUEST = dict(max_new_tokens=12, block_length=4, temperature=0.0)
 
 def run(tmp_path: Path, scenario: str, ckpt) -> tuple:
     out = tmp_path / f"{scenario}.json"
-    proc = torchrun(2, str(SCRIPT), scenario, str(ckpt), str(out))
+    proc = torchrun(2, str(SCRIPT), scenario, str(ckpt), str(out), tmp=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text()), proc.stderr
 
