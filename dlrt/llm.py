@@ -137,6 +137,12 @@ class LLM:
         """The processes this LLM runs on (torchrun's ranks; 1 without torchrun)."""
         return self._calls.world
 
+    @property
+    def lost(self) -> str | None:
+        """Why this LLM can run no more requests (under torchrun: the ranks lost step, or
+        another rank stopped; every later request raises), or None while it can."""
+        return self._calls.lost
+
     # -- what was loaded (read-only views of the engine) ----------------------------------
     engine_config = _engine("config", "the resolved engine options (no 'auto' left)")
     config = _engine("model_config", "the checkpoint's ModelConfig (with the mask token used)")

@@ -5,6 +5,10 @@ drains: uvicorn waits for every open request, so the running one and the queued 
 A second SIGINT refuses the queued requests (503, `Worker.refuse_waiting`) and cancels the
 running one at its next block; a third stops at once. Either way `run` returns only after the
 generation thread has stopped (`Worker.close`), so the LLM can close after it.
+
+Once the model can run no more requests (`Worker.lost`: under torchrun, a rank stopped), the
+server logs why in one line, refuses the queued requests and stops (`lost`), as an
+orchestrator expects of a server whose `/health` fails.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from dlrt.server.routes.health import lost_reason
 from dlrt.server.worker import Worker
 
 log = logging.getLogger("dlrt.server")
@@ -24,13 +29,15 @@ log = logging.getLogger("dlrt.server")
 
 class HTTPServer(uvicorn.Server):
     """Serves `app` on host:port (uvicorn, its own logs at warning level); `started()` is
-    called once it listens. `signals`: the signals received, in order."""
+    called once it listens. `signals`: the signals received, in order; `lost`: why it
+    stopped by itself (the model can run no more requests), or None."""
 
     def __init__(self, app: FastAPI, worker: Worker, host: str, port: int,
                  started: Callable[[], None]):
         super().__init__(uvicorn.Config(app, host=host, port=port, log_level="warning"))
         self.worker = worker
         self.signals: list[int] = []
+        self.lost: str | None = None
         self._started = started
 
     async def startup(self, sockets=None) -> None:
@@ -55,6 +62,14 @@ class HTTPServer(uvicorn.Server):
             worker.refuse_waiting()
         elif sig == signal.SIGINT:
             self.force_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.lost is None and self.worker.lost is not None:
+            self.lost = self.worker.lost
+            log.error("stopping: %s", lost_reason(self.lost))
+            self.worker.refuse_waiting()
+            self.should_exit = True
+        return await super().on_tick(counter)
 
     async def shutdown(self, sockets=None) -> None:
         await super().shutdown(sockets)

@@ -12,6 +12,9 @@ rank itself: closing its stream stops every rank.
 Shutting down: `refuse_waiting` refuses every waiting request (and any later one) with
 `ShuttingDown` and cancels the running one at its next block; `close` does that and returns
 once the generation thread has stopped, so the LLM can be closed after it.
+
+A request that fails because the LLM can run no more requests (`LLM.lost`: under torchrun, a
+rank stopped) sets `lost`: the server stops (`http_server`) and `/health` answers 503.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class Worker:
         self._ending = False  # the running request has delivered its last event
         self._running: tuple[Job, asyncio.Future] | None = None  # the job and its thread
         self.refusing = False  # shutting down: waiting requests are refused
+        self.lost: str | None = None  # why the LLM can run no more requests (None: it can)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlrt-gen")
 
     async def run(self, job: Job) -> AsyncIterator[tuple[str, Any]]:
@@ -176,7 +180,10 @@ class Worker:
                                first_block_s=first_block_s, total_s=total))
         except Exception as e:  # reported to this client; the server keeps serving
             status = f"error: {type(e).__name__}"
-            log.exception("request %s failed", job.rid)
+            self.lost = self.llm.lost
+            if self.lost is None:
+                log.exception("request %s failed", job.rid)
+            # (else the server stops, saying why: no traceback)
             emit("error", f"{type(e).__name__}: {e}")
         finally:
             total = time.perf_counter() - t0

@@ -173,3 +173,87 @@ def test_options_without_effect_are_one_log_line_per_request(tiny_sdar, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "dlrt.decoding.ignored"]
     assert len(lines) == 1, lines
     assert "top_k=3" in lines[0] and "top_p=0.9" in lines[0] and "seed" not in lines[0]
+
+
+class LosesItsRanks:
+    """A loaded LLM whose ranks are lost at the first request (as when a rank stops under
+    torchrun): that request and every later one raise, and `lost` says why."""
+
+    def __init__(self, llm: LLM):
+        self._llm, self.lost = llm, None
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+    def stream(self, prompt, **options):
+        from dlrt.distributed.calls import OutOfStep
+
+        self.lost = "the control channel failed: RuntimeError: Connection closed by peer"
+        raise OutOfStep(f"rank 0: {self.lost}; another rank has stopped")
+        yield  # (a generator, as LLM.stream)
+
+
+def test_health_is_a_503_naming_the_reason_once_the_model_is_lost(tiny_sdar, caplog):
+    llm = LosesItsRanks(LLM(tiny_sdar, dtype="float32"))
+    with client_of(llm, "sdar") as c:
+        assert c.get("/health").json()["status"] == "ok"
+        with c.stream("POST", "/generate", json={"prompt": "Hello", "max_new_tokens": 4}) as s:
+            rows = [json.loads(line) for line in s.iter_lines() if line]
+        assert rows[-1]["type"] == "error" and "OutOfStep" in rows[-1]["message"], rows
+        deadline = time.monotonic() + 10  # the failed request's thread ends after its event
+        while c.get("/health").json()["running"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        r = c.get("/health")
+        assert r.status_code == 503, r.text
+        assert r.json() == {"status": "error", "running": 0, "waiting": 0, "reason": (
+            "the model can run no more requests: the control channel failed: RuntimeError: "
+            "Connection closed by peer")}
+    assert not any(r.exc_info for r in caplog.records), "a traceback was logged"
+
+
+def test_serve_stops_with_status_1_and_one_line_once_the_model_is_lost(
+        tiny_sdar, monkeypatch, caplog):
+    import logging
+    import os
+    import signal
+    import threading
+
+    import httpx
+    from conftest import free_port
+
+    import dlrt
+    from dlrt.entrypoints.cli import main
+
+    llm = LosesItsRanks(LLM(tiny_sdar, dtype="float32"))
+    monkeypatch.setattr(dlrt, "LLM", lambda *a, **k: llm)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    answers: list = []
+
+    def client():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(url + "/health", timeout=2)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        answers.append(httpx.post(url + "/generate", json={"prompt": "Hello"}, timeout=30))
+
+    t = threading.Thread(target=client, daemon=True)
+    t.start()
+    # a server that goes on serving is stopped after 30 s (status 143)
+    watchdog = threading.Timer(30, os.kill, (os.getpid(), signal.SIGTERM))
+    watchdog.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="dlrt"):
+            status = main(["serve", "--model", str(tiny_sdar), "--port", str(port), "--quiet"])
+    finally:
+        watchdog.cancel()
+    t.join(30)
+    assert status == 1
+    assert answers and '"type": "error"' in answers[0].text.replace('":"', '": "'), answers
+    stopping = [r.getMessage() for r in caplog.records if "stopping" in r.getMessage()]
+    assert stopping == ["stopping: the model can run no more requests: the control channel "
+                        "failed: RuntimeError: Connection closed by peer"], stopping
+    assert not any(r.exc_info for r in caplog.records), "a traceback was logged"

@@ -221,6 +221,8 @@ class Recorded:
         self.world, self.rank, self.gone, self.closed = 2, 0, gone, False
 
     def all_gather(self, obj):
+        if self.gone is None:
+            raise AssertionError("an exchange after the ranks lost step")
         if self.gone:
             raise RuntimeError("Connection closed by peer")
         return [obj, pickle.dumps(Ready())]
@@ -244,3 +246,20 @@ def test_close_leaves_the_process_group_when_ending_the_request_or_release_raise
     with pytest.raises(RuntimeError, match="release failed"):
         Calls(ranks).close(release)
     assert ranks.closed
+
+
+def test_close_after_the_ranks_lost_step_tells_nobody_and_logs_nothing(caplog):
+    """The loss was reported when it happened: closing sends nothing (the channel is gone),
+    releases nothing (the peers would never meet its barriers) and leaves the group."""
+    ranks = Recorded(gone=True)
+    calls = Calls(ranks)
+    with pytest.raises(OutOfStep):
+        calls.call("work", 1)
+    ranks.gone = None  # an exchange now would fail differently
+
+    def release():
+        raise AssertionError("released after the ranks lost step")
+
+    caplog.set_level("WARNING")
+    calls.close(release)
+    assert ranks.closed and caplog.records == []
