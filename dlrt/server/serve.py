@@ -4,9 +4,10 @@ its requests with it.
 
 Stopping: the first SIGINT or SIGTERM stops taking connections and drains (the running request
 and the queued ones finish); a second SIGINT answers the queued ones with 503 and cancels the
-running one at its next block; a third stops at once. The generation thread has stopped before
-the LLM closes. Once the model can run no more requests (under torchrun: a rank stopped), the
-server says why in one line and stops with exit status 1 (`LOST`); `/health` answers 503."""
+running one at its next block; a third stops at once (status 130, waiting for nothing).
+Otherwise the generation thread has stopped before the LLM closes. Once the model can run no
+more requests (under torchrun: a rank stopped), the server says why in one line and stops with
+exit status 1 (`LOST`); `/health` answers 503."""
 
 from __future__ import annotations
 
