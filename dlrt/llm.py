@@ -241,10 +241,13 @@ class LLM:
         check_editing(params, fam.name, fam.supports_editing, self.decoder_name)
         return params
 
-    def stream(self, prompt: Prompt, *, chat: bool = False, **options: Any
+    def stream(self, prompt: Prompt, *, chat: bool = False,
+               defaults: dict[str, Any] | None = None, **options: Any
                ) -> Iterator[BlockOutput]:
-        """Generate, yielding one `BlockOutput` per decided block. Options as `generate`."""
-        yield from self._stream(prompt, chat, options, {})
+        """Generate, yielding one `BlockOutput` per decided block. Options as `generate`;
+        `defaults`: options (the same names) for those that `options` leaves unset, such as
+        a server's flags; only `options` are named when they have no effect on the request."""
+        yield from self._stream(prompt, chat, options, {}, defaults or {})
 
     def generate(self, prompt: Prompt, max_new_tokens: int | None = None, *, chat: bool = False,
                  **options: Any) -> GenerationResult:
@@ -318,10 +321,11 @@ class LLM:
         return lo
 
     def _stream(self, prompt: Prompt, chat: bool, options: dict[str, Any],
-                stats: dict[str, Any]) -> Iterator[BlockOutput]:
+                stats: dict[str, Any], defaults: dict[str, Any] | None = None
+                ) -> Iterator[BlockOutput]:
         self._check_open()
-        ids, params = self.check(prompt, chat=chat, **options)
-        warn_ignored(DecodingOptions.from_kwargs(options), params)
+        ids, params = self.check(prompt, chat=chat, **{**(defaults or {}), **options})
+        warn_ignored(DecodingOptions.from_kwargs(options), params)  # (never the defaults)
         # NOTE: rank 0 sends the checked request (its seed included) to the other ranks.
         ids, params, request = self._calls.start_request(ids, params)
         yield from self._run(ids, params, request, stats)

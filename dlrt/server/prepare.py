@@ -39,7 +39,7 @@ def prepare(state: ServerState, call: Callable[[Any], protocol.Call], body: Base
         prompt, chat, options, fields = call(body)
     except PromptError as e:
         raise HTTPError(400, str(e), where) from e
-    options = {**state.defaults, **options}
+    sent, options = options, {**state.defaults, **options}
     options.setdefault("seed", random.randrange(2**31))  # same seed on every rank
     try:
         ids, _ = state.llm.check(prompt, chat=chat, **options)
@@ -55,7 +55,9 @@ def prepare(state: ServerState, call: Callable[[Any], protocol.Call], body: Base
                                      endpoint)) from e
     except DlrtError as e:
         raise HTTPError(400, str(e)) from e
-    return Job(f"{endpoint[:4]}-{next(_ids)}", ids, options, endpoint)
+    # NOTE: the defaults go apart: only what the client sent is named when without effect
+    return Job(f"{endpoint[:4]}-{next(_ids)}", ids, sent, endpoint,
+               defaults={k: v for k, v in options.items() if k not in sent})
 
 
 def _blame(state: ServerState, error: PromptError, prompt, chat: bool, options: dict[str, Any],

@@ -41,13 +41,15 @@ class ShuttingDown(Exception):
 
 @dataclass
 class Job:
-    """A validated request: prompt token ids and keyword options for `LLM.stream`."""
+    """A validated request: prompt token ids, the keyword options it set and the server's
+    defaults for the others (`LLM.stream`'s `options` and `defaults`)."""
 
     rid: str
     prompt_ids: list[int]
     options: dict[str, Any]
     endpoint: str = "generate"
     cancel: threading.Event = field(default_factory=threading.Event)
+    defaults: dict[str, Any] = field(default_factory=dict)
 
 
 class Worker:
@@ -156,7 +158,8 @@ class Worker:
         finish, stop_reason, status = None, None, "ok"
         try:
             cancelled = job.cancel.is_set()  # before its start: the client left, or shutdown
-            stream = iter(()) if cancelled else self.llm.stream(job.prompt_ids, **job.options)
+            stream = iter(()) if cancelled else self.llm.stream(
+                job.prompt_ids, defaults=job.defaults, **job.options)
             if cancelled:
                 finish, status = "cancelled", "cancelled"
             for block in stream:

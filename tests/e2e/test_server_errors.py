@@ -157,22 +157,27 @@ def test_serve_names_the_missing_server_packages(monkeypatch):
 
 
 def test_options_without_effect_are_one_log_line_per_request(tiny_sdar, caplog):
-    """The server fills in a seed and its flags' defaults; only what has no effect is named,
-    once per request (the request still runs)."""
+    """What the client sets without effect is named, once per request (the request still
+    runs); the server's defaults (its flags) never are, whatever the request."""
     import logging
 
     llm = LLM(tiny_sdar, dtype="float32")
-    with client_of(llm, "sdar", {"top_p": 0.9}) as c, \
+    requests = [({"temperature": 0, "top_k": 3}, "top_k=3"),
+                ({"temperature": 0.5}, None),
+                ({"temperature": 0, "remasking_strategy": "sequential"}, None),
+                ({"remasking_strategy": "sequential", "threshold": 0.5}, "threshold=0.5")]
+    with client_of(llm, "sdar", {"top_p": 0.9, "threshold": 0.9}) as c, \
             caplog.at_level(logging.WARNING, logger="dlrt.decoding.ignored"):
-        r = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4,
-                                            "temperature": 0, "top_k": 3})
-        assert r.status_code == 200, r.text
-        r = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4,
-                                            "temperature": 0.5})
-        assert r.status_code == 200, r.text
-    lines = [r.getMessage() for r in caplog.records if r.name == "dlrt.decoding.ignored"]
-    assert len(lines) == 1, lines
-    assert "top_k=3" in lines[0] and "top_p=0.9" in lines[0] and "seed" not in lines[0]
+        for options, named in requests:
+            caplog.clear()
+            r = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4, **options})
+            assert r.status_code == 200, r.text
+            lines = [r.getMessage() for r in caplog.records
+                     if r.name == "dlrt.decoding.ignored"]
+            assert len(lines) == (named is not None), (options, lines)
+            if named:
+                assert named in lines[0] and "top_p" not in lines[0], lines
+                assert "seed" not in lines[0] and "=0.9" not in lines[0], lines
 
 
 class LosesItsRanks:
