@@ -128,7 +128,8 @@ def test_a_client_gone_mid_body_is_a_400_not_a_traceback():
 
     from starlette.requests import Request
 
-    from dlrt.server.app import HTTPError, _body
+    from dlrt.server.body import read_body
+    from dlrt.server.errors import HTTPError
 
     messages = [{"type": "http.request", "body": b'{"prom', "more_body": True},
                 {"type": "http.disconnect"}]
@@ -139,7 +140,7 @@ def test_a_client_gone_mid_body_is_a_400_not_a_traceback():
     request = Request({"type": "http", "method": "POST", "headers": [(b"content-length",
                                                                         b"100")]}, receive)
     with pytest.raises(HTTPError) as e:
-        asyncio.run(_body(request, None, 1000))
+        asyncio.run(read_body(request, None, 1000))
     assert e.value.status == 400 and "disconnected" in str(e.value)
 
 
