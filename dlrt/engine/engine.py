@@ -5,7 +5,9 @@
 `ResolvedConfig`, in order: the ops table, the model (meta device, then weights), the linear layers'
 methods (`dlrt.tuning.linear`, `dlrt.tuning.quant`), the paged KV cache (the model dtype, or FP8
 with the checkpoint's per-layer scales), the attention backend, the runner, the executor and
-the decoder. Nothing here is global: two engines in one process are independent.
+the decoder. Nothing here is global but the CPU thread count: for a model on the CPU,
+`apply_cpu_threads` sets the whole process's torch thread count (`torch.set_num_threads`);
+otherwise two engines in one process are independent.
 """
 
 from __future__ import annotations
