@@ -144,7 +144,12 @@ class LLM:
         return self._calls.lost
 
     # -- what was loaded (read-only views of the engine) ----------------------------------
-    engine_config = _engine("config", "the resolved engine options (no 'auto' left)")
+    @property
+    def engine_config(self) -> EngineConfig:
+        """The resolved engine options (no "auto" left), with the execution mode in use
+        (`set_execution_mode` switches it)."""
+        return dataclasses.replace(self.engine.config, execution_mode=self.executor.mode)
+
     config = _engine("model_config", "the checkpoint's ModelConfig (with the mask token used)")
     tokenizer = _engine("tokenizer", "the checkpoint's tokenizer, or None")
     folder = _engine("folder", "the checkpoint folder")
