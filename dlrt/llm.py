@@ -54,12 +54,15 @@ class LLM:
 
     Args:
         model: checkpoint folder (Hugging Face layout, safetensors only); None = the embedded
-            default (a tiny SDAR model with the SDAR tokenizer, made on first use).
+            default: a 7.6M-parameter SDAR model trained on the Python standard library, with
+            its own byte-level BPE tokenizer, shipped as package data
+            (`dlrt/data/sdar-stdlib-8m`).
         **options: engine options, the fields of `dlrt.engine.config.EngineConfig` (each
             documented there, as the CLI's engine flags are): dtype, device, load_format,
             seed (of dummy weights), max_model_len, decoder, mask_token_id, execution_mode,
-            attention_backend, quantization, kv_cache_dtype, kernels, linear_kernels. None =
-            the default.
+            attention_backend, quantization, fp8_activations, kv_cache_dtype, kernels,
+            round_kernel, tensor_parallel_size, linear_kernels, cpu_threads. None = the
+            default.
     Raises:
         CheckpointError, ConfigError, OptionError: the message names the problem; a bad
             option fails before the checkpoint is read. Under torchrun the message starts
@@ -114,7 +117,10 @@ class LLM:
     def close(self) -> None:
         """Close on every rank (rank 0 tells the others; they end their processes after):
         release the ranks' buffers (the peer-to-peer all-reduce's, in rank order) and leave
-        the process group. Later calls do nothing; any other call after it raises DlrtError.
+        the process group. Later `close` calls do nothing. After it, the calls that run the
+        model (`generate`, `stream`, `set_execution_mode`, `collective_rpc`) raise DlrtError;
+        those that read only the host (`check`, `encode`, `resolve`, `max_new_tokens_fit`,
+        the attributes) still answer.
         """
         if not self._close.alive:
             return

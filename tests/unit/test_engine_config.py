@@ -48,6 +48,12 @@ def test_resolved_config_has_no_auto(tiny_sdar):
     assert values["mask_token_id"] == llm.config.mask_token_id == 151669
 
 
+def test_llm_docstring_names_every_engine_option():
+    names = [f.name for f in dataclasses.fields(EngineConfig) if f.name != "model"]
+    missing = [n for n in names if n not in LLM.__doc__]
+    assert not missing, missing
+
+
 def test_engine_config_says_the_execution_mode_in_use(tiny_sdar, monkeypatch):
     """After `set_execution_mode`, `engine_config` says the mode switched to (the check is
     faked: the CPU runs only eager)."""

@@ -336,3 +336,25 @@ def test_prefill_in_chunks_gives_the_same_tokens(llm, monkeypatch):
     chunked = llm.generate(prompt, max_new_tokens=8)
     assert chunked.token_ids == ref.token_ids
     assert chunked.timings["forwards"] == ref.timings["forwards"] + -(-36 // (2 * B)) - 1
+
+
+def test_after_close_device_calls_raise_and_host_calls_answer(tiny_sdar):
+    """What `LLM.close` says: a later close does nothing, the calls that run the model raise,
+    the ones that read only the host (tokenizer, options, context) still answer."""
+    from dlrt import DlrtError
+
+    llm = dlrt.LLM(tiny_sdar, dtype="float32")
+    llm.close()
+    llm.close()
+    for call in (lambda: llm.generate(PROMPT, max_new_tokens=4),
+                 lambda: next(llm.stream(PROMPT, max_new_tokens=4)),
+                 lambda: llm.set_execution_mode("eager"),
+                 lambda: llm.collective_rpc(decode, [1])):
+        with pytest.raises(DlrtError, match="this LLM is closed"):
+            call()
+    from dlrt.decoding.options import DecodingOptions
+
+    ids, params = llm.check(PROMPT, max_new_tokens=4, seed=1)
+    assert ids == llm.encode(PROMPT)
+    assert params == llm.resolve(DecodingOptions(max_new_tokens=4, seed=1))
+    assert llm.max_new_tokens_fit(len(ids)) > 0
