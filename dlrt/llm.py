@@ -54,12 +54,15 @@ class LLM:
 
     Args:
         model: checkpoint folder (Hugging Face layout, safetensors only); None = the embedded
-            default (a tiny SDAR model with the SDAR tokenizer, made on first use).
+            default: a 7.6M-parameter SDAR model trained on the Python standard library, with
+            its own byte-level BPE tokenizer, shipped as package data
+            (`dlrt/data/sdar-stdlib-8m`).
         **options: engine options, the fields of `dlrt.engine.config.EngineConfig` (each
             documented there, as the CLI's engine flags are): dtype, device, load_format,
             seed (of dummy weights), max_model_len, decoder, mask_token_id, execution_mode,
-            attention_backend, quantization, kv_cache_dtype, kernels, linear_kernels. None =
-            the default.
+            attention_backend, quantization, fp8_activations, kv_cache_dtype, kernels,
+            round_kernel, tensor_parallel_size, linear_kernels, cpu_threads. None = the
+            default.
     Raises:
         CheckpointError, ConfigError, OptionError: the message names the problem; a bad
             option fails before the checkpoint is read. Under torchrun the message starts
@@ -114,7 +117,10 @@ class LLM:
     def close(self) -> None:
         """Close on every rank (rank 0 tells the others; they end their processes after):
         release the ranks' buffers (the peer-to-peer all-reduce's, in rank order) and leave
-        the process group. Later calls do nothing; any other call after it raises DlrtError.
+        the process group. Later `close` calls do nothing. After it, the calls that run the
+        model (`generate`, `stream`, `set_execution_mode`, `collective_rpc`) raise DlrtError;
+        those that read only the host (`check`, `encode`, `resolve`, `max_new_tokens_fit`,
+        the attributes) still answer.
         """
         if not self._close.alive:
             return
@@ -137,8 +143,19 @@ class LLM:
         """The processes this LLM runs on (torchrun's ranks; 1 without torchrun)."""
         return self._calls.world
 
+    @property
+    def lost(self) -> str | None:
+        """Why this LLM can run no more requests (under torchrun: the ranks lost step, or
+        another rank stopped; every later request raises), or None while it can."""
+        return self._calls.lost
+
     # -- what was loaded (read-only views of the engine) ----------------------------------
-    engine_config = _engine("config", "the resolved engine options (no 'auto' left)")
+    @property
+    def engine_config(self) -> EngineConfig:
+        """The resolved engine options (no "auto" left), with the execution mode in use
+        (`set_execution_mode` switches it)."""
+        return dataclasses.replace(self.engine.config, execution_mode=self.executor.mode)
+
     config = _engine("model_config", "the checkpoint's ModelConfig (with the mask token used)")
     tokenizer = _engine("tokenizer", "the checkpoint's tokenizer, or None")
     folder = _engine("folder", "the checkpoint folder")
@@ -235,10 +252,13 @@ class LLM:
         check_editing(params, fam.name, fam.supports_editing, self.decoder_name)
         return params
 
-    def stream(self, prompt: Prompt, *, chat: bool = False, **options: Any
+    def stream(self, prompt: Prompt, *, chat: bool = False,
+               defaults: dict[str, Any] | None = None, **options: Any
                ) -> Iterator[BlockOutput]:
-        """Generate, yielding one `BlockOutput` per decided block. Options as `generate`."""
-        yield from self._stream(prompt, chat, options, {})
+        """Generate, yielding one `BlockOutput` per decided block. Options as `generate`;
+        `defaults`: options (the same names) for those that `options` leaves unset, such as
+        a server's flags; only `options` are named when they have no effect on the request."""
+        yield from self._stream(prompt, chat, options, {}, defaults or {})
 
     def generate(self, prompt: Prompt, max_new_tokens: int | None = None, *, chat: bool = False,
                  **options: Any) -> GenerationResult:
@@ -312,10 +332,11 @@ class LLM:
         return lo
 
     def _stream(self, prompt: Prompt, chat: bool, options: dict[str, Any],
-                stats: dict[str, Any]) -> Iterator[BlockOutput]:
+                stats: dict[str, Any], defaults: dict[str, Any] | None = None
+                ) -> Iterator[BlockOutput]:
         self._check_open()
-        ids, params = self.check(prompt, chat=chat, **options)
-        warn_ignored(DecodingOptions.from_kwargs(options), params)
+        ids, params = self.check(prompt, chat=chat, **{**(defaults or {}), **options})
+        warn_ignored(DecodingOptions.from_kwargs(options), params)  # (never the defaults)
         # NOTE: rank 0 sends the checked request (its seed included) to the other ranks.
         ids, params, request = self._calls.start_request(ids, params)
         yield from self._run(ids, params, request, stats)
@@ -377,11 +398,14 @@ class LLM:
                 except GeneratorExit:  # the consumer closed the stream: every rank stops
                     request.end_block(False)
                     raise
+                if finish is not None:  # (a request started after the last block is no newer one)
+                    request.end_block(False)
+                    return
                 if self._request != me:
                     raise DlrtError("this stream was superseded by a newer request on the same "
                                     "LLM (one request runs at a time); finish or close a stream "
                                     "first")
-                if not request.end_block(finish is None):
+                if not request.end_block(True):
                     return
         except Exception as e:
             request.fail(e)  # every rank hears of it (nothing if the request has ended)

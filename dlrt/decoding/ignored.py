@@ -20,8 +20,8 @@ def ignored_options(opts: DecodingOptions, params: DecodingParams) -> dict[str, 
     """The options `opts` sets (not None) that have no effect on the request `params` (what
     `opts` resolved to), each with why, in field order. Values the request leaves to the
     decoder or to `generation_config.json` never count, nor a filter set to its off value.
-    `seed` never counts: front ends set one on every request (the server, tensor parallelism),
-    and it acts only when sampling or with `random`."""
+    `seed` never counts: it acts only when sampling or with `random`, and a caller that gives
+    every request a seed (to repeat a run) is not mistaken on its greedy ones."""
     strategy = params.strategy.name
     unread = f"the {strategy} strategy does not read it"
     greedy = "greedy: temperature 0 or below 1e-6"

@@ -1,12 +1,13 @@
 """The checks that tensor-parallel ranks would build the same model: the same checkpoint (a
 fingerprint of its config, names and sampled bytes) and the same engine options, before any
-weight loads."""
+weight loads; and after the load, that every rank loaded (all go on, or all raise)."""
 
 from __future__ import annotations
 
 import hashlib
 
-from dlrt.errors import CheckpointError, OptionError
+from dlrt.distributed.calls import describe
+from dlrt.errors import CheckpointError, OptionError, RankError
 
 SAMPLE_BYTES = 1 << 16  # bytes read from each weight file's start, middle and end
 
@@ -45,3 +46,18 @@ def check_ranks_agree(ranks, folder, options: dict) -> None:
             raise OptionError(f"the tensor-parallel ranks disagree on {name} ({listed}); "
                               "every rank must create LLM(...) with the same arguments")
 
+
+
+def check_all_loaded(ranks, error: BaseException | None) -> None:
+    """Every rank's outcome of the load (`error`: this rank's failure, None when it loaded),
+    exchanged over the load-time channel (`Ranks.gather_at_load`: a rank that never arrives
+    is a DlrtError after LOAD_TIMEOUT, not a hang): the ranks go on together or raise
+    together. Raises `error` itself on the rank that failed, RankError naming each rank that
+    failed and its error on the others."""
+    every = ranks.gather_at_load(None if error is None else describe(error))
+    if error is not None:
+        raise error
+    failed = "; ".join(f"rank {r} failed to load the model: {e}"
+                       for r, e in enumerate(every) if e)
+    if failed:
+        raise RankError(failed)

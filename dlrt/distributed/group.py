@@ -28,7 +28,8 @@ class TensorParallel:
             and `capacity_bytes` (its largest message): the fused peer-to-peer all-reduce
             (`dlrt.distributed.p2p.P2PAllReduce`) that CUDA graphs and WHILE bodies can hold.
             Larger tensors go through it in row chunks.
-        control: the ranks' control channel (`dlrt.distributed.ranks.Ranks`): `barrier`.
+        control: the ranks' control channel (`dlrt.distributed.ranks.Ranks`; the LLM's
+            calls go over it).
     """
 
     def __init__(self, rank: int, size: int, group=None, reducer=None, control=None):
@@ -43,14 +44,6 @@ class TensorParallel:
         if flat.shape[0] <= per:
             return self.reducer.all_reduce(x)
         return torch.cat([self.reducer.all_reduce(c) for c in flat.split(per)]).view(x.shape)
-
-    def barrier(self) -> None:
-        """Wait on the host until every rank gets here, its device work done (over the control
-        channel: no device collective)."""
-        if self.size > 1:
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                torch.cuda.synchronize()
-            self.control.all_gather(None)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of x over the ranks (a new tensor, x's shape and dtype)."""

@@ -333,29 +333,48 @@ class P2PAllReduce:
 
         dist.barrier(group=self.group)
 
-    def _release(self, barrier: Callable[[], None]) -> None:
+    def _release(self, barrier: Callable[[], None],
+                 errors: list[Exception] | None = None) -> None:
         """Rank by rank in rank order (each after the previous one: `barrier()` returns when
         every rank called it), close the mappings of the peers' buffers; then, once every rank
         has, free the own buffers, again in rank order: freeing an exported buffer that a peer
-        still maps is undefined behaviour."""
+        still maps is undefined behaviour. Every rank passes every barrier whatever fails on
+        it (a rank that stopped early would leave the others waiting on the group): a failed
+        CUDA call is kept and the rank goes on; after the last barrier the first failure
+        (`errors` holds those from before the release) is raised."""
+        errors = [] if errors is None else errors
+
+        def attempt(call, ptr: int) -> None:
+            try:
+                _check(call(ptr))
+            except Exception as e:  # raised after the last barrier
+                errors.append(e)
+
         for r in range(self.world):
             if r == self.rank:
                 for ptr in self._opened:
-                    _check(self._rt.cudaIpcCloseMemHandle(ptr))
+                    attempt(self._rt.cudaIpcCloseMemHandle, ptr)
                 self._opened = []
             barrier()
         for r in range(self.world):
             if r == self.rank and self._own is not None:
-                _check(self._rt.cudaFree(self._own))
+                attempt(self._rt.cudaFree, self._own)
                 self._own = None
             barrier()
+        if errors:
+            raise errors[0]
 
     def close(self) -> None:
         """Collective, once the device no longer runs any of this object's launches (graphs
         holding them included): waits for the device, then releases the buffers in rank order
-        over the group (`_release`). Later calls do nothing."""
+        over the group (`_release`), also when waiting failed (that error is raised after the
+        release). Later calls do nothing."""
         if self._own is None:
             return
+        errors: list[Exception] = []
         with torch.cuda.device(self.device):
-            torch.cuda.synchronize()
-            self._release(self._barrier)
+            try:
+                torch.cuda.synchronize()
+            except Exception as e:  # (a launch trapped) every rank still passes every barrier
+                errors.append(e)
+            self._release(self._barrier, errors)

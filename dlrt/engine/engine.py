@@ -6,8 +6,9 @@ large model on the CPU the cores' load watched for 0.1 s; `Engine.open` stops th
 from the `ResolvedConfig`, in order: the ops table, the model (meta device, then weights), the
 linear layers' methods (`dlrt.tuning.linear`, `dlrt.tuning.quant`), the paged KV cache (the
 model dtype, or FP8 with the checkpoint's per-layer scales), the attention backend, the runner,
-the executor and the decoder. Nothing here is global: two engines in one process are
-independent.
+the executor and the decoder. Nothing here is global but the CPU thread count: for a model on
+the CPU, `apply_cpu_threads` sets the whole process's torch thread count
+(`torch.set_num_threads`); otherwise two engines in one process are independent.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dlrt.checkpoint.kv_scales import read_kv_scales
 from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize
 from dlrt.checkpoint.quant import QuantScheme, quantize_model
 from dlrt.decoding.options import DecoderDefaults
-from dlrt.distributed.agree import check_ranks_agree
+from dlrt.distributed.agree import check_all_loaded, check_ranks_agree
 from dlrt.distributed.group import TensorParallel, tensor_parallel_group
 from dlrt.distributed.ranks import Ranks
 from dlrt.distributed.transform import check_sizes, shard_model
@@ -106,11 +107,15 @@ class Engine:
     @staticmethod
     def create(options: EngineConfig) -> Engine:
         """Load the checkpoint and build the engine (`open`, then every part from the resolved
-        config).
+        config). With tensor parallelism every rank goes on or every rank raises: once the
+        ranks agree (`_tensor_parallel`), each one's outcome of the load is exchanged at its
+        end over the load-time channel (`check_all_loaded`).
 
         Raises:
             CheckpointError, ConfigError, OptionError: the message names the problem; option
                 errors that need no checkpoint come before it is opened.
+            RankError: another rank failed to load (named, with its error); this rank raises
+                its own error.
         """
         resolved, folder, tokenizer = Engine.open(options)
         config, mconfig, scheme = resolved.engine, resolved.model, resolved.quant
@@ -118,24 +123,38 @@ class Engine:
         apply_cpu_threads(device, config.cpu_threads)
         tp = _tensor_parallel(config, mconfig, folder, scheme)
         _report_quantization(scheme, device)
-        ops = get_ops(config.kernels)
-        model = _load(mconfig, ops, folder, config, scheme, tp)
-        plan = _plan_linears(model, config, resolved.block_length)
-        plan.apply(model)
-        cache = _kv_cache(mconfig, config, model, folder, tp.size)
-        backend = get_backend(config.attention_backend, cache, mconfig.num_heads // tp.size)
-        vocab = VocabShard(tp, mconfig.vocab_size) if tp.size > 1 else None
-        persistent = _persistent_rounds(model, cache, resolved.block_length) \
-            if config.round_kernel == "persistent" else None
-        runner = ModelRunner(model, ops, backend, cache, device, vocab=vocab,
-                             persistent=persistent)
-        executor = Executor(config.execution_mode, device, backend)
-        decoder = build_decoder(config.decoder, runner, mconfig.mask_token_id,
-                                resolved.decoder_defaults, executor)
-        if tp.size > 1:
-            tp.barrier()  # every rank loaded and tuned: the first sums start together
-        return Engine(resolved, folder, tokenizer, ops, model, plan, runner, executor,
-                      decoder, tp)
+        if tp.size == 1:
+            return _build(resolved, folder, tokenizer, tp)
+        try:
+            engine, error = _build(resolved, folder, tokenizer, tp), None
+        except Exception as e:  # the other ranks hear of it before it is raised
+            engine, error = None, e
+        check_all_loaded(tp.control, error)  # all loaded: the first sums start together
+        return engine
+
+
+def _build(resolved: ResolvedConfig, folder: CheckpointFolder, tokenizer: Any,
+           tp: TensorParallel) -> Engine:
+    """Every part of the engine from the resolved config, for this rank's share (`tp`)."""
+    config, mconfig, scheme = resolved.engine, resolved.model, resolved.quant
+    device = config.torch_device
+    ops = get_ops(config.kernels)
+    model = _load(mconfig, ops, folder, config, scheme, tp)
+    plan = _plan_linears(model, config, resolved.block_length)
+    plan.apply(model)
+    cache = _kv_cache(mconfig, config, model, folder, tp.size)
+    backend = get_backend(config.attention_backend, cache, mconfig.num_heads // tp.size)
+    vocab = VocabShard(tp, mconfig.vocab_size) if tp.size > 1 else None
+    persistent = _persistent_rounds(model, cache, resolved.block_length) \
+        if config.round_kernel == "persistent" else None
+    runner = ModelRunner(model, ops, backend, cache, device, vocab=vocab,
+                         persistent=persistent)
+    executor = Executor(config.execution_mode, device, backend)
+    decoder = build_decoder(config.decoder, runner, mconfig.mask_token_id,
+                            resolved.decoder_defaults, executor)
+    if tp.size > 1 and device.type == "cuda":
+        torch.cuda.synchronize(device)  # its device work done before the ranks go on
+    return Engine(resolved, folder, tokenizer, ops, model, plan, runner, executor, decoder, tp)
 
 
 def _tensor_parallel(config: EngineConfig, mconfig: ModelConfig, folder: CheckpointFolder,

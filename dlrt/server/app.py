@@ -18,15 +18,13 @@ from fastapi import FastAPI
 
 from dlrt.errors import OptionError
 from dlrt.server.auth import RequireKey
-from dlrt.server.body import read_body
 from dlrt.server.errors import HTTPError, error_response, http_error_handler
 from dlrt.server.metrics import CountResponses, Metrics
 from dlrt.server.routes import generate, health, openai, tokens
 from dlrt.server.state import ServerState
 from dlrt.server.worker import Worker
 
-__all__ = ["HTTPError", "create_app"]
-_body = read_body  # the body reader under its former name
+__all__ = ["create_app"]
 
 
 def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | None = None,

@@ -1,13 +1,12 @@
 """A request body to a `Job`: the model name checked, the body turned into an `LLM` call
-(`protocol`), the server's defaults and a seed added, and `LLM.check` run on it, before the
-request joins the queue. Every refusal is an `HTTPError` naming the field as the client sent
-it: a bad prompt names the prompt field; a request that does not fit the context names
-block_length, the max tokens field or the prompt (`_blame`)."""
+(`protocol`), the server's defaults added, and `LLM.check` run on it, before the request joins
+the queue. Every refusal is an `HTTPError` naming the field as the client sent it: a bad prompt
+names the prompt field; a request that does not fit the context names block_length, the max
+tokens field or the prompt (`_blame`)."""
 
 from __future__ import annotations
 
 import itertools
-import random
 from collections.abc import Callable
 from typing import Any
 
@@ -39,8 +38,7 @@ def prepare(state: ServerState, call: Callable[[Any], protocol.Call], body: Base
         prompt, chat, options, fields = call(body)
     except PromptError as e:
         raise HTTPError(400, str(e), where) from e
-    options = {**state.defaults, **options}
-    options.setdefault("seed", random.randrange(2**31))  # same seed on every rank
+    sent, options = options, {**state.defaults, **options}
     try:
         ids, _ = state.llm.check(prompt, chat=chat, **options)
     except OptionError as e:
@@ -55,7 +53,8 @@ def prepare(state: ServerState, call: Callable[[Any], protocol.Call], body: Base
                                      endpoint)) from e
     except DlrtError as e:
         raise HTTPError(400, str(e)) from e
-    return Job(f"{endpoint[:4]}-{next(_ids)}", ids, options, endpoint)
+    # NOTE: the defaults go apart: only what the client sent is named when without effect
+    return Job(f"{endpoint[:4]}-{next(_ids)}", ids, sent, endpoint, defaults=state.defaults)
 
 
 def _blame(state: ServerState, error: PromptError, prompt, chat: bool, options: dict[str, Any],

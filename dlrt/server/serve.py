@@ -4,8 +4,10 @@ its requests with it.
 
 Stopping: the first SIGINT or SIGTERM stops taking connections and drains (the running request
 and the queued ones finish); a second SIGINT answers the queued ones with 503 and cancels the
-running one at its next block; a third stops at once. The generation thread has stopped before
-the LLM closes."""
+running one at its next block; a third stops at once (status 130, waiting for nothing).
+Otherwise the generation thread has stopped before the LLM closes. Once the model can run no
+more requests (under torchrun: a rank stopped), the server says why in one line and stops with
+exit status 1 (`LOST`); `/health` answers 503."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from dlrt.errors import OptionError, PromptError
 from dlrt.server.worker import Worker
 
 log = logging.getLogger("dlrt.server")
+LOST = 1  # the exit status once the model can run no more requests
 
 
 class CannotListen(OptionError):
@@ -152,7 +155,8 @@ def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int
     """Load `LLM(**llm_kwargs)` and serve it (blocks until shutdown) as `served_model_name`
     (default: `served_name`), asking for `api_key` when set. Under torchrun the model loads on
     every rank and only rank 0 gets here past the load (`LLM`). Returns the process exit code:
-    0, 128 + the signal that stopped it (130: SIGINT), 3: the server could not start.
+    0, 128 + the signal that stopped it (130: SIGINT), 3: the server could not start,
+    `LOST` (1): it stopped because the model can run no more requests.
 
     Raises:
         OptionError: an empty name or key, a host that does not resolve or a port out of
@@ -184,6 +188,8 @@ def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int
     finally:
         worker.close_now()  # the generation thread has stopped (it has, unless run failed)
         llm.close()  # under torchrun: the other ranks close with it and end
+    if server.lost is not None:
+        return LOST
     if server.signals:
         return 128 + server.signals[0]
     return 0 if server.started else 3  # uvicorn's STARTUP_FAILURE

@@ -12,6 +12,9 @@ rank itself: closing its stream stops every rank.
 Shutting down: `refuse_waiting` refuses every waiting request (and any later one) with
 `ShuttingDown` and cancels the running one at its next block; `close` does that and returns
 once the generation thread has stopped, so the LLM can be closed after it.
+
+A request that fails because the LLM can run no more requests (`LLM.lost`: under torchrun, a
+rank stopped) sets `lost`: the server stops (`http_server`) and `/health` answers 503.
 """
 
 from __future__ import annotations
@@ -38,13 +41,15 @@ class ShuttingDown(Exception):
 
 @dataclass
 class Job:
-    """A validated request: prompt token ids and keyword options for `LLM.stream`."""
+    """A validated request: prompt token ids, the keyword options it set and the server's
+    defaults for the others (`LLM.stream`'s `options` and `defaults`)."""
 
     rid: str
     prompt_ids: list[int]
     options: dict[str, Any]
     endpoint: str = "generate"
     cancel: threading.Event = field(default_factory=threading.Event)
+    defaults: dict[str, Any] = field(default_factory=dict)
 
 
 class Worker:
@@ -62,6 +67,7 @@ class Worker:
         self._ending = False  # the running request has delivered its last event
         self._running: tuple[Job, asyncio.Future] | None = None  # the job and its thread
         self.refusing = False  # shutting down: waiting requests are refused
+        self.lost: str | None = None  # why the LLM can run no more requests (None: it can)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlrt-gen")
 
     async def run(self, job: Job) -> AsyncIterator[tuple[str, Any]]:
@@ -152,7 +158,8 @@ class Worker:
         finish, stop_reason, status = None, None, "ok"
         try:
             cancelled = job.cancel.is_set()  # before its start: the client left, or shutdown
-            stream = iter(()) if cancelled else self.llm.stream(job.prompt_ids, **job.options)
+            stream = iter(()) if cancelled else self.llm.stream(
+                job.prompt_ids, defaults=job.defaults, **job.options)
             if cancelled:
                 finish, status = "cancelled", "cancelled"
             for block in stream:
@@ -176,7 +183,10 @@ class Worker:
                                first_block_s=first_block_s, total_s=total))
         except Exception as e:  # reported to this client; the server keeps serving
             status = f"error: {type(e).__name__}"
-            log.exception("request %s failed", job.rid)
+            self.lost = self.llm.lost
+            if self.lost is None:
+                log.exception("request %s failed", job.rid)
+            # (else the server stops, saying why: no traceback)
             emit("error", f"{type(e).__name__}: {e}")
         finally:
             total = time.perf_counter() - t0

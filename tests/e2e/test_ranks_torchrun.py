@@ -2,11 +2,13 @@
 fault on one rank ends the request on every rank, rank 0's caller gets an error naming the rank
 that failed, the other rank logs it, and the next request gives one process's tokens; `close`
 releases the all-reduce's buffers rank by rank before the process group goes, and every rank
-exits 0 whether the LLM was closed, left by a `with` block or left open at exit."""
+exits 0 whether the LLM was closed, left by a `with` block or left open at exit; a rank that
+fails to load makes every rank raise at once, naming it."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,18 @@ def test_an_llm_left_open_closes_at_exit(tiny_sdar, tmp_path):
     out, log = run(tmp_path, "atexit", tiny_sdar)
     assert len(out["ids"]) == 12
     assert "[rank 1] dlrt.llm: rank 1 closed with rank 0" in log
+
+
+def test_a_rank_that_fails_to_load_makes_every_rank_raise_naming_it(tiny_sdar, tmp_path):
+    """Rank 1 fails after the ranks agreed (its KV cache): rank 0 does not wait for it on the
+    control channel; both raise at the end of the load, rank 0 naming rank 1 and its error."""
+    out = tmp_path / "load.json"
+    start = time.monotonic()
+    proc = torchrun(2, str(SCRIPT), "load", str(tiny_sdar), str(out), tmp=tmp_path,
+                    timeout=120)
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 90, "a rank waited for the other"
+    err = {r: Path(f"{out}.rank{r}").read_text() for r in (0, 1)}
+    assert err[1] == "RuntimeError: injected fault on rank 1 while loading", proc.stderr[-3000:]
+    assert err[0] == ("RankError: rank 0: rank 1 failed to load the model: RuntimeError: "
+                      "injected fault on rank 1 while loading"), proc.stderr[-3000:]

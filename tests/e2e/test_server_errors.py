@@ -128,7 +128,8 @@ def test_a_client_gone_mid_body_is_a_400_not_a_traceback():
 
     from starlette.requests import Request
 
-    from dlrt.server.app import HTTPError, _body
+    from dlrt.server.body import read_body
+    from dlrt.server.errors import HTTPError
 
     messages = [{"type": "http.request", "body": b'{"prom', "more_body": True},
                 {"type": "http.disconnect"}]
@@ -139,7 +140,7 @@ def test_a_client_gone_mid_body_is_a_400_not_a_traceback():
     request = Request({"type": "http", "method": "POST", "headers": [(b"content-length",
                                                                         b"100")]}, receive)
     with pytest.raises(HTTPError) as e:
-        asyncio.run(_body(request, None, 1000))
+        asyncio.run(read_body(request, None, 1000))
     assert e.value.status == 400 and "disconnected" in str(e.value)
 
 
@@ -157,19 +158,108 @@ def test_serve_names_the_missing_server_packages(monkeypatch):
 
 
 def test_options_without_effect_are_one_log_line_per_request(tiny_sdar, caplog):
-    """The server fills in a seed and its flags' defaults; only what has no effect is named,
-    once per request (the request still runs)."""
+    """What the client sets without effect is named, once per request (the request still
+    runs); the server's defaults (its flags) never are, whatever the request."""
     import logging
 
     llm = LLM(tiny_sdar, dtype="float32")
-    with client_of(llm, "sdar", {"top_p": 0.9}) as c, \
+    requests = [({"temperature": 0, "top_k": 3}, "top_k=3"),
+                ({"temperature": 0.5}, None),
+                ({"temperature": 0, "remasking_strategy": "sequential"}, None),
+                ({"remasking_strategy": "sequential", "threshold": 0.5}, "threshold=0.5")]
+    with client_of(llm, "sdar", {"top_p": 0.9, "threshold": 0.9}) as c, \
             caplog.at_level(logging.WARNING, logger="dlrt.decoding.ignored"):
-        r = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4,
-                                            "temperature": 0, "top_k": 3})
-        assert r.status_code == 200, r.text
-        r = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4,
-                                            "temperature": 0.5})
-        assert r.status_code == 200, r.text
-    lines = [r.getMessage() for r in caplog.records if r.name == "dlrt.decoding.ignored"]
-    assert len(lines) == 1, lines
-    assert "top_k=3" in lines[0] and "top_p=0.9" in lines[0] and "seed" not in lines[0]
+        for options, named in requests:
+            caplog.clear()
+            r = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4, **options})
+            assert r.status_code == 200, r.text
+            lines = [r.getMessage() for r in caplog.records
+                     if r.name == "dlrt.decoding.ignored"]
+            assert len(lines) == (named is not None), (options, lines)
+            if named:
+                assert named in lines[0] and "top_p" not in lines[0], lines
+                assert "seed" not in lines[0] and "=0.9" not in lines[0], lines
+
+
+class LosesItsRanks:
+    """A loaded LLM whose ranks are lost at the first request (as when a rank stops under
+    torchrun): that request and every later one raise, and `lost` says why."""
+
+    def __init__(self, llm: LLM):
+        self._llm, self.lost = llm, None
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+    def stream(self, prompt, **options):
+        from dlrt.distributed.calls import OutOfStep
+
+        self.lost = "the control channel failed: RuntimeError: Connection closed by peer"
+        raise OutOfStep(f"rank 0: {self.lost}; another rank has stopped")
+        yield  # (a generator, as LLM.stream)
+
+
+def test_health_is_a_503_naming_the_reason_once_the_model_is_lost(tiny_sdar, caplog):
+    llm = LosesItsRanks(LLM(tiny_sdar, dtype="float32"))
+    with client_of(llm, "sdar") as c:
+        assert c.get("/health").json()["status"] == "ok"
+        with c.stream("POST", "/generate", json={"prompt": "Hello", "max_new_tokens": 4}) as s:
+            rows = [json.loads(line) for line in s.iter_lines() if line]
+        assert rows[-1]["type"] == "error" and "OutOfStep" in rows[-1]["message"], rows
+        deadline = time.monotonic() + 10  # the failed request's thread ends after its event
+        while c.get("/health").json()["running"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        r = c.get("/health")
+        assert r.status_code == 503, r.text
+        assert r.json() == {"status": "error", "running": 0, "waiting": 0, "reason": (
+            "the model can run no more requests: the control channel failed: RuntimeError: "
+            "Connection closed by peer")}
+    assert not any(r.exc_info for r in caplog.records), "a traceback was logged"
+
+
+def test_serve_stops_with_status_1_and_one_line_once_the_model_is_lost(
+        tiny_sdar, monkeypatch, caplog):
+    import logging
+    import os
+    import signal
+    import threading
+
+    import httpx
+    from conftest import free_port
+
+    import dlrt
+    from dlrt.entrypoints.cli import main
+
+    llm = LosesItsRanks(LLM(tiny_sdar, dtype="float32"))
+    monkeypatch.setattr(dlrt, "LLM", lambda *a, **k: llm)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    answers: list = []
+
+    def client():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(url + "/health", timeout=2)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        answers.append(httpx.post(url + "/generate", json={"prompt": "Hello"}, timeout=30))
+
+    t = threading.Thread(target=client, daemon=True)
+    t.start()
+    # a server that goes on serving is stopped after 30 s (status 143)
+    watchdog = threading.Timer(30, os.kill, (os.getpid(), signal.SIGTERM))
+    watchdog.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="dlrt"):
+            status = main(["serve", "--model", str(tiny_sdar), "--port", str(port), "--quiet"])
+    finally:
+        watchdog.cancel()
+    t.join(30)
+    assert status == 1
+    assert answers and '"type": "error"' in answers[0].text.replace('":"', '": "'), answers
+    stopping = [r.getMessage() for r in caplog.records if "stopping" in r.getMessage()]
+    assert stopping == ["stopping: the model can run no more requests: the control channel "
+                        "failed: RuntimeError: Connection closed by peer"], stopping
+    assert not any(r.exc_info for r in caplog.records), "a traceback was logged"

@@ -2,14 +2,17 @@
 SIGINT logs how many requests run and wait and drains them (each answered in full), a second
 one answers the queued clients with a 503 in the OpenAI error shape and cancels the running
 request at its next block; the process ends with status 130 and no traceback, after the
-generation thread has stopped."""
+generation thread has stopped. A third one stops at once, even while a block never ends."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import sys
 import threading
+import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,6 +20,7 @@ import pytest
 pytestmark = pytest.mark.slow  # subprocesses: servers, torchrun, examples
 
 HOLD = {"prompt": "hold the server", "ignore_eos": True, "temperature": 0}
+HUNG = Path(__file__).resolve().parents[1] / "unit" / "serve_hung.py"
 
 
 def request(url: str, path: str, body: dict, out: list) -> threading.Thread:
@@ -87,3 +91,27 @@ def test_second_sigint_refuses_the_queued_requests_with_503(start_server):
     log = server.log()
     # the generation thread stopped (its request line) before the process ended
     assert "status=cancelled" in log and "Traceback" not in log, log
+
+
+def test_third_sigint_stops_at_once_while_a_block_never_ends(start_server):
+    server = start_server("hung", launcher=(sys.executable, str(HUNG)))
+
+    def hold():
+        try:
+            with httpx.Client(timeout=120) as c:
+                c.post(server.url + "/generate", json={**HOLD, "max_new_tokens": 64})
+        except httpx.HTTPError:  # the server went away
+            pass
+
+    threading.Thread(target=hold, daemon=True).start()
+    server.wait_for(lambda h: h["running"] == 1, what="running == 1")
+    os.kill(server.pid, signal.SIGINT)
+    server.wait_log("draining 1 running and 0 queued request(s)")
+    os.kill(server.pid, signal.SIGINT)
+    server.wait_log("SIGINT again: refusing 0 queued request(s)")
+    start = time.monotonic()
+    os.kill(server.pid, signal.SIGINT)
+    assert server.proc.wait(20) == 130
+    assert time.monotonic() - start < 10
+    log = server.log()
+    assert log.count("SIGINT a third time: stopping at once") == 1 and "Traceback" not in log, log

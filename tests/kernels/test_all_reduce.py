@@ -5,7 +5,8 @@ no spills, registers for 512 threads per SM), its PTX free of NVLink multicast a
 protocol's system-scope release / acquire; the host's constants against the source's; the
 buffer layout and launch shapes for every message size up to the capacity; the input checks;
 `reference_all_reduce` (fp32 in rank order, which a bf16 sum or another order does not give);
-the release of the buffers in rank order (threads as ranks, the CUDA calls recorded).
+the release of the buffers in rank order (threads as ranks, the CUDA calls recorded), every
+rank passing every barrier when a CUDA call fails on one.
 GPU (processes spawned here, a gloo group over a FileStore, a deadline on each run): ranks on
 one GPU (2 and 3) and on distinct GPUs (when there are two or more with peer access) reduce
 fresh inputs of a round's message sizes (4x2048 and 4x4096 bf16, one element, odd sizes, fp16,
@@ -211,48 +212,136 @@ def test_p2p_supported_without_a_gpu():
 
 
 class _RecordedRuntime:
-    """The two CUDA calls of a release, appended to a shared list."""
+    """The two CUDA calls of a release, appended to a shared list; a call on a pointer in
+    `fail` returns a CUDA error."""
 
-    def __init__(self, rank: int, events: list):
-        self.rank, self.events = rank, events
+    def __init__(self, rank: int, events: list, fail: tuple = ()):
+        self.rank, self.events, self.fail = rank, events, fail
+
+    def _call(self, what: str, ptr):
+        self.events.append((self.rank, what, ptr))
+        return (1,) if ptr in self.fail else (0,)  # cudaErrorInvalidValue
 
     def cudaIpcCloseMemHandle(self, ptr):  # noqa: N802 - the CUDA name
-        self.events.append((self.rank, "unmap", ptr))
-        return (0,)
+        return self._call("unmap", ptr)
 
     def cudaFree(self, ptr):  # noqa: N802
-        self.events.append((self.rank, "free", ptr))
-        return (0,)
+        return self._call("free", ptr)
+
+
+def _ranks(world: int, events: list, fail: tuple = ()) -> list[P2PAllReduce]:
+    """`world` all-reduces of threads as ranks: rank r owns buffer 100 + r and maps 200 + p
+    for each peer p (the CUDA calls recorded; rank r's calls on the pointers (r, ptr) in `fail`
+    fail)."""
+    ranks = []
+    for r in range(world):
+        ar = P2PAllReduce.__new__(P2PAllReduce)
+        ar.rank, ar.world = r, world
+        ar._rt = _RecordedRuntime(r, events, [p for q, p in fail if q == r])
+        ar._own, ar._opened = 100 + r, [200 + p for p in range(world) if p != r]
+        ar.device = torch.device("cpu")
+        ranks.append(ar)
+    return ranks
+
+
+def _on_threads(ranks: list, work) -> list:
+    """work(rank's all-reduce) on a thread per rank: each one's result or exception."""
+    import threading
+
+    out: list = [None] * len(ranks)
+
+    def one(ar):
+        try:
+            out[ar.rank] = work(ar)
+        except BaseException as e:  # noqa: BLE001 - returned for the test to check
+            out[ar.rank] = e
+
+    threads = [threading.Thread(target=one, args=(ar,)) for ar in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank is still waiting"
+    return out
+
+
+def _in_rank_order(world: int) -> list:
+    return ([(r, "unmap", 200 + p) for r in range(world) for p in range(world) if p != r]
+            + [(r, "free", 100 + r) for r in range(world)])
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_buffers_are_released_in_rank_order(world):
+def test_buffers_are_released_in_rank_order(world, monkeypatch):
     """Rank by rank, each after the previous one, the peers' buffers are unmapped; only then,
     again rank by rank, each rank frees its own (a peer never maps a freed buffer); a second
-    release does nothing."""
+    close does nothing (no CUDA call, no barrier)."""
     import threading
 
     events: list = []
     gate = threading.Barrier(world, timeout=30)
-    ranks = []
-    for r in range(world):
-        ar = P2PAllReduce.__new__(P2PAllReduce)
-        ar.rank, ar.world, ar._rt = r, world, _RecordedRuntime(r, events)
-        ar._own, ar._opened = 100 + r, [200 + p for p in range(world) if p != r]
-        ranks.append(ar)
+    ranks = _ranks(world, events)
 
     def release(ar):
         time.sleep(0.01 * (world - ar.rank))  # the later ranks would go first, unordered
         ar._release(gate.wait)
 
-    threads = [threading.Thread(target=release, args=(ar,)) for ar in ranks]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert events == ([(r, "unmap", 200 + p) for r in range(world) for p in range(world)
-                       if p != r] + [(r, "free", 100 + r) for r in range(world)])
+    assert _on_threads(ranks, release) == [None] * world
+    assert events == _in_rank_order(world)
     assert all(ar._own is None and ar._opened == [] for ar in ranks)
+
+    def no_barrier():
+        raise AssertionError("a second close met a barrier")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: pytest.fail("synchronized"))
+    for ar in ranks:
+        ar._barrier = no_barrier
+        ar.close()
+    assert events == _in_rank_order(world)
+
+
+@pytest.mark.parametrize("ptr", [200, 101])  # rank 1 cannot unmap rank 0's buffer / free its own
+def test_a_failed_release_step_passes_every_barrier_and_raises_after(ptr):
+    """A CUDA call that fails on one rank does not leave the others waiting at a barrier:
+    every rank passes every barrier and makes its other calls, the failing rank raises its
+    error after the last barrier, the others return."""
+    import threading
+
+    world, events = 3, []
+    gate = threading.Barrier(world, timeout=5)
+    ranks = _ranks(world, events, fail=[(1, ptr)])
+    out = _on_threads(ranks, lambda ar: ar._release(gate.wait))
+    assert out[0] is None and out[2] is None, out
+    assert isinstance(out[1], RuntimeError), out[1]
+    assert events == _in_rank_order(world)
+    assert all(ar._own is None and ar._opened == [] for ar in ranks)
+
+
+def test_close_releases_on_every_rank_when_waiting_for_the_device_fails(monkeypatch):
+    """A rank whose device fails (a trapped launch) still passes every barrier of the release,
+    then raises that error; the other ranks close."""
+    import contextlib
+    import threading
+
+    world, events = 2, []
+    gate = threading.Barrier(world, timeout=5)
+    ranks = _ranks(world, events)
+
+    def synchronize():
+        if threading.current_thread().name == "rank 1":
+            raise RuntimeError("CUDA error: an illegal instruction was encountered")
+
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+
+    def close(ar):
+        threading.current_thread().name = f"rank {ar.rank}"
+        ar._barrier = gate.wait
+        ar.close()
+
+    out = _on_threads(ranks, close)
+    assert out[0] is None and isinstance(out[1], RuntimeError), out
+    assert "illegal instruction" in str(out[1])
+    assert events == _in_rank_order(world)
 
 
 # --- GPU -------------------------------------------------------------------------------------

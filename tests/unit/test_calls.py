@@ -6,6 +6,7 @@ stop on every rank when rank 0 stops. Under torchrun: `tests/e2e/test_ranks_torc
 
 from __future__ import annotations
 
+import pickle
 import threading
 
 import pytest
@@ -210,3 +211,55 @@ def test_a_request_ends_on_every_rank_when_rank_0_stops_or_one_fails():
     assert on_ranks(3, blocks_until_stop(5, (1, 3))) == [named, "raised at 3", named]
     named = "1: rank 0 failed the request: ValueError: rank 0 broke at block 1"
     assert on_ranks(2, blocks_until_stop(5, (0, 1))) == ["raised at 1", named]
+
+
+class Recorded:
+    """Rank 0's channel to a rank 1 that is gone (the all-gather fails) or answers Ready;
+    records `close`."""
+
+    def __init__(self, gone: bool):
+        self.world, self.rank, self.gone, self.closed = 2, 0, gone, False
+
+    def all_gather(self, obj):
+        if self.gone is None:
+            raise AssertionError("an exchange after the ranks lost step")
+        if self.gone:
+            raise RuntimeError("Connection closed by peer")
+        return [obj, pickle.dumps(Ready())]
+
+    def close(self):
+        self.closed = True
+
+
+def test_close_leaves_the_process_group_when_ending_the_request_or_release_raises():
+    ranks = Recorded(gone=True)
+    calls = Calls(ranks)
+    calls.request = Request(calls)  # open: close ends it first, over the failed channel
+    with pytest.raises(OutOfStep, match="the control channel failed"):
+        calls.close(lambda: None)
+    assert ranks.closed
+
+    def release():
+        raise RuntimeError("release failed")
+
+    ranks = Recorded(gone=False)
+    with pytest.raises(RuntimeError, match="release failed"):
+        Calls(ranks).close(release)
+    assert ranks.closed
+
+
+def test_close_after_the_ranks_lost_step_tells_nobody_and_logs_nothing(caplog):
+    """The loss was reported when it happened: closing sends nothing (the channel is gone),
+    releases nothing (the peers would never meet its barriers) and leaves the group."""
+    ranks = Recorded(gone=True)
+    calls = Calls(ranks)
+    with pytest.raises(OutOfStep):
+        calls.call("work", 1)
+    ranks.gone = None  # an exchange now would fail differently
+
+    def release():
+        raise AssertionError("released after the ranks lost step")
+
+    caplog.set_level("WARNING")
+    calls.close(release)
+    assert ranks.closed and caplog.records == []

@@ -48,6 +48,23 @@ def test_resolved_config_has_no_auto(tiny_sdar):
     assert values["mask_token_id"] == llm.config.mask_token_id == 151669
 
 
+def test_llm_docstring_names_every_engine_option():
+    names = [f.name for f in dataclasses.fields(EngineConfig) if f.name != "model"]
+    missing = [n for n in names if n not in LLM.__doc__]
+    assert not missing, missing
+
+
+def test_engine_config_says_the_execution_mode_in_use(tiny_sdar, monkeypatch):
+    """After `set_execution_mode`, `engine_config` says the mode switched to (the check is
+    faked: the CPU runs only eager)."""
+    llm = LLM(tiny_sdar, dtype="float32")
+    assert llm.engine_config.execution_mode == llm.execution_mode == "eager"
+    monkeypatch.setattr(LLM, "_check_mode", lambda self, mode: None)
+    llm.set_execution_mode("host_loop")
+    assert llm.engine_config.execution_mode == llm.execution_mode == "host_loop"
+    assert dataclasses.replace(llm.engine_config, execution_mode="eager") == llm.engine.config
+
+
 def test_cli_flags_come_from_the_fields():
     gen = next(a for a in build_parser()._actions if a.dest == "command").choices["generate"]
     actions = {a.dest: a for a in gen._actions}

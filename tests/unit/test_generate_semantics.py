@@ -294,6 +294,19 @@ def test_new_request_supersedes_an_open_stream(llm):
     assert first.token_ids == alone.token_ids[: len(first.token_ids)]
 
 
+def test_a_request_started_after_the_last_block_does_not_supersede_it(llm, ref):
+    """A stream whose last block has come is finished: a request started by its consumer before
+    the loop ends runs, and the stream ends without error."""
+    blocks, other = [], None
+    for b in llm.stream(PROMPT, max_new_tokens=N):
+        blocks.append(b)
+        if b.finish_reason:
+            other = llm.generate([5, 6, 7], max_new_tokens=4)
+    assert blocks[-1].finish_reason == "length"
+    assert [t for b in blocks for t in b.token_ids] == ref.token_ids
+    assert other is not None and len(other.token_ids) == 4
+
+
 @pytest.mark.parametrize("stop", [(), ("zzzz-never",)])
 def test_detokenisation_cost_is_linear(llm, monkeypatch, stop):
     """Streaming text decodes each token a bounded number of times (not the whole output after
@@ -323,3 +336,25 @@ def test_prefill_in_chunks_gives_the_same_tokens(llm, monkeypatch):
     chunked = llm.generate(prompt, max_new_tokens=8)
     assert chunked.token_ids == ref.token_ids
     assert chunked.timings["forwards"] == ref.timings["forwards"] + -(-36 // (2 * B)) - 1
+
+
+def test_after_close_device_calls_raise_and_host_calls_answer(tiny_sdar):
+    """What `LLM.close` says: a later close does nothing, the calls that run the model raise,
+    the ones that read only the host (tokenizer, options, context) still answer."""
+    from dlrt import DlrtError
+
+    llm = dlrt.LLM(tiny_sdar, dtype="float32")
+    llm.close()
+    llm.close()
+    for call in (lambda: llm.generate(PROMPT, max_new_tokens=4),
+                 lambda: next(llm.stream(PROMPT, max_new_tokens=4)),
+                 lambda: llm.set_execution_mode("eager"),
+                 lambda: llm.collective_rpc(decode, [1])):
+        with pytest.raises(DlrtError, match="this LLM is closed"):
+            call()
+    from dlrt.decoding.options import DecodingOptions
+
+    ids, params = llm.check(PROMPT, max_new_tokens=4, seed=1)
+    assert ids == llm.encode(PROMPT)
+    assert params == llm.resolve(DecodingOptions(max_new_tokens=4, seed=1))
+    assert llm.max_new_tokens_fit(len(ids)) > 0

@@ -11,6 +11,9 @@ close   `with LLM(...)`; inside it, the ranks' all-reduce buffers are a host sta
         release each rank appends to EVENTS; rank 0 writes what a call after close raised and
         whether the process group is gone.
 atexit  one request and no close: the LLM closes at exit.
+load    rank 1's KV cache cannot be made (after the ranks agreed on the checkpoint and options):
+        each rank writes what `LLM(...)` raised to OUT.json.rank<R> and exits 1 (rank 1 once
+        rank 0 has written: torchrun stops the other ranks when one exits).
 """
 
 from __future__ import annotations
@@ -134,6 +137,30 @@ def close(llm_args: tuple, out: str) -> dict:
             "events": open(events).read().splitlines()}
 
 
+def load(ckpt: str, out: str) -> int:
+    import time
+
+    import dlrt.engine.engine
+
+    if RANK == 1:
+        def kv_cache(*args, **kwargs):
+            raise RuntimeError(f"injected fault on rank {RANK} while loading")
+
+        dlrt.engine.engine._kv_cache = kv_cache
+    try:
+        LLM(ckpt, dtype="float32")
+    except Exception as e:  # noqa: BLE001 - what each rank raised is the point
+        with open(f"{out}.rank{RANK}", "w") as f:
+            f.write(f"{type(e).__name__}: {e}")
+    else:
+        return 0
+    for _ in range(300):
+        if os.path.exists(f"{out}.rank0"):
+            break
+        time.sleep(0.1)
+    return 1
+
+
 def main(scenario: str, ckpt: str, out: str) -> int:
     logging.basicConfig(level=logging.INFO, format=f"[rank {RANK}] %(name)s: %(message)s")
     if scenario == "faults":
@@ -142,6 +169,8 @@ def main(scenario: str, ckpt: str, out: str) -> int:
         result = faults(LLM(ckpt, dtype="float32"))
     elif scenario == "close":
         result = close((ckpt,), out)
+    elif scenario == "load":
+        return load(ckpt, out)
     elif scenario == "atexit":
         llm = LLM(ckpt, dtype="float32")
         result = {"ids": llm.generate(HEALTHY, **REQUEST).token_ids}
