@@ -19,13 +19,32 @@ One process: no exchange; every call runs here alone.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
+import signal
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from dlrt.errors import DlrtError, RankError
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _stop_signals_ignored():
+    """SIGINT and SIGTERM ignored within (main thread only; elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +263,13 @@ class Calls:
     def follow(self, target: Any, names: frozenset[str]) -> None:
         """A follower's loop: run each of rank 0's calls (`target.<name>`, one of `names`) until
         rank 0 closes (then `target.close()`). A failed call is logged and the loop goes on
-        (every rank heard of it); OutOfStep ends the loop."""
+        (every rank heard of it); OutOfStep ends the loop. Meanwhile SIGINT and SIGTERM are
+        ignored: rank 0 decides when the ranks stop (a Ctrl-C reaches every rank of the
+        terminal's process group, and torchrun passes its signal on to every rank)."""
+        with _stop_signals_ignored():
+            self._follow(target, names)
+
+    def _follow(self, target: Any, names: frozenset[str]) -> None:
         while True:
             msg = self.receive()
             if isinstance(msg, Close):

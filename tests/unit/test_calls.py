@@ -263,3 +263,27 @@ def test_close_after_the_ranks_lost_step_tells_nobody_and_logs_nothing(caplog):
     caplog.set_level("WARNING")
     calls.close(release)
     assert ranks.closed and caplog.records == []
+
+
+def test_a_follower_leaves_stopping_to_rank_0():
+    """While a follower follows, SIGINT and SIGTERM are ignored: a Ctrl-C reaches every rank of
+    the terminal's process group and torchrun passes its signal on, and a follower that stopped
+    on its own left rank 0 (draining a server's requests) without its ranks. Restored after."""
+    import signal
+
+    seen = []
+    calls = Calls(ThreadChannel(2).rank(1))
+
+    def receive():
+        seen.append((signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)))
+        return Close()
+
+    class Target:
+        def close(self):
+            pass
+
+    calls.receive = receive
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    calls.follow(Target(), frozenset())
+    assert seen == [(signal.SIG_IGN, signal.SIG_IGN)]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
