@@ -90,8 +90,8 @@ def test_absent_fields_take_the_references_defaults():
     assert (c.global_rope_pairs, c.global_rope_theta, c.rope_theta) == (64, 1e6, 1e4)
     assert (c.final_logit_softcapping, c.canvas_length, c.eos_token_ids) == (30.0, 256, (1,))
     assert c.image_token_id == 258880
-    transformers = pytest.importorskip("transformers")
-    ref = transformers.DiffusionGemmaTextConfig(**hf["text_config"])
+    reference = pytest.importorskip("transformers.models.diffusion_gemma")
+    ref = reference.DiffusionGemmaTextConfig(**hf["text_config"])
     assert list(c.layer_types) == ref.layer_types and c.sliding_window == ref.sliding_window
     assert c.num_kv_heads == ref.num_key_value_heads and c.vocab_size == ref.vocab_size
     assert (c.global_head_dim, c.num_global_kv_heads) == \
