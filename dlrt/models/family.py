@@ -54,7 +54,9 @@ class Family:
     normalise(hf config dict, name) -> ModelConfig (raises ConfigError naming the field).
     model(config, ops) -> nn.Module: the plain-PyTorch model (build it on the meta device).
     default_decoder: the decoder used when none is asked for (`dlrt.runtime.decoders`; which
-        decoders fit the family is each decoder's answer, from `attention`).
+        decoders fit the family is each decoder's answer, from `attention`). A name not in
+        `DECODERS` is the family's own decoder, not built yet: asking for the family's model
+        raises OptionError naming it, unless another decoder fits.
     attention: the attention pattern the model was trained with: "block_causal" (SDAR,
         LLaDA2: bidirectional inside a block, causal across blocks), "full" (LLaDA: every
         position sees every other) or "encoder_decoder" (DiffusionGemma: causal encoder

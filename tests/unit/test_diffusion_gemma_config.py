@@ -17,6 +17,7 @@ from dlrt.checkpoint.make import make_checkpoint
 from dlrt.checkpoint.presets import PRESETS, preset, real_config
 from dlrt.distributed.transform import check_sizes
 from dlrt.errors import ConfigError, OptionError, PromptError
+from dlrt.llm import LLM
 from dlrt.models.config import FULL, SLIDING
 from dlrt.models.diffusion_gemma.config import with_layers
 from dlrt.models.diffusion_gemma.prompt import check_text_only
@@ -190,8 +191,21 @@ def test_what_is_not_served_yet_is_named():
     with pytest.raises(ConfigError, match="tensor_parallel_size 2: .*sliding_window, "
                                           "layer_shapes"):
         check_sizes(c, 2)
-    with pytest.raises(OptionError, match="does not fit a diffusion_gemma model"):
+    with pytest.raises(OptionError, match="'renoise'.*not available yet"):
         decoder_for(family("diffusion_gemma"), None, None)
+
+
+@pytest.mark.parametrize("options", [{}, {"mask_token_id": 3}, {"decoder": "canvas"},
+                                     {"decoder": "block", "mask_token_id": 3},
+                                     {"decoder": "dllm_var"}])
+def test_no_mask_token_decoder_runs_it(tmp_path, options):
+    """Its renoising decoder is not built: `LLM` refuses the folder by name, whatever decoder
+    or mask token is asked for, instead of decoding it with mask tokens."""
+    path = make_checkpoint(TINY, tmp_path / "ckpt", dtype="float32")
+    with pytest.raises(OptionError, match=r"^diffusion_gemma models need their own decoder, "
+                                          r"'renoise', which is not available yet; none of "
+                                          r"\['block', 'canvas', 'dllm_var'\] fits them$"):
+        LLM(str(path), device="cpu", **options)
 
 
 def test_dummy_weights_are_the_made_checkpoints(tmp_path):

@@ -6,10 +6,11 @@ from dlrt.models.diffusion_gemma.config import diffusion_gemma_config, with_laye
 from dlrt.models.diffusion_gemma.model import DiffusionGemmaForBlockDiffusion
 from dlrt.models.family import Family
 
-# NOTE: no decoder serves its attention yet ("encoder_decoder": causal encoder passes that
-# write the cache, bidirectional canvas passes that read it): generation comes next.
+# NOTE: its decoder, "renoise" (uniform-state diffusion: causal encoder passes that write the
+# cache, bidirectional canvas passes that read it), is not built yet; no mask-token decoder
+# fits its "encoder_decoder" attention, so asking for one raises OptionError naming it.
 DIFFUSION_GEMMA = Family(
     name="diffusion_gemma", model_types=("diffusion_gemma",),
     architectures=("DiffusionGemmaForBlockDiffusion",), normalise=diffusion_gemma_config,
-    model=DiffusionGemmaForBlockDiffusion, default_decoder="canvas", attention="encoder_decoder",
+    model=DiffusionGemmaForBlockDiffusion, default_decoder="renoise", attention="encoder_decoder",
     with_layers=with_layers, embedding="model.decoder.embed_tokens.weight")
