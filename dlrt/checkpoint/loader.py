@@ -228,7 +228,9 @@ def load_safetensors(model: nn.Module, folder: CheckpointFolder, online: bool = 
                                  folder.tensor_files))
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-        scales = [k for k in missing if k.rpartition(".")[2] != "weight"]
+        gone = set(missing)  # the hint names quantised modules' scales only
+        scales = [s.key for s in specs if s.key in gone and s.dtype is not None
+                  and s.source is None and s.suffix != "weight"]
         hint = (f"; quantised layers lack their scales (e.g. {scales[0]}): the checkpoint does "
                 "not match its quantization config. Re-export it with every scale (NVFP4: "
                 "weight_scale and the global weight_scale_2), or list modules stored "

@@ -1,7 +1,7 @@
 """DiffusionGemma's config normaliser, family record and what it refuses: the shipped real config,
 a config as `save_pretrained` writes it (`per_layer_config`), the reference's defaults, bad
-fields named, image input, tensor parallelism; other families' configs unchanged; seeded
-dummy weights equal a made checkpoint's."""
+fields named, image input, tensor parallelism, `LLM` without its decoder; other families'
+configs unchanged; bad checkpoints named; seeded dummy weights equal a made checkpoint's."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize, weight_specs
 from dlrt.checkpoint.make import make_checkpoint
 from dlrt.checkpoint.presets import PRESETS, preset, real_config
 from dlrt.distributed.transform import check_sizes
-from dlrt.errors import ConfigError, OptionError, PromptError
+from dlrt.errors import CheckpointError, ConfigError, OptionError, PromptError
 from dlrt.llm import LLM
 from dlrt.models.config import FULL, SLIDING
 from dlrt.models.diffusion_gemma.config import with_layers
@@ -206,6 +207,38 @@ def test_no_mask_token_decoder_runs_it(tmp_path, options):
                                           r"'renoise', which is not available yet; none of "
                                           r"\['block', 'canvas', 'dllm_var'\] fits them$"):
         LLM(str(path), device="cpu", **options)
+
+
+SCALAR = "model.encoder.language_model.layers.0.layer_scalar"
+EXPERTS = "model.decoder.layers.1.experts.gate_up_proj"
+
+
+@pytest.mark.parametrize("drop,put,error", [
+    ([SCALAR], {}, rf"lacks tensor\(s\) \['{SCALAR}'\]$"),
+    (["model.decoder.layers.2.router.per_expert_scale", "model.decoder.layers.3.router.scale"],
+     {}, r"lacks tensor\(s\) \['model\.decoder\.layers\.2\.router\.per_expert_scale', "
+         r"'model\.decoder\.layers\.3\.router\.scale'\]$"),
+    (["model.decoder.self_conditioning.pre_norm.weight"], {},
+     r"lacks tensor\(s\) \['model\.decoder\.self_conditioning\.pre_norm\.weight'\]$"),
+    ([], {EXPERTS: torch.zeros(4, 62, 64)},
+     rf"{EXPERTS} in model\.safetensors has shape \[4, 62, 64\], the model expects "
+     r"\[4, 64, 64\]"),
+])
+def test_bad_checkpoints_are_named(tmp_path, drop, put, error):
+    """A missing encoder layer scalar, router scale or self-conditioning weight, or stacked
+    experts of the wrong shape: CheckpointError naming the tensor (and no quantisation hint:
+    the checkpoint is not quantised)."""
+    path = make_checkpoint(TINY, tmp_path / "ckpt", dtype="float32")
+    tensors = load_file(path / "model.safetensors")
+    for key in drop:
+        del tensors[key]
+    save_file({**tensors, **put}, str(path / "model.safetensors"), metadata={"format": "pt"})
+    with torch.device("meta"):
+        model = build_model(model_config(json.loads((path / "config.json").read_text())),
+                            reference.OPS)
+    materialize(model, torch.float32, torch.device("cpu"))
+    with pytest.raises(CheckpointError, match=error):
+        load_safetensors(model, CheckpointFolder.open(path))
 
 
 def test_dummy_weights_are_the_made_checkpoints(tmp_path):
