@@ -7,6 +7,16 @@ to cache keys 0..kv_len-1: the whole prefix before `start`, and inside the chunk
 key (full, `chunk_block=None`) or its own block and earlier ones (block-causal, blocks of
 `chunk_block` tokens counted from the chunk start). `start` and `kv_len` live in a device
 tensor (`lens`), so a captured CUDA graph serves every context length.
+
+A layer may have a sliding window W (`window`): a query at position p then sees no key at
+position p - W or earlier, where p is the query's own position in a causal or block-causal chunk
+(the W keys up to itself; transformers' sliding-window causal mask), and the chunk's `start` in
+a full chunk: a bidirectional canvas sees the W - 1 keys before it and all of itself (the
+canvas of DiffusionGemma's decoder, whose sliding cache layers keep the last W - 1 positions).
+
+Layers may also differ in head size and KV head count (`PagedKVCache`'s per-layer shapes).
+What a model needs beyond one head shape and no window is named by the constants below; a
+backend lists those it serves in `serves` and `supports` refuses the others.
 """
 
 from __future__ import annotations
@@ -16,6 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from dlrt.attention.kv_cache import PagedKVCache
+
+SLIDING_WINDOW = "sliding_window"  # layers whose queries see only the last W keys
+LAYER_SHAPES = "layer_shapes"  # layers of different head size or KV head count
 
 
 @dataclass(frozen=True)
@@ -58,22 +71,29 @@ class AttentionBackend:
     lengths on the host (one sync) and does not launch a block before the previous one ended.
 
     `name` is the `attention_backend` option's value; `capturable`: whether the backend reads
-    the lengths from device memory, so it runs inside CUDA graphs. `supports` says what a
-    backend serves; the registry (`dlrt.attention.registry`) asks it.
+    the lengths from device memory, so it runs inside CUDA graphs; `serves`: the needs
+    (SLIDING_WINDOW, LAYER_SHAPES) it serves. `supports` says what a backend serves; the
+    registry (`dlrt.attention.registry`) asks it.
     """
 
     name = "base"
     capturable = False
     plans_on_host = False
+    serves: frozenset[str] = frozenset()
 
     @classmethod
     def supports(cls, device: torch.device, dtype: torch.dtype, execution_mode: str,
-                 head_dim: int | None = None, kv_cache_dtype: torch.dtype | None = None
-                 ) -> str | None:
+                 head_dim: int | None = None, kv_cache_dtype: torch.dtype | None = None,
+                 needs: tuple[str, ...] = ()) -> str | None:
         """None when the backend serves this device, model dtype, execution mode and (when
-        given) head size and KV cache dtype (None: the model dtype); else the reason it cannot,
-        a sentence naming the backend and what to use instead. Subclasses add their needs and
-        end with this check: a graph execution mode needs a capturable backend."""
+        given) head size, KV cache dtype (None: the model dtype) and the model's `needs`
+        (`ModelConfig.attention_needs`); else the reason it cannot, a sentence naming the
+        backend and what to use instead. Subclasses add their needs and end with these
+        checks: every need served, and a graph execution mode needs a capturable backend."""
+        missing = [n for n in needs if n not in cls.serves]
+        if missing:
+            return (f"attention backend {cls.name!r} does not serve {' or '.join(missing)} "
+                    "(the model's attention needs it) yet; use 'sdpa'")
         if execution_mode != "eager" and not cls.capturable:
             return (f"execution_mode {execution_mode!r} needs a graph-capturable attention "
                     f"backend (triton, flashinfer), not {cls.name!r}")
@@ -84,11 +104,12 @@ class AttentionBackend:
         self.num_q_heads = num_q_heads
 
     def forward(self, layer: int, q: torch.Tensor, scale: float, meta: ForwardMeta,
-                cache: PagedKVCache) -> torch.Tensor:
+                cache: PagedKVCache, window: int | None = None) -> torch.Tensor:
         """q: [N, Hq, D] (RoPE applied) -> [N, Hq, D] in q.dtype.
 
         The chunk's K/V are already in `cache` at `meta.positions` (the attention layer
-        writes them); Hq is a multiple of the cache's Hkv.
+        writes them); Hq is a multiple of the layer's Hkv. `window`: the layer's sliding window
+        (see the module docstring; only a backend that serves SLIDING_WINDOW gets one).
         """
         raise NotImplementedError
 
@@ -107,5 +128,8 @@ class ForwardContext:
     meta: ForwardMeta
     cache: PagedKVCache
 
-    def attend(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor:
-        return self.backend.forward(layer, q, scale, self.meta, self.cache)
+    def attend(self, layer: int, q: torch.Tensor, scale: float,
+               window: int | None = None) -> torch.Tensor:
+        if window is None:
+            return self.backend.forward(layer, q, scale, self.meta, self.cache)
+        return self.backend.forward(layer, q, scale, self.meta, self.cache, window)

@@ -129,7 +129,8 @@ class FlashInferBackend(AttentionBackend):
     """Host-planned FlashInfer attention (see the module docstring). `kernels`: "auto" (FA3
     on Hopper, else FA2) or "fa2". Serves CUDA GPUs of sm_80+ with FlashInfer installed,
     bfloat16 / float16 models of head size 64, 128 or 256 and a KV cache of the model dtype;
-    capturable."""
+    capturable. No sliding window and one head shape for every layer (`serves` nothing
+    more)."""
 
     plans_on_host = True
     capturable = True
@@ -137,7 +138,8 @@ class FlashInferBackend(AttentionBackend):
     name = "flashinfer"
 
     @classmethod
-    def supports(cls, device, dtype, execution_mode, head_dim=None, kv_cache_dtype=None):
+    def supports(cls, device, dtype, execution_mode, head_dim=None, kv_cache_dtype=None,
+                 needs=()):
         name = cls.name
         if kv_cache_dtype == KV_FP8:
             return (f"attention backend {name!r} does not read an FP8 KV cache "
@@ -153,7 +155,7 @@ class FlashInferBackend(AttentionBackend):
         if head_dim is not None and head_dim not in HEAD_DIMS:
             return (f"attention backend {name!r} has kernels for head_dim {HEAD_DIMS}, not "
                     f"{head_dim}; use 'triton'")
-        return super().supports(device, dtype, execution_mode, head_dim, kv_cache_dtype)
+        return super().supports(device, dtype, execution_mode, head_dim, kv_cache_dtype, needs)
 
     def __init__(self, cache: PagedKVCache, num_q_heads: int):
         super().__init__(cache, num_q_heads)

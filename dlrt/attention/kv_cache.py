@@ -1,6 +1,8 @@
 """Paged KV cache for one request.
 
-Layout (FlashInfer's NHD paged layout): k, v: [L, num_pages, page_size, Hkv, D]. Token t of the
+Layout (FlashInfer's NHD paged layout): k, v: [L, num_pages, page_size, Hkv, D]; a model whose
+layers differ in head size or KV heads (DiffusionGemma) gets one [num_pages, page_size, Hkv_l,
+D_l] tensor per layer instead (k, v: tuples; `k[layer]` is one layer's either way). Token t of the
 request lives in page `page_table[t // page_size]`, slot `t % page_size`. One request owns the
 cache, so the page table is the identity; it is still honoured on every read and write so
 kernels that take a page table see the same layout. Which positions hold committed K/V is the
@@ -13,6 +15,8 @@ scales are fp32 tensors on the device, so captured graphs read them from memory.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -40,20 +44,35 @@ class PagedKVCache:
         device: where it lives. page_size: tokens per page.
         k_scale, v_scale: FP8 only: [L] per-layer scales (K and V are stored divided by them);
             default 1.0.
+        layer_shapes: (Hkv, D) of each layer, when layers differ (`ModelConfig.kv_shapes`);
+            None: every layer (num_kv_heads, head_dim).
     Raises:
-        ValueError: scales for a cache that is not FP8, or not one per layer.
+        ValueError: scales for a cache that is not FP8, or not one per layer; layer_shapes not
+            one per layer.
     """
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_tokens: int,
                  dtype: torch.dtype, device: torch.device | str, page_size: int = 16,
-                 k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None):
+                 k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                 layer_shapes: Sequence[tuple[int, int]] | None = None):
         self.page_size = page_size
         self.num_pages = -(-max_tokens // page_size)
         self.capacity = self.num_pages * page_size
         self.dtype = dtype
-        shape = (num_layers, self.num_pages, page_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shapes = [(num_kv_heads, head_dim)] * num_layers if layer_shapes is None \
+            else [tuple(s) for s in layer_shapes]
+        if len(shapes) != num_layers:
+            raise ValueError(f"layer_shapes: one (Hkv, D) per layer ({num_layers}); got "
+                             f"{len(shapes)}")
+        self.layer_shapes = tuple(shapes)
+        if len(set(shapes)) == 1:
+            shape = (num_layers, self.num_pages, page_size, *shapes[0])
+            self.k = torch.zeros(shape, dtype=dtype, device=device)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)
+        else:
+            self.k, self.v = (tuple(torch.zeros(self.num_pages, page_size, *s, dtype=dtype,
+                                                device=device) for s in shapes)
+                              for _ in range(2))
         self.page_table = torch.arange(self.num_pages, dtype=torch.int32, device=device)
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
             if s is not None and (not self.quantized or s.numel() != num_layers):
@@ -69,9 +88,14 @@ class PagedKVCache:
         return self.dtype == KV_FP8
 
     @property
+    def uniform(self) -> bool:
+        """Whether every layer has the same head shape (k, v: one [L, ...] tensor each)."""
+        return isinstance(self.k, torch.Tensor)
+
+    @property
     def nbytes(self) -> int:
         """Bytes of K and V (both, all layers)."""
-        return 2 * self.k.numel() * self.k.element_size()
+        return 2 * sum(t.numel() * t.element_size() for t in self.k)
 
     def scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(k_scale, v_scale) of `layer`: 0-d fp32 views on the device, or (None, None) when
@@ -96,13 +120,14 @@ class PagedKVCache:
         """The first `length` tokens' k, v of layer `layer`: [length, Hkv, D] each, in `dtype`
         (default: the cache's dtype, float32 for FP8); an FP8 cache's are dequantised."""
         slots = self.slots(torch.arange(length, device=self.page_table.device))
+        heads = self.layer_shapes[layer]
         if not self.quantized:
-            k = self.k[layer].view(-1, *self.k.shape[-2:])[slots]
-            v = self.v[layer].view(-1, *self.v.shape[-2:])[slots]
+            k = self.k[layer].view(-1, *heads)[slots]
+            v = self.v[layer].view(-1, *heads)[slots]
             return (k, v) if dtype is None else (k.to(dtype), v.to(dtype))
         # NOTE: FP8 pages are gathered as bytes (not every index kernel takes float8)
-        k = self.k[layer].view(torch.uint8).view(-1, *self.k.shape[-2:])[slots].view(KV_FP8)
-        v = self.v[layer].view(torch.uint8).view(-1, *self.v.shape[-2:])[slots].view(KV_FP8)
+        k = self.k[layer].view(torch.uint8).view(-1, *heads)[slots].view(KV_FP8)
+        v = self.v[layer].view(torch.uint8).view(-1, *heads)[slots].view(KV_FP8)
         k_scale, v_scale = self.scales(layer)
         dtype = dtype or torch.float32
         return dequantize_kv(k, k_scale, dtype), dequantize_kv(v, v_scale, dtype)

@@ -50,30 +50,35 @@ def backend_class(name: str) -> type[AttentionBackend]:
 
 
 def check_backend(name: str, device: torch.device, dtype: torch.dtype, execution_mode: str,
-                  head_dim: int | None = None, kv_cache_dtype: torch.dtype | None = None
-                  ) -> None:
+                  head_dim: int | None = None, kv_cache_dtype: torch.dtype | None = None,
+                  needs: tuple[str, ...] = ()) -> None:
     """Whether backend `name` can serve this device, dtype, execution mode and (when given)
-    the model's head size and the KV cache's dtype (None: the model dtype): the backend's
-    `supports`.
+    the model's head size, the KV cache's dtype (None: the model dtype) and the model's
+    attention needs (`ModelConfig.attention_needs`): the backend's `supports`.
 
     Raises:
         OptionError: unknown name, or the reason the backend gives (it says what to use); e.g.
-            an FP8 cache (float8_e4m3fn) on FlashInfer, or on 'triton' before sm_89.
+            an FP8 cache (float8_e4m3fn) on FlashInfer, or on 'triton' before sm_89, or a
+            sliding window on 'triton'.
     """
-    why = backend_class(name).supports(device, dtype, execution_mode, head_dim, kv_cache_dtype)
+    why = backend_class(name).supports(device, dtype, execution_mode, head_dim, kv_cache_dtype,
+                                       needs)
     if why is not None:
         raise OptionError(why)
 
 
 def default_backend(device: torch.device, dtype: torch.dtype, decoder: str,
-                    head_dim: int, kv_cache_dtype: torch.dtype | None = None) -> str:
-    """The backend used when none is asked for: 'sdpa' on the CPU; on Hopper (sm_90) with
+                    head_dim: int, kv_cache_dtype: torch.dtype | None = None,
+                    needs: tuple[str, ...] = ()) -> str:
+    """The backend used when none is asked for: 'sdpa' on the CPU or for a model whose
+    attention has `needs` (a sliding window, per-layer head shapes: only 'sdpa' serves
+    them); on Hopper (sm_90) with
     FlashInfer installed, 'flashinfer' for the canvas decoder (a LLaDA canvas fills FA3's
     query tiles: its attention took 249 us per round instead of 1085 us with 'triton' at a
     256-token canvas of LLaDA-8B on the H200) when it serves the model (not an FP8 KV cache,
     its dtypes and head sizes); 'triton' otherwise (a block of a few queries: the Triton
     kernel took half FlashInfer's time on SDAR-1.7B and SDAR-8B)."""
-    if device.type != "cuda":
+    if device.type != "cuda" or needs:
         return "sdpa"
     if kv_cache_dtype == KV_FP8:
         return "triton"

@@ -1,7 +1,8 @@
 """Reference attention backend: PyTorch scaled_dot_product_attention with an explicit mask.
 
 Reads the lengths on the host (`.item()`), so it serves eager execution only (CPU and GPU). An
-FP8 cache's keys and values are dequantised into q's dtype as they are gathered.
+FP8 cache's keys and values are dequantised into q's dtype as they are gathered. Serves sliding
+windows and layers of different head shapes (`dlrt.attention.base`).
 """
 
 from __future__ import annotations
@@ -9,36 +10,45 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dlrt.attention.base import AttentionBackend, ForwardMeta
+from dlrt.attention.base import LAYER_SHAPES, SLIDING_WINDOW, AttentionBackend, ForwardMeta
 from dlrt.attention.kv_cache import PagedKVCache
 
 
 def chunk_mask(n: int, start: int, kv_len: int, chunk_block: int | None,
-               device) -> torch.Tensor | None:
+               device, window: int | None = None) -> torch.Tensor | None:
     """Boolean mask [N, kv_len] (True = attend) for a chunk at `start`, or None when every
-    key is visible to every query."""
-    if chunk_block is None:
+    key is visible to every query. `window` W: no key at or before p - W, p the query's
+    position in a (block-)causal chunk and `start` in a full one (`dlrt.attention.base`)."""
+    if chunk_block is None and window is None:
         return None
     i = torch.arange(n, device=device)[:, None]
     j = torch.arange(kv_len, device=device)[None, :]
-    return (j < start) | ((j - start) // chunk_block <= i // chunk_block)
+    mask = torch.ones(n, kv_len, dtype=torch.bool, device=device)
+    if chunk_block is not None:
+        mask &= (j < start) | ((j - start) // chunk_block <= i // chunk_block)
+    if window is not None:
+        anchor = start + i if chunk_block is not None else start
+        mask &= j > anchor - window
+    return mask
 
 
 class SDPABackend(AttentionBackend):
     """Gathers keys 0..kv_len-1 from the cache (dequantised when FP8), runs SDPA. Any device,
-    dtype, head size and KV cache dtype; eager only (not capturable)."""
+    dtype, head size and KV cache dtype, sliding windows and per-layer head shapes; eager only
+    (not capturable)."""
 
     name = "sdpa"
+    serves = frozenset({SLIDING_WINDOW, LAYER_SHAPES})
 
     def forward(self, layer: int, q: torch.Tensor, scale: float, meta: ForwardMeta,
-                cache: PagedKVCache) -> torch.Tensor:
+                cache: PagedKVCache, window: int | None = None) -> torch.Tensor:
         start, kv_len = (int(x) for x in meta.lens.tolist())
         keys, values = cache.read(layer, kv_len, q.dtype)  # [kv_len, Hkv, D]
         groups = q.shape[1] // keys.shape[1]
         if groups > 1:
             keys = keys.repeat_interleave(groups, dim=1)
             values = values.repeat_interleave(groups, dim=1)
-        mask = chunk_mask(q.shape[0], start, kv_len, meta.chunk_block, q.device)
+        mask = chunk_mask(q.shape[0], start, kv_len, meta.chunk_block, q.device, window)
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
             attn_mask=mask, scale=scale,

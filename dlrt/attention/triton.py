@@ -17,13 +17,15 @@ from dlrt.kernels.paged_attention import default_splits, paged_chunk_attention, 
 
 class TritonBackend(AttentionBackend):
     """`dlrt.kernels.paged_attention`: CUDA (or the CPU under TRITON_INTERPRET=1), any dtype and
-    head size, a KV cache of the model dtype or FP8 (sm_89+); capturable."""
+    head size, a KV cache of the model dtype or FP8 (sm_89+); capturable. No sliding window and
+    one head shape for every layer (`serves` nothing more)."""
 
     name = "triton"
     capturable = True
 
     @classmethod
-    def supports(cls, device, dtype, execution_mode, head_dim=None, kv_cache_dtype=None):
+    def supports(cls, device, dtype, execution_mode, head_dim=None, kv_cache_dtype=None,
+                 needs=()):
         if kv_cache_dtype == KV_FP8 and device.type == "cuda" \
                 and torch.cuda.get_device_capability(device) < (8, 9):
             return ("kv_cache_dtype='fp8' with attention backend 'triton' needs a GPU of "
@@ -31,7 +33,7 @@ class TritonBackend(AttentionBackend):
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             return ("attention backend 'triton' needs a CUDA device (on the CPU it runs only "
                     "in Triton's interpreter, TRITON_INTERPRET=1); use 'sdpa'")
-        return super().supports(device, dtype, execution_mode, head_dim, kv_cache_dtype)
+        return super().supports(device, dtype, execution_mode, head_dim, kv_cache_dtype, needs)
 
     def __init__(self, cache: PagedKVCache, num_q_heads: int):
         super().__init__(cache, num_q_heads)

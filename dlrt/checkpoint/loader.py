@@ -14,6 +14,11 @@ function `make_checkpoint` writes quantised checkpoints with, so both load the s
 KV-cache scales (`...self_attn.k_scale` / `v_scale`) are not weights: `checkpoint.kv_scales`
 reads them for an FP8 KV cache.
 
+Experts stored stacked (`StackedExperts.stacked`: `...experts.gate_up_proj` [E, 2I, H],
+`...experts.down_proj` [E, H, I], DiffusionGemma) fill w13 / w2 whole. A model's
+`checkpoint_skips` (name prefixes, e.g. DiffusionGemma's vision tower) are the checkpoint
+tensors of parts it does not serve: skipped, with one log line, not reported as unused.
+
 Tensor parallelism: a parameter with a `Shard` (`module.shards`, `dlrt.layers.shard`) holds
 one rank's piece of its checkpoint tensors; only that piece is read (`get_slice`), and dummy
 weights are the same piece of the full seeded tensor.
@@ -131,6 +136,8 @@ def weight_specs(model: nn.Module, online: bool = False) -> list[WeightSpec]:
             for part, lo, hi in module.ranges():
                 specs.append(_cut(WeightSpec(f"{parent}.{part}.{leaf}", name, slice(lo, hi),
                                              (hi - lo, *p.shape[1:])), shard))
+        elif isinstance(module, StackedExperts) and module.stacked:
+            specs.append(_stacked(module, owner, leaf, name, tuple(p.shape)))
         elif isinstance(module, StackedExperts):
             first = module.first_expert
             for e in range(p.shape[0]):
@@ -144,6 +151,18 @@ def weight_specs(model: nn.Module, online: bool = False) -> list[WeightSpec]:
             else:
                 specs.append(_cut(WeightSpec(name, name, None, tuple(p.shape)), shard))
     return specs
+
+
+def _stacked(module: StackedExperts, owner: str, leaf: str, name: str,
+             shape: tuple[int, ...]) -> WeightSpec:
+    """The spec of a weight of stacked experts: one checkpoint tensor over all the layer's
+    experts (`StackedExperts.STACKED`), of which the rank's experts are read."""
+    key = f"{owner}.{StackedExperts.STACKED[leaf]}"
+    if module.num_experts == module.total_experts:
+        return WeightSpec(key, name, None, shape)
+    first = module.first_expert
+    return WeightSpec(key, name, None, shape, src=(slice(first, first + shape[0]),),
+                      full_shape=(module.total_experts, *shape[1:]))
 
 
 def _cut(spec: WeightSpec, shard: Shard | None) -> WeightSpec:
@@ -209,7 +228,9 @@ def load_safetensors(model: nn.Module, folder: CheckpointFolder, online: bool = 
                                  folder.tensor_files))
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-        scales = [k for k in missing if k.rpartition(".")[2] != "weight"]
+        gone = set(missing)  # the hint names quantised modules' scales only
+        scales = [s.key for s in specs if s.key in gone and s.dtype is not None
+                  and s.source is None and s.suffix != "weight"]
         hint = (f"; quantised layers lack their scales (e.g. {scales[0]}): the checkpoint does "
                 "not match its quantization config. Re-export it with every scale (NVFP4: "
                 "weight_scale and the global weight_scale_2), or list modules stored "
@@ -233,8 +254,13 @@ def load_safetensors(model: nn.Module, folder: CheckpointFolder, online: bool = 
                  len(activation))
     kv = {k for k in unused if is_kv_scale(k)}  # the KV cache's (`checkpoint.kv_scales`)
     others = _other_ranks_experts(model, unused)  # expert parallel: other ranks read them
-    if unused - activation - kv - others:
-        left = unused - activation - kv - others
+    skips = tuple(getattr(model, "checkpoint_skips", ()))
+    skipped = {k for k in unused if skips and k.startswith(skips)}
+    if skipped:
+        log.info("skipped %d checkpoint tensor(s) of parts the model does not serve (%s)",
+                 len(skipped), ", ".join(p.rstrip(".") for p in skips))
+    if unused - activation - kv - others - skipped:
+        left = unused - activation - kv - others - skipped
         log.warning("ignored %d checkpoint tensor(s) the model does not use, e.g. %s",
                     len(left), sorted(left)[:3])
 

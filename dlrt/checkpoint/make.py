@@ -1,8 +1,9 @@
 """Write a Hugging Face checkpoint folder with seeded random weights.
 
 From a built-in preset or any folder holding a `config.json` (such as the real SDAR/LLaDA/
-LLaDA2 configs), write `config.json`, `generation_config.json`, safetensors shards with
-`model.safetensors.index.json` (when more than one shard), and for SDAR the SDAR tokenizer.
+LLaDA2/DiffusionGemma configs), write `config.json`, `generation_config.json`, safetensors
+shards with `model.safetensors.index.json` (when more than one shard), and for SDAR the SDAR
+tokenizer.
 Weights: normal(0, initializer_range), norms at 1, router biases (`expert_bias`) in fp32 and
 drawn like weights; each tensor seeded by (seed, name), so the output is the same for a seed
 whatever the sharding. Loading it goes through the same loader as a user's checkpoint;
@@ -80,7 +81,8 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
     Args:
         source: a preset name (`dlrt.checkpoint.presets.PRESETS`), the name of a shipped real
             config (`dlrt/data/configs`: SDAR-1.7B-Chat, SDAR-4B-Chat, SDAR-8B-Chat,
-            SDAR-30B-A3B-Chat, LLaDA-8B-Instruct, LLaDA2.0-mini), or a folder with config.json.
+            SDAR-30B-A3B-Chat, LLaDA-8B-Instruct, LLaDA2.0-mini, DiffusionGemma-26B-A4B-it),
+            or a folder with config.json.
         out: destination folder (must not exist unless `overwrite`; even then only an empty
             folder or a checkpoint folder is replaced).
         num_layers: keep only this many layers (a reduced copy of a large config).

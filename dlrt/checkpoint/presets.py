@@ -70,12 +70,38 @@ PRESETS: dict[str, dict[str, Any]] = {
         "mask_token_id": 156895, "eos_token_id": 156892, "pad_token_id": 156892,
         "torch_dtype": "bfloat16",
     },
+    # 4 layers (sliding, full, sliding, full), window 8, full layers with K = V and their own
+    # head size (32) and KV heads (1), 4 experts top-2 beside the dense MLP, canvas 16
+    "tiny-diffusion-gemma": {
+        "architectures": ["DiffusionGemmaForBlockDiffusion"], "model_type": "diffusion_gemma",
+        "canvas_length": 16, "image_token_id": 511, "tie_word_embeddings": True,
+        "text_config": {
+            "model_type": "diffusion_gemma_text", "vocab_size": 512, "hidden_size": 64,
+            "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "num_global_key_value_heads": 1, "head_dim": 16,
+            "global_head_dim": 32, "attention_k_eq_v": True, "num_experts": 4,
+            "top_k_experts": 2, "moe_intermediate_size": 32,
+            "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 4096, "sliding_window": 8,
+            "final_logit_softcapping": 30.0,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                            "full_attention"],
+            "rope_parameters": {
+                "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                                   "rope_type": "proportional"},
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+            "tie_word_embeddings": True, "initializer_range": 0.02, "eos_token_id": [1, 106],
+            "pad_token_id": 0, "bos_token_id": 2, "attention_bias": False},
+        "vision_config": {"model_type": "gemma4_vision", "hidden_size": 16},
+        "torch_dtype": "bfloat16",
+    },
 }
 PRESET_GENERATION = {
     "tiny-sdar": _SDAR_GEN,
     "tiny-sdar-moe": _SDAR_GEN,
     "tiny-llada": {"eos_token_id": 126081, "pad_token_id": 126081},
     "tiny-llada2": {"eos_token_id": 156892, "pad_token_id": 156892},
+    "tiny-diffusion-gemma": {"eos_token_id": [1, 106], "pad_token_id": 0, "bos_token_id": 2},
 }
 
 def preset(name: str) -> tuple[dict[str, Any], dict[str, Any]]:

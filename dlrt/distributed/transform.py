@@ -39,10 +39,15 @@ from dlrt.models.family import Family
 
 def check_sizes(config: ModelConfig, size: int) -> None:
     """Raise ConfigError naming every size of `config` that `size` ranks cannot split evenly
-    (attention heads, KV heads, MLP and expert widths, experts, vocabulary); before any
-    weight loads."""
+    (attention heads, KV heads, MLP and expert widths, experts, vocabulary), or the attention
+    needs that are not cut yet (sliding windows, per-layer head shapes: DiffusionGemma);
+    before any weight loads."""
     if size == 1:
         return
+    if config.attention_needs():
+        raise ConfigError(f"tensor_parallel_size {size}: tensor parallelism does not serve "
+                          f"this model's attention ({', '.join(config.attention_needs())}) "
+                          "yet; use tensor_parallel_size 1")
     sizes = {"num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
              "vocab_size": config.vocab_size}
     dense = len(config.moe_layers) < config.num_layers

@@ -257,12 +257,12 @@ class EngineConfig:
         device, dtype = out.torch_device, out.torch_dtype
         try:
             config = model_config(folder.hf_config)
+            decoder, defaults = decoder_for(family(config.family),
+                                            None if out.decoder == "auto" else out.decoder,
+                                            config.block_size)
             mask = mask_token(config, out.mask_token_id, tokenizer_mask_id)
         except ConfigError as e:
             raise ConfigError(f"{folder.path}: {e}") from e
-        decoder, defaults = decoder_for(family(config.family),
-                                        None if out.decoder == "auto" else out.decoder,
-                                        config.block_size)
         kv = out.torch_kv_cache_dtype
         attention = out.attention_backend
         if attention == "auto":

@@ -49,3 +49,25 @@ def feeds_fp8(consumer: nn.Module | None, x: torch.Tensor) -> bool:
     `Fp8Activation` of it: x [N, K] and the consumer's method takes N rows that way."""
     method = getattr(consumer, "method", None)
     return method is not None and x.dim() == 2 and method.takes_fp8(x.shape[0])
+
+
+class Fp32RMSNorm(nn.Module):
+    """y = (x / sqrt(mean(x^2) + eps) * weight), all in fp32, cast to x's dtype at the end;
+    normalised over the last dim; no weight (a fixed 1) when `weight=False`.
+
+    Follows transformers' Gemma 4 / DiffusionGemma RMSNorm (`x * pow(mean + eps, -0.5)`, the
+    weight multiplied in fp32 before the cast, unlike `RMSNorm`). Plain PyTorch (no op of the
+    table yet). x: [..., dim] any float dtype -> the same shape and dtype.
+    """
+
+    def __init__(self, dim: int, eps: float, weight: bool = True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim)) if weight else None
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
+        if self.weight is not None:
+            h = h * self.weight.float()
+        return h.to(x.dtype)

@@ -12,6 +12,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from dlrt.attention.base import LAYER_SHAPES, SLIDING_WINDOW
+
+SLIDING, FULL = "sliding_attention", "full_attention"  # `layer_types` values
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -47,6 +51,59 @@ class ModelConfig:
     # attention
     rotary_dim: int | None = None  # RoPE on each head's first rotary_dim dims (None: all)
     use_qk_norm: bool = True  # per-head q/k RMSNorm (families that make it optional read it)
+    attention_scale: float | None = None  # the q.k multiplier (None: head_dim ** -0.5)
+    # layers of two kinds (DiffusionGemma); no layer_types: every layer full attention with
+    # head_dim, num_kv_heads and rope_theta
+    layer_types: tuple[str, ...] = ()  # SLIDING or FULL, one per layer
+    sliding_window: int | None = None  # a sliding layer's query sees W keys, itself included
+    global_head_dim: int | None = None  # full-attention layers' head size (None: head_dim)
+    num_global_kv_heads: int | None = None  # their KV heads (None: num_kv_heads)
+    attention_k_eq_v: bool = False  # full-attention layers have no v_proj: V is K's projection
+    global_rope_theta: float | None = None  # full-attention layers' RoPE theta
+    # proportional RoPE of full-attention layers: only the first P of the head's D/2
+    # frequency pairs turn, at theta ** (-2i / D) (None: all D/2, the default RoPE)
+    global_rope_pairs: int | None = None
+    hidden_act: str = "silu"  # MLP and expert activation: "silu" | "gelu_pytorch_tanh"
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap), in fp32
+    embed_scale: float | None = None  # token embeddings are multiplied by it (None: not scaled)
+    canvas_length: int | None = None  # positions a decoder pass denoises (DiffusionGemma)
+    image_token_id: int | None = None  # the placeholder of image input (not served: text only)
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether `layer` is a sliding-window layer."""
+        return bool(self.layer_types) and self.layer_types[layer] == SLIDING
+
+    def layer_head_dim(self, layer: int) -> int:
+        """Head size of `layer`'s queries, keys and values."""
+        if self.layer_types and not self.is_sliding(layer) and self.global_head_dim:
+            return self.global_head_dim
+        return self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        """KV heads of `layer`."""
+        if self.layer_types and not self.is_sliding(layer) and self.num_global_kv_heads:
+            return self.num_global_kv_heads
+        return self.num_kv_heads
+
+    def layer_window(self, layer: int) -> int | None:
+        """The window W of a sliding layer (its queries see no key W or more positions
+        before them; `dlrt.attention.base`), None for a full-attention layer."""
+        return self.sliding_window if self.is_sliding(layer) else None
+
+    def kv_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(KV heads, head size) of each layer's cache."""
+        return tuple((self.layer_kv_heads(i), self.layer_head_dim(i))
+                     for i in range(self.num_layers))
+
+    def attention_needs(self) -> tuple[str, ...]:
+        """What the model's attention needs beyond one head shape and no window
+        (`AttentionBackend.supports`' `needs`): SLIDING_WINDOW, LAYER_SHAPES."""
+        needs = []
+        if any(self.layer_window(i) is not None for i in range(self.num_layers)):
+            needs.append(SLIDING_WINDOW)
+        if len(set(self.kv_shapes())) > 1:
+            needs.append(LAYER_SHAPES)
+        return tuple(needs)
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)

@@ -54,10 +54,13 @@ class Family:
     normalise(hf config dict, name) -> ModelConfig (raises ConfigError naming the field).
     model(config, ops) -> nn.Module: the plain-PyTorch model (build it on the meta device).
     default_decoder: the decoder used when none is asked for (`dlrt.runtime.decoders`; which
-        decoders fit the family is each decoder's answer, from `attention`).
+        decoders fit the family is each decoder's answer, from `attention`). A name not in
+        `DECODERS` is the family's own decoder, not built yet: asking for the family's model
+        raises OptionError naming it, unless another decoder fits.
     attention: the attention pattern the model was trained with: "block_causal" (SDAR,
-        LLaDA2: bidirectional inside a block, causal across blocks) or "full" (LLaDA: every
-        position sees every other).
+        LLaDA2: bidirectional inside a block, causal across blocks), "full" (LLaDA: every
+        position sees every other) or "encoder_decoder" (DiffusionGemma: causal encoder
+        passes write the cache, a bidirectional canvas reads it).
     stop_ids: stop ids the family's decoding adds to `generation_config.json`'s.
     with_layers(hf, n) -> hf: the config reduced to its first n layers (make-checkpoint).
     tokenizer: folder under `dlrt/data` whose tokenizer a made checkpoint gets when its source

@@ -8,12 +8,13 @@ from torch import nn
 
 from dlrt.errors import ConfigError
 from dlrt.models.config import ModelConfig
+from dlrt.models.diffusion_gemma import DIFFUSION_GEMMA
 from dlrt.models.family import Family
 from dlrt.models.llada import LLADA
 from dlrt.models.llada2 import LLADA2
 from dlrt.models.sdar import SDAR, SDAR_MOE
 
-FAMILIES: tuple[Family, ...] = (SDAR, SDAR_MOE, LLADA, LLADA2)
+FAMILIES: tuple[Family, ...] = (SDAR, SDAR_MOE, LLADA, LLADA2, DIFFUSION_GEMMA)
 
 
 def family(name: str) -> Family:

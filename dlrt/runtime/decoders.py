@@ -42,19 +42,31 @@ def decoder_for(family: Family, name: str | None,
 
     Raises:
         OptionError: unknown decoder, or one that does not fit the family (the decoder's
-            reason, and the decoders that fit).
+            reason, and the decoders that fit); or, when the family's default decoder is not
+            in `DECODERS` (its own decoder, not built yet), any other that does not fit it
+            (the message names the missing one).
     """
     name = name or family.default_decoder
+    own = family.default_decoder
+    if own not in DECODERS:
+        fits = _fitting(family)
+        if name not in fits:
+            raise OptionError(f"{family.name} models need their own decoder, {own!r}, which is "
+                              "not available yet; " + (f"use one of {fits}" if fits else
+                                                       f"none of {sorted(DECODERS)} fits them"))
     why = decoder_class(name).supports(family)
     if why is not None:
-        fits = [n for n in sorted(DECODERS) if decoder_class(n).supports(family) is None]
-        raise OptionError(f"{why}; use one of {fits}")
+        raise OptionError(f"{why}; use one of {_fitting(family)}")
     defaults: DecoderDefaults = DECODERS[name][2]
     if family.decoder_defaults is not None and name == family.default_decoder:
         defaults = family.decoder_defaults
     if name == "block" and trained_block:
         defaults = dataclasses.replace(defaults, block_length=trained_block)
     return name, defaults
+
+
+def _fitting(family: Family) -> list[str]:
+    return [n for n in sorted(DECODERS) if decoder_class(n).supports(family) is None]
 
 
 def build_decoder(name: str, runner, mask_token_id: int, defaults: DecoderDefaults, executor):

@@ -47,21 +47,24 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, lens: torch.Tensor, chunk_block: int | None,
-                rows: slice | torch.Tensor | None = None) -> torch.Tensor | None:
+                rows: slice | torch.Tensor | None = None,
+                **model_inputs: torch.Tensor) -> torch.Tensor | None:
         """Forward tokens [N] at positions lens[0]..lens[0]+N-1 over cache keys < lens[1].
 
         Writes the chunk's K/V into the cache. Returns logits [n, V] of `rows` (a slice or
         an index tensor of chunk rows; [n, V/N] of the rank's shard when `vocab` is set), or
-        None when `rows` is None (no LM head).
+        None when `rows` is None (no LM head). `model_inputs`: extra inputs of the model's
+        forward, passed on (DiffusionGemma's `self_conditioning` [N, V]).
         Pure tensor code: no host sync unless the backend needs one (SDPA).
         """
-        if self.persistent is not None and rows is not None:
+        if self.persistent is not None and rows is not None and not model_inputs:
             logits = self.persistent.forward(tokens, lens, chunk_block)
             if logits is not None:
                 return logits[rows] if isinstance(rows, slice) else logits.index_select(0, rows)
         positions = lens[0].long() + self.arange(tokens.shape[0])
         meta = ForwardMeta(positions, lens, chunk_block)
-        hidden = self.model(tokens, positions, ForwardContext(self.backend, meta, self.cache))
+        hidden = self.model(tokens, positions, ForwardContext(self.backend, meta, self.cache),
+                            **model_inputs)
         logits = None
         if rows is not None:
             h = hidden[rows] if isinstance(rows, slice) else hidden.index_select(0, rows)

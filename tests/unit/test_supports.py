@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from dlrt import LLM
+from dlrt.attention import flashinfer as flashinfer_module
+from dlrt.attention.base import LAYER_SHAPES, SLIDING_WINDOW
 from dlrt.attention.flashinfer import FlashInferBackend
-from dlrt.attention.registry import check_backend
+from dlrt.attention.registry import check_backend, default_backend
 from dlrt.attention.sdpa import SDPABackend
 from dlrt.attention.triton import TritonBackend
 from dlrt.checkpoint.presets import preset
@@ -53,6 +55,26 @@ def test_attention_backends_name_their_reason(monkeypatch):
                                                                          128, KV_FP8)
     if not torch.cuda.is_available():
         assert "'flashinfer' needs a CUDA GPU" in FlashInferBackend.supports(CPU, BF16, "eager")
+
+
+def test_backends_name_the_attention_needs_they_do_not_serve(monkeypatch):
+    """A sliding window and per-layer head shapes (DiffusionGemma): SDPA serves both; Triton
+    and FlashInfer say which they do not serve, and the default is SDPA then."""
+    needs = (SLIDING_WINDOW, LAYER_SHAPES)
+    assert SDPABackend.supports(CPU, F32, "eager", 16, None, needs) is None
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    why = TritonBackend.supports(CPU, F32, "eager", 16, None, needs)
+    assert why.startswith("attention backend 'triton' does not serve sliding_window or "
+                          "layer_shapes") and "use 'sdpa'" in why
+    assert "layer_shapes" in TritonBackend.supports(CPU, F32, "eager", 16, None, (LAYER_SHAPES,))
+    assert TritonBackend.supports(CPU, F32, "eager", 16) is None  # no needs: as before
+    monkeypatch.setattr(flashinfer_module, "kernel_for", lambda *a: "fa2")
+    why = FlashInferBackend.supports(CUDA, BF16, "eager", 256, None, (SLIDING_WINDOW,))
+    assert why.startswith("attention backend 'flashinfer' does not serve sliding_window")
+    with pytest.raises(OptionError, match="'triton' does not serve sliding_window"):
+        check_backend("triton", CPU, F32, "eager", 16, None, needs)
+    check_backend("sdpa", CPU, F32, "eager", 16, None, needs)
+    assert default_backend(CUDA, BF16, "canvas", 256, None, needs) == "sdpa"
 
 
 def test_the_registry_asks_the_backend(monkeypatch):

@@ -48,7 +48,8 @@ class Router(nn.Module):
 
 
 class StackedExperts(nn.Module):
-    """E SwiGLU experts stacked: w13 [E, 2I, H] (gate_proj rows, then up_proj rows) and
+    """E gated experts (SwiGLU unless `activation` says another) stacked: w13 [E, 2I, H]
+    (gate_proj rows, then up_proj rows) and
     w2 [E, H, I] (expert parallel: the rank's E experts, checkpoint ids from
     `first_expert`). Checkpoint tensors `<experts>.{e}.gate_proj.weight` fill w13[e, :I],
     `up_proj` w13[e, I:], `down_proj` w2[e] (`checkpoint_parts`).
@@ -61,11 +62,20 @@ class StackedExperts(nn.Module):
 
     quant_format = None  # a `QuantFormat` once converted
 
-    def __init__(self, num_experts: int, hidden: int, intermediate: int):
+    # the checkpoint tensor of each weight when `stacked` (transformers' fused experts)
+    STACKED = {"w13": "gate_up_proj", "w2": "down_proj"}
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int,
+                 activation: str = "silu", stacked: bool = False):
         super().__init__()
         self.num_experts, self.hidden, self.intermediate = num_experts, hidden, intermediate
         self.first_expert = 0  # checkpoint id of expert 0 here (expert parallel: the rank's)
         self.total_experts = num_experts  # the layer's experts over every rank
+        self.activation = activation  # of the gate rows (`dlrt.layers.mlp.ACTIVATIONS`)
+        # stacked: the checkpoint holds `<experts>.gate_up_proj` [E, 2I, H] (gate rows first)
+        # and `<experts>.down_proj` [E, H, I] (Gemma 4, DiffusionGemma) instead of one tensor
+        # per expert and part (`checkpoint_parts`)
+        self.stacked = stacked
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
 
@@ -131,9 +141,10 @@ class FusedMoE(nn.Module):
                f"method={self.method.name}"
 
 
-def moe_method(ops: Ops) -> MoEMethod:
-    """The MoE method of an ops table: "reference" -> PyTorch, "triton" -> the Triton kernels."""
-    if ops.name == "triton":
+def moe_method(ops: Ops, activation: str = "silu") -> MoEMethod:
+    """The MoE method of an ops table: "reference" -> PyTorch, "triton" -> the Triton kernels
+    (SiLU experts only: experts of another `activation` take the PyTorch reference)."""
+    if ops.name == "triton" and activation == "silu":
         from dlrt.layers.moe.triton import TritonMoE
         return TritonMoE()
     from dlrt.layers.moe.reference import ReferenceMoE

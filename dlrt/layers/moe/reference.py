@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dlrt.layers.mlp import gated
 from dlrt.layers.moe.base import MoEMethod, RouterSpec
 
 
@@ -47,7 +48,8 @@ def route(spec: RouterSpec, logits: torch.Tensor, expert_bias: torch.Tensor | No
 class ReferenceMoE(MoEMethod):
     """Routed experts in PyTorch: up to `GATHER_PAIRS_PER_EXPERT * E` (token, expert) pairs
     gather their experts' weights (fixed shapes, no host sync, capturable); more pairs loop over
-    the chosen experts (a host sync: prefill only). The choice depends on shapes only. Each
+    the chosen experts (a host sync: prefill only). The choice depends on shapes only. The
+    gate rows take the experts' `activation` (SiLU unless a family says otherwise). Each
     expert output is in x's dtype, weighted and summed in fp32, then cast. Quantised experts
     (FP8, NVFP4) are dequantised into x's dtype as they are read (the gathered or chosen
     experts only: `StackedExperts.expert_weight`)."""
@@ -62,18 +64,18 @@ class ReferenceMoE(MoEMethod):
     def apply(self, layer, x, weights, ids):
         n, k = ids.shape
         ex = layer.experts
-        i = ex.intermediate
+        i, act = ex.intermediate, ex.activation
         if n * k <= self.GATHER_PAIRS_PER_EXPERT * ex.num_experts:
             flat = ids.reshape(-1)  # [N*k]
             xs = x.repeat_interleave(k, dim=0)[:, :, None]  # [N*k, H, 1]
             w13, w2 = ex.expert_weight("w13", flat, x.dtype), ex.expert_weight("w2", flat, x.dtype)
             gu = torch.bmm(w13, xs)[:, :, 0]  # [N*k, 2I]
-            y = torch.bmm(w2, (F.silu(gu[:, :i]) * gu[:, i:])[:, :, None])[:, :, 0]
+            y = torch.bmm(w2, gated(act, gu[:, :i], gu[:, i:])[:, :, None])[:, :, 0]
             return (y.view(n, k, -1).float() * weights[:, :, None]).sum(dim=1).to(x.dtype)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         for expert in torch.unique(ids).tolist():
             rows, slot = torch.nonzero(ids == expert, as_tuple=True)
             gu = F.linear(x[rows], ex.expert_weight("w13", expert, x.dtype))
-            y = F.linear(F.silu(gu[:, :i]) * gu[:, i:], ex.expert_weight("w2", expert, x.dtype))
+            y = F.linear(gated(act, gu[:, :i], gu[:, i:]), ex.expert_weight("w2", expert, x.dtype))
             out.index_add_(0, rows, y.float() * weights[rows, slot, None])
         return out.to(x.dtype)

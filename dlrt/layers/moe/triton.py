@@ -63,8 +63,15 @@ class TritonMoE(MoEMethod):
 
     def apply(self, layer, x: torch.Tensor, weights: torch.Tensor,
               ids: torch.Tensor) -> torch.Tensor:
-        """x [N, H], weights [N, k] fp32, ids [N, k] -> [N, H] in x's dtype."""
+        """x [N, H], weights [N, k] fp32, ids [N, k] -> [N, H] in x's dtype (SiLU experts).
+
+        Raises:
+            ValueError: experts of another activation (`moe_method` gives them the
+                reference)."""
         ex = layer.experts
+        if ex.activation != "silu":
+            raise ValueError(f"the Triton MoE kernels compute SiLU experts, not "
+                             f"{ex.activation!r}")
         cfg = self.config(x.shape[0], ids.shape[1], ex.num_experts, ex.hidden, ex.intermediate)
         fmt = ex.quant_format
         if fmt is None:

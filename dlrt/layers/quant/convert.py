@@ -48,9 +48,14 @@ def quantize_module(module: nn.Module, fmt: QuantFormat) -> None:
     variant that fits its parts: `QuantFormat.for_parts`).
 
     Raises:
-        ValueError: the weight's shape does not fit the format (NVFP4: K not a multiple of 16).
+        ValueError: the weight's shape does not fit the format (NVFP4: K not a multiple of 16),
+            or the experts are stored stacked (`StackedExperts.stacked`: no quantised layout
+            of them yet).
         TypeError: another kind of module.
     """
+    if isinstance(module, StackedExperts) and module.stacked:
+        raise ValueError("experts stored stacked (gate_up_proj [E, 2I, H], DiffusionGemma) "
+                         "cannot be quantised yet")
     if isinstance(module, MergedLinear):
         fmt = fmt.for_parts([[size for _, size in module.parts]])
     elif isinstance(module, LinearBase):

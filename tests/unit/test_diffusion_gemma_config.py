@@ -1,0 +1,260 @@
+"""DiffusionGemma's config normaliser, family record and what it refuses: the shipped real config,
+a config as `save_pretrained` writes it (`per_layer_config`), the reference's defaults, bad
+fields named, image input, tensor parallelism, `LLM` without its decoder; other families'
+configs unchanged; bad checkpoints named; seeded dummy weights equal a made checkpoint's."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dlrt.checkpoint.folder import CheckpointFolder
+from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize, weight_specs
+from dlrt.checkpoint.make import make_checkpoint
+from dlrt.checkpoint.presets import PRESETS, preset, real_config
+from dlrt.distributed.transform import check_sizes
+from dlrt.errors import CheckpointError, ConfigError, OptionError, PromptError
+from dlrt.llm import LLM
+from dlrt.models.config import FULL, SLIDING
+from dlrt.models.diffusion_gemma.config import with_layers
+from dlrt.models.diffusion_gemma.prompt import check_text_only
+from dlrt.models.registry import build_model, family, family_of, model_config
+from dlrt.ops import reference
+from dlrt.runtime.decoders import decoder_for
+
+TINY = "tiny-diffusion-gemma"
+
+
+def _real() -> dict:
+    return json.loads((real_config("DiffusionGemma-26B-A4B-it") / "config.json").read_text())
+
+
+def _tiny(**text_changes) -> dict:
+    hf = copy.deepcopy(PRESETS[TINY])
+    hf["text_config"].update(text_changes)
+    return hf
+
+
+def test_the_real_config():
+    c = model_config(_real())
+    assert family_of(_real()).name == c.family == "diffusion_gemma"
+    assert (c.vocab_size, c.hidden_size, c.num_layers, c.num_heads) == (262144, 2816, 30, 16)
+    assert c.layer_types == tuple(FULL if i % 6 == 5 else SLIDING for i in range(30))
+    assert c.kv_shapes()[:6] == ((8, 256),) * 5 + ((2, 512),)
+    assert (c.sliding_window, c.layer_window(0), c.layer_window(5)) == (1024, 1024, None)
+    assert c.attention_k_eq_v and c.attention_scale == 1.0
+    assert (c.rope_theta, c.global_rope_theta, c.global_rope_pairs) == (1e4, 1e6, 64)
+    assert (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == (128, 8, 704)
+    assert c.intermediate_size == 2112 and c.hidden_act == "gelu_pytorch_tanh"
+    assert (c.final_logit_softcapping, c.canvas_length, c.eos_token_ids) == (30.0, 256, (1, 106))
+    assert c.embed_scale == 2816**0.5 and c.tie_word_embeddings and c.mask_token_id is None
+    assert c.attention_needs() == ("sliding_window", "layer_shapes")
+
+
+def test_the_real_model_on_the_meta_device():
+    config = model_config(_real())
+    with torch.device("meta"):
+        model = build_model(config, reference.OPS)
+    specs = {s.key: s.shape for s in weight_specs(model)}
+    assert sum(torch.Size(s).numel() for s in specs.values()) == 25_250_986_812
+    layer = "model.decoder.layers.5."
+    assert f"{layer}self_attn.k_proj.weight" in specs  # full attention: K = V, no v_proj
+    assert f"{layer}self_attn.v_proj.weight" not in specs
+    assert specs[f"{layer}self_attn.q_proj.weight"] == (16 * 512, 2816)
+    assert specs["model.decoder.layers.0.self_attn.v_proj.weight"] == (8 * 256, 2816)
+    assert specs[f"{layer}experts.gate_up_proj"] == (128, 2 * 704, 2816)
+    assert specs["model.encoder.language_model.layers.29.layer_scalar"] == (1,)
+    assert "lm_head.weight" not in specs  # tied to model.decoder.embed_tokens
+
+
+def test_a_saved_config_reads_as_written():
+    """`save_pretrained` drops global_head_dim / num_global_key_value_heads for the resolved
+    `per_layer_config` (layer index -> overrides); both forms give the same config."""
+    saved = _tiny()
+    t = saved["text_config"]
+    dim, kv = t.pop("global_head_dim"), t.pop("num_global_key_value_heads")
+    t["per_layer_config"] = {str(i): {"head_dim": dim, "num_key_value_heads": kv}
+                             for i in (1, 3)}
+    assert model_config(saved) == model_config(PRESETS[TINY])
+
+
+def test_absent_fields_take_the_references_defaults():
+    hf = {"model_type": "diffusion_gemma",
+          "text_config": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 8}}
+    c = model_config(hf)
+    assert c.layer_types == tuple(FULL if i % 6 == 5 else SLIDING for i in range(30))
+    assert (c.sliding_window, c.head_dim, c.global_head_dim, c.num_global_kv_heads) == \
+        (512, 256, 512, 4)
+    assert (c.global_rope_pairs, c.global_rope_theta, c.rope_theta) == (64, 1e6, 1e4)
+    assert (c.final_logit_softcapping, c.canvas_length, c.eos_token_ids) == (30.0, 256, (1,))
+    assert c.image_token_id == 258880
+    reference = pytest.importorskip("transformers.models.diffusion_gemma")
+    ref = reference.DiffusionGemmaTextConfig(**hf["text_config"])
+    assert list(c.layer_types) == ref.layer_types and c.sliding_window == ref.sliding_window
+    assert c.num_kv_heads == ref.num_key_value_heads and c.vocab_size == ref.vocab_size
+    assert (c.global_head_dim, c.num_global_kv_heads) == \
+        (ref.per_layer_config[5].head_dim, ref.per_layer_config[5].num_key_value_heads)
+
+
+def test_the_last_layer_is_full_attention():
+    c = model_config(_tiny(layer_types=[SLIDING] * 4))
+    assert c.layer_types == (SLIDING, SLIDING, SLIDING, FULL)
+    assert c.kv_shapes()[-1] == (1, 32)
+
+
+@pytest.mark.parametrize("change,words", [
+    (dict(layer_types=[SLIDING] * 3), "text_config.layer_types"),
+    (dict(layer_types=[SLIDING, "local", SLIDING, FULL]), "text_config.layer_types"),
+    (dict(per_layer_config={"1": {"head_dim": 32}, "3": {"head_dim": 64}}),
+     "text_config.per_layer_config"),
+    (dict(per_layer_config={"0": {"head_dim": 32}}), "text_config.per_layer_config.0"),
+    (dict(per_layer_config={"1": {"sliding_window": 4}}), "text_config.per_layer_config.1"),
+    (dict(use_bidirectional_attention="all"), "use_bidirectional_attention='all'"),
+    (dict(rope_parameters={FULL: {"rope_type": "yarn", "rope_theta": 1e6},
+                           SLIDING: {"rope_type": "default", "rope_theta": 1e4}}),
+     "text_config.rope_parameters.full_attention.rope_type='yarn'"),
+    (dict(rope_parameters={FULL: {"rope_type": "default", "rope_theta": 1e6}}),
+     "lacks text_config.rope_parameters.sliding_attention"),
+    (dict(rope_parameters={FULL: {"rope_type": "default", "rope_theta": 1e6},
+                           SLIDING: {"rope_type": "default", "rope_theta": 1e4,
+                                     "partial_rotary_factor": 0.5}}),
+     "text_config.rope_parameters.sliding_attention.partial_rotary_factor=0.5"),
+    (dict(rope_parameters={FULL: {"rope_type": "proportional", "rope_theta": 1e6,
+                                  "factor": 8.0},
+                           SLIDING: {"rope_type": "default", "rope_theta": 1e4}}),
+     "text_config.rope_parameters.full_attention.factor=8.0"),
+    (dict(rope_parameters={FULL: {"rope_type": "default"},
+                           SLIDING: {"rope_type": "default", "rope_theta": 1e4}}),
+     "text_config.rope_parameters.full_attention.rope_theta=None"),
+    (dict(tie_word_embeddings=False), "text_config.tie_word_embeddings=false"),
+    (dict(num_experts=None), "lacks required field 'text_config.num_experts'"),
+    (dict(top_k_experts=8), "text_config.top_k_experts=8 exceeds num_experts=4"),
+    (dict(hidden_activation="relu"), "text_config.hidden_activation='relu'"),
+    (dict(num_global_key_value_heads=3), "num_global_key_value_heads=3 must divide"),
+    (dict(num_key_value_heads=3), "text_config.num_key_value_heads=3 must divide"),
+    (dict(attention_bias=True), "text_config.attention_bias=true"),
+    (dict(attention_k_eq_v="yes"), "text_config.attention_k_eq_v='yes' must be true or false"),
+    (dict(head_dim=0), "text_config.head_dim=0"),
+    (dict(sliding_window=-1), "text_config.sliding_window=-1"),
+])
+def test_bad_fields_are_named(change, words):
+    with pytest.raises(ConfigError, match=None) as err:
+        model_config(_tiny(**change))
+    assert words in str(err.value)
+
+
+def test_a_config_without_its_text_model():
+    vision_only = {k: v for k, v in PRESETS[TINY].items() if k != "text_config"}
+    with pytest.raises(ConfigError, match="no text_config.*vision-only config is not served"):
+        model_config(vision_only)
+    with pytest.raises(ConfigError, match="^tie_word_embeddings=false"):
+        model_config(dict(PRESETS[TINY], tie_word_embeddings=False))
+    with pytest.raises(ConfigError, match="canvas_length=0"):
+        model_config(dict(PRESETS[TINY], canvas_length=0))
+
+
+def test_fewer_layers():
+    reduced = with_layers(_real(), 3)
+    c = model_config(reduced)
+    assert c.num_layers == 3 and c.layer_types == (SLIDING, SLIDING, FULL)
+    saved = _tiny()
+    t = saved["text_config"]
+    dim, kv = t.pop("global_head_dim"), t.pop("num_global_key_value_heads")
+    t["per_layer_config"] = {str(i): {"head_dim": dim, "num_key_value_heads": kv}
+                             for i in (1, 3)}
+    c = model_config(with_layers(saved, 3))  # the new last layer is full, of the full shape
+    assert c.layer_types == (SLIDING, FULL, FULL) and c.kv_shapes()[2] == (1, 32)
+
+
+def test_other_families_have_one_kind_of_layer():
+    for name in ("tiny-sdar", "tiny-llada2"):
+        c = model_config(PRESETS[name])
+        assert c.layer_types == () and c.attention_needs() == ()
+        assert c.kv_shapes() == ((c.num_kv_heads, c.head_dim),) * c.num_layers
+        assert not c.is_sliding(0) and c.layer_window(0) is None and c.attention_scale is None
+
+
+def test_image_input_is_refused():
+    c = model_config(PRESETS[TINY])
+    check_text_only(c, [2, 5, 9])
+    with pytest.raises(PromptError, match=r"image input \(image_token_id 511 at position\(s\) "
+                                          r"\[1, 3\]\).*not served yet \(text only\)"):
+        check_text_only(c, [2, 511, 9, 511])
+
+
+def test_what_is_not_served_yet_is_named():
+    c = model_config(PRESETS[TINY])
+    check_sizes(c, 1)
+    with pytest.raises(ConfigError, match="tensor_parallel_size 2: .*sliding_window, "
+                                          "layer_shapes"):
+        check_sizes(c, 2)
+    with pytest.raises(OptionError, match="'renoise'.*not available yet"):
+        decoder_for(family("diffusion_gemma"), None, None)
+
+
+@pytest.mark.parametrize("options", [{}, {"mask_token_id": 3}, {"decoder": "canvas"},
+                                     {"decoder": "block", "mask_token_id": 3},
+                                     {"decoder": "dllm_var"}])
+def test_no_mask_token_decoder_runs_it(tmp_path, options):
+    """Its renoising decoder is not built: `LLM` refuses the folder by name, whatever decoder
+    or mask token is asked for, instead of decoding it with mask tokens."""
+    path = make_checkpoint(TINY, tmp_path / "ckpt", dtype="float32")
+    with pytest.raises(OptionError, match=r"^diffusion_gemma models need their own decoder, "
+                                          r"'renoise', which is not available yet; none of "
+                                          r"\['block', 'canvas', 'dllm_var'\] fits them$"):
+        LLM(str(path), device="cpu", **options)
+
+
+SCALAR = "model.encoder.language_model.layers.0.layer_scalar"
+EXPERTS = "model.decoder.layers.1.experts.gate_up_proj"
+
+
+@pytest.mark.parametrize("drop,put,error", [
+    ([SCALAR], {}, rf"lacks tensor\(s\) \['{SCALAR}'\]$"),
+    (["model.decoder.layers.2.router.per_expert_scale", "model.decoder.layers.3.router.scale"],
+     {}, r"lacks tensor\(s\) \['model\.decoder\.layers\.2\.router\.per_expert_scale', "
+         r"'model\.decoder\.layers\.3\.router\.scale'\]$"),
+    (["model.decoder.self_conditioning.pre_norm.weight"], {},
+     r"lacks tensor\(s\) \['model\.decoder\.self_conditioning\.pre_norm\.weight'\]$"),
+    ([], {EXPERTS: torch.zeros(4, 62, 64)},
+     rf"{EXPERTS} in model\.safetensors has shape \[4, 62, 64\], the model expects "
+     r"\[4, 64, 64\]"),
+])
+def test_bad_checkpoints_are_named(tmp_path, drop, put, error):
+    """A missing encoder layer scalar, router scale or self-conditioning weight, or stacked
+    experts of the wrong shape: CheckpointError naming the tensor (and no quantisation hint:
+    the checkpoint is not quantised)."""
+    path = make_checkpoint(TINY, tmp_path / "ckpt", dtype="float32")
+    tensors = load_file(path / "model.safetensors")
+    for key in drop:
+        del tensors[key]
+    save_file({**tensors, **put}, str(path / "model.safetensors"), metadata={"format": "pt"})
+    with torch.device("meta"):
+        model = build_model(model_config(json.loads((path / "config.json").read_text())),
+                            reference.OPS)
+    materialize(model, torch.float32, torch.device("cpu"))
+    with pytest.raises(CheckpointError, match=error):
+        load_safetensors(model, CheckpointFolder.open(path))
+
+
+def test_dummy_weights_are_the_made_checkpoints(tmp_path):
+    """`--load-format dummy` fills the model with what make-checkpoint writes (seeded per
+    tensor), stacked experts and tied embeddings included."""
+    path = make_checkpoint(TINY, tmp_path / "ckpt", dtype="float32", seed=5)
+    assert json.loads((path / "generation_config.json").read_text()) == preset(TINY)[1]
+    config = model_config(json.loads((path / "config.json").read_text()))
+    models = []
+    for dummy in (False, True):
+        with torch.device("meta"):
+            model = build_model(config, reference.OPS)
+        materialize(model, torch.float32, torch.device("cpu"))
+        init_dummy(model, 5, config.initializer_range) if dummy else \
+            load_safetensors(model, CheckpointFolder.open(path))
+        models.append(model)
+    a, b = (dict(m.named_parameters()) for m in models)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert models[1].lm_head.weight is models[1].model.decoder.embed_tokens.weight
