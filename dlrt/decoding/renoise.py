@@ -32,17 +32,25 @@ def schedule_temperature(t_min, t_max, steps, round_idx) -> torch.Tensor:
     t = t_min + (t_max - t_min) * ((steps - round_idx) / steps): the reference's linear schedule
     over its remaining-step count steps - round_idx (steps at the first round, 1 at the last),
     so round 0 runs at t_max and the last at t_min + (t_max - t_min) / steps (t_min itself is
-    never reached). Computed as the reference does: t_max - t_min in fp64 (a Python float),
-    the rest in fp32.
+    never reached). Computed as the reference does on the values' device: t_max - t_min in
+    fp64 (a Python float), the rest in fp32, and (steps - round_idx) / steps as PyTorch
+    divides a tensor by a Python int there: a division on the CPU, a product with the fp32
+    reciprocal of steps on CUDA (the two differ by an ulp in about one round in six).
 
     Args:
-        t_min, t_max: float or 0-d fp64 tensor. steps, round_idx: int or 0-d int64 tensor.
+        t_min, t_max: float or 0-d fp64 tensor. steps, round_idx: int or 0-d int64 tensor
+        (tensors on one device; host values: the CPU's arithmetic).
     """
     dev = next((x.device for x in (t_min, t_max, steps, round_idx) if torch.is_tensor(x)), None)
     lo = torch.as_tensor(t_min, dtype=torch.float64, device=dev)
     span = (torch.as_tensor(t_max, dtype=torch.float64, device=dev) - lo).float()
     n = torch.as_tensor(steps, dtype=torch.int64, device=dev)
-    return lo.float() + span * ((n - round_idx).float() / n.float())
+    remaining, total = (n - round_idx).float(), n.float()
+    # NOTE: CUDA's true division by a CPU scalar (the reference's cur_step / N, cur_step an
+    # int32 CUDA tensor) multiplies by fp32(1 / N); the CPU's divides.
+    if lo.device.type == "cuda":
+        return lo.float() + span * (remaining * (torch.ones_like(total) / total))
+    return lo.float() + span * (remaining / total)
 
 
 def entropy_of_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -54,6 +54,27 @@ def test_temperature_schedule_is_the_reference_processor(ref, t_min, t_max, step
         assert torch.equal(device_values, t)
 
 
+@pytest.mark.gpu
+def test_temperature_on_the_device_is_the_reference_processors_on_the_device(ref):
+    """On CUDA, with the request values as 0-d device tensors (as a captured round reads them),
+    logits / t equals the reference processor given `_denoising_step`'s int32 CUDA cur_step,
+    bit for bit at every round (a CPU 0-d divisor would be a multiplication by its
+    reciprocal on CUDA)."""
+    dev = torch.device("cuda")
+    logits = torch.randn(4, 257, device=dev, generator=torch.Generator(dev).manual_seed(0)) * 10
+    for t_min, t_max, steps in ((0.4, 0.8, 1024), (0.0, 1.0, 999), (0.1, 0.7, 48),
+                                (0.25, 1.3, 777), (0.123456789, 0.987654321, 17)):
+        proc = ref.LinearTemperatureScheduleLogitsProcessor(t_min, t_max, steps)
+        values = [torch.tensor(v, dtype=torch.float64, device=dev) for v in (t_min, t_max)]
+        n = torch.tensor(steps, device=dev)
+        for r in range(steps):
+            cur_step = torch.tensor(steps - r, dtype=torch.int32, device=dev)
+            t = schedule_temperature(*values, n, torch.tensor(r, device=dev))
+            assert t.device.type == "cuda" and t.shape == ()
+            expect = proc(None, logits, cur_step=cur_step)
+            assert torch.equal(logits / t, expect), (t_min, t_max, steps, r)
+
+
 def test_temperature_runs_from_t_max_to_one_step_above_t_min():
     temps = [schedule_temperature(0.4, 0.8, 4, r).item() for r in range(4)]
     assert temps == pytest.approx([0.8, 0.7, 0.6, 0.5])
