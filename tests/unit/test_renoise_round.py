@@ -219,6 +219,29 @@ def test_set_values_needs_a_renoising_request():
         CanvasState(4, 8, torch.device("cpu")).set_values(params)
 
 
+@pytest.mark.parametrize("candidates_op", [None, reference_candidates])
+def test_a_round_reads_no_tensor_on_the_host(candidates_op):
+    """What a captured round (a CUDA graph's WHILE body) needs, checked on the CPU: on the meta
+    device, where tensors hold no values, a round with the request values as 0-d tensors runs
+    to the end (no `.item()`, no Python branch on a tensor: either raises there) and writes
+    every buffer in place, keeping its shape, dtype and device (a graph replays the same
+    addresses)."""
+    meta = torch.device("meta")
+    params = resolve(DecodingOptions.from_kwargs({"seed": 3}), RENOISE, {}, (1,), 64, 0)
+    state = CanvasState(N_POS, VOCAB, meta, torch.bfloat16)
+    state.set_values(params)
+    positions = torch.arange(START, START + N_POS, device=meta)
+    state.start_canvas(positions)
+    with pytest.raises(RuntimeError, match="meta"):
+        state.flag.item()  # what a host read of a tensor does here
+    before = [(id(t), t.shape, t.dtype) for t in state.tensors()]
+    for _ in range(2):
+        denoise_canvas_round(torch.empty(N_POS, VOCAB, device=meta), state, positions,
+                             candidates_op)
+    assert [(id(t), t.shape, t.dtype) for t in state.tensors()] == before
+    assert all(t.device == meta for t in state.tensors())
+
+
 def test_the_sampling_kernel_draws_the_same_canvas():
     """The ops table's Triton draw (the interpreter on the CPU) given the round's temperature
     as a device value: the same canvases as the race on the fp32 softmax."""
@@ -231,11 +254,23 @@ def test_the_sampling_kernel_draws_the_same_canvas():
     assert all(torch.equal(x, y) for x, y in zip(reference, kernel, strict=True))
 
 
+def gpu_candidates_op(name):
+    if name == "triton":
+        pytest.importorskip("triton")
+        from dlrt.ops.triton import candidates
+
+        return candidates
+    return None
+
+
 @pytest.mark.gpu
-def test_a_captured_round_replays_as_the_eager_round():
+@pytest.mark.parametrize("op", ["reference", "triton"])
+def test_a_captured_round_replays_as_the_eager_round(op):
     """One round captured into a CUDA graph (request values and round counter read from the
     state), replayed round after round on fresh logits, gives the eager rounds' state bit for
-    bit, and stops on the same round."""
+    bit, and stops on the same round; the eager round never waits for the host (CUDA's sync
+    debug mode raises on a sync), with the reference draw and with the ops table's kernel."""
+    candidates_op = gpu_candidates_op(op)
     dev = torch.device("cuda")
     n, vocab, steps = 64, 4096, 16
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -254,16 +289,20 @@ def test_a_captured_round_replays_as_the_eager_round():
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         graphed.start_canvas(positions)
-        denoise_canvas_round(static, graphed, positions)  # warm-up outside the capture
+        denoise_canvas_round(static, graphed, positions, candidates_op)  # warm-up
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        denoise_canvas_round(static, graphed, positions)
+        denoise_canvas_round(static, graphed, positions, candidates_op)
     eager.start_canvas(positions)
     graphed.start_canvas(positions)
     rounds = 0
     while eager.flag.item():
-        denoise_canvas_round(logits[rounds], eager, positions)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            denoise_canvas_round(logits[rounds], eager, positions, candidates_op)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
         static.copy_(logits[rounds])
         graph.replay()
         rounds += 1
