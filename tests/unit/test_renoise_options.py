@@ -1,6 +1,7 @@
 """The options of renoising (DiffusionGemma) decoding: names and defaults of transformers'
-`DiffusionGemmaGenerationConfig`, defaults from a `generation_config.json` dict, validation
-errors that name the option, and the options without effect in either kind of family."""
+`DiffusionGemmaGenerationConfig`, defaults from a `generation_config.json` (as transformers
+writes it), validation errors that name the option (the server's 400), and the options without
+effect in either kind of family."""
 
 from __future__ import annotations
 
@@ -63,6 +64,77 @@ def test_defaults_come_from_generation_config_json_as_the_reference_writes_it(re
     got = params(gen, t_min=0.1, entropy_bound=2, max_denoising_steps=5).renoise
     assert got == RenoiseParams(5, 2.0, 0.1, 0.9, 3, 0.01)
     assert isinstance(got.entropy_bound, float) and isinstance(got.max_denoising_steps, int)
+
+
+def test_defaults_from_the_file_save_pretrained_writes(ref, tmp_path):
+    """generation_config.json as transformers' `save_pretrained` writes it (sampler_config as
+    an object with its class name; null for each value a config leaves unset), read as the
+    engine reads a checkpoint folder: the file's values, and the reference's for the nulls."""
+    from dlrt.checkpoint.folder import CheckpointFolder
+
+    (tmp_path / "config.json").write_text("{}")
+
+    def saved(config) -> dict:
+        config.save_pretrained(tmp_path)
+        return CheckpointFolder.open(tmp_path, require_weights=False).generation_config
+
+    config = ref.DiffusionGemmaGenerationConfig(
+        max_denoising_steps=32, sampler_config=ref.EntropyBoundSamplerConfig(entropy_bound=0.25),
+        t_min=0.2, t_max=0.9, stability_threshold=3, confidence_threshold=0.01)
+    gen = saved(config)
+    assert gen["sampler_config"]["entropy_bound"] == 0.25
+    assert params(gen).renoise == RenoiseParams(32, 0.25, 0.2, 0.9, 3, 0.01)
+    gen = saved(ref.DiffusionGemmaGenerationConfig(t_max=0.6))
+    assert gen["sampler_config"] is None and gen["t_min"] is None and gen["t_max"] == 0.6
+    assert params(gen).renoise == RenoiseParams(t_max=0.6)
+    gen = saved(ref.DiffusionGemmaGenerationConfig(
+        sampler_config=ref.EntropyBoundSamplerConfig(entropy_bound=1e-3)))
+    assert params(gen, t_min=0.0).renoise == RenoiseParams(entropy_bound=1e-3, t_min=0.0)
+
+
+def test_the_server_answers_a_bad_value_with_a_400_naming_the_field():
+    """A request's bad value is a 400 whose `param` is the field as sent (`server.prepare`
+    over `LLM.check`, here a renoising family's resolve); a bad checkpoint default is a 400
+    that says it comes from generation_config.json."""
+    pytest.importorskip("fastapi")
+    from dlrt.server import protocol
+    from dlrt.server.errors import HTTPError
+    from dlrt.server.prepare import prepare
+    from dlrt.server.state import ServerState
+
+    class Renoising:  # what `LLM.check` does with the options of a renoising family
+        def __init__(self, gen):
+            self.gen = gen
+
+        def check(self, prompt, *, chat=False, **options):
+            return [1, 2], params(self.gen, **options)
+
+    def state(gen):
+        return ServerState(llm=Renoising(gen), worker=None, model_name="m", defaults={},
+                           max_body_bytes=1 << 20, metrics=None, created=0)
+
+    def answer(gen, call, body):
+        with pytest.raises(HTTPError) as e:
+            prepare(state(gen), call, body, "generate")
+        assert e.value.status == 400
+        return e.value.param, e.value.message
+
+    chat = [{"role": "user", "content": "hi"}]
+    for name, value in (("t_min", -1.0), ("entropy_bound", 0), ("max_denoising_steps", 2000),
+                        ("stability_threshold", -1), ("confidence_threshold", math.nan),
+                        ("t_max", 0.3)):
+        for call, body in ((protocol.generate_call,
+                            protocol.GenerateRequest(prompt="hi", **{name: value})),
+                           (protocol.chat_call,
+                            protocol.ChatRequest(messages=chat, **{name: value}))):
+            param, message = answer({}, call, body)
+            assert param == name and message.startswith(f"{name}="), message
+    param, message = answer({"sampler_config": {"entropy_bound": -1.0}}, protocol.generate_call,
+                            protocol.GenerateRequest(prompt="hi"))
+    assert param is None and message.startswith("generation_config.json: entropy_bound=")
+    job = prepare(state({}), protocol.generate_call,
+                  protocol.GenerateRequest(prompt="hi", t_min=0.1), "generate")
+    assert job.options == {"t_min": 0.1}
 
 
 def test_mask_families_resolve_no_renoise_values_but_check_their_ranges():
