@@ -271,7 +271,9 @@ class LLM:
             max_new_tokens and **options: see `dlrt.decoding.options.DecodingOptions`
                 (block_length, denoising_steps, remasking_strategy, threshold, eb_threshold,
                 low_threshold, credit_weight, credit_boost, credit_decay, editing_threshold,
-                max_post_steps, temperature, top_k, top_p, seed, stop, ignore_eos).
+                max_post_steps, temperature, top_k, top_p; for renoising families:
+                max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
+                confidence_threshold; seed, stop, ignore_eos).
         Raises:
             OptionError: unknown option or bad value. PromptError: bad or too long prompt.
         """

@@ -9,7 +9,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlrt.decoding.sampling import SamplingSpec
+from dlrt.decoding.renoise_options import NAMES as RENOISE_OPTIONS
+from dlrt.decoding.renoise_options import RenoiseParams, resolve_renoise
+from dlrt.decoding.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE, SamplingSpec
 from dlrt.decoding.strategies import (
     CREDIT_BOOST,
     CREDIT_DECAY,
@@ -26,12 +28,6 @@ DEFAULT_MAX_NEW_TOKENS = 128
 # NOTE: every post pass is a forward; a block that keeps editing runs them all, and the server
 # checks cancellation and its timeout only between blocks.
 MAX_POST_STEPS = 1024
-# NOTE: a round divides the fp32 logits by the temperature (multiplies by its reciprocal in
-# fp32 on the GPU): past MAX_TEMPERATURE sampling is uniform in all but name and 1e39 is
-# infinite in fp32, so larger values are refused; below MIN_TEMPERATURE (SGLang's bar) the
-# reciprocal overflows fp32 long before 0, so such a temperature is greedy, as in SGLang.
-MIN_TEMPERATURE = 1e-6
-MAX_TEMPERATURE = 1e6
 FP32_MAX = 3.4028234663852886e38  # the largest finite fp32 value (credit_boost is fp32 there)
 
 
@@ -62,7 +58,11 @@ class DecodingOptions:
     temperature: in [0, MAX_TEMPERATURE] = [0, 1e6] (the logits are divided by it in fp32);
         0, and anything below MIN_TEMPERATURE (1e-6, SGLang's bar), is greedy.
     top_k: >= 0 (0 = off). top_p: in (0, 1].
-    seed: >= 0; sampling and `random` are reproducible for a given seed.
+    max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
+        confidence_threshold: renoising (uniform-state) decoding, DiffusionGemma's; see
+        `dlrt.decoding.renoise_options.RenoiseParams` (ranges, defaults). Families that
+        denoise mask tokens do not read them.
+    seed: >= 0; sampling, `random` and renoising are reproducible for a given seed.
     stop: extra stop token ids (int) or stop strings (str).
     ignore_eos: do not stop at the checkpoint's stop ids (benchmarks).
     """
@@ -82,6 +82,12 @@ class DecodingOptions:
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
+    max_denoising_steps: int | None = None
+    entropy_bound: float | None = None
+    t_min: float | None = None
+    t_max: float | None = None
+    stability_threshold: int | None = None
+    confidence_threshold: float | None = None
     seed: int | None = None
     stop: tuple[int | str, ...] = ()
     ignore_eos: bool = False
@@ -106,9 +112,10 @@ class DecodingOptions:
 
     def _check_types(self) -> None:
         ints = ("max_new_tokens", "block_length", "denoising_steps", "top_k", "seed",
-                "max_post_steps")
+                "max_post_steps", "max_denoising_steps", "stability_threshold")
         floats = ("threshold", "eb_threshold", "low_threshold", "credit_weight", "credit_boost",
-                  "credit_decay", "editing_threshold", "temperature", "top_p")
+                  "credit_decay", "editing_threshold", "temperature", "top_p", "entropy_bound",
+                  "t_min", "t_max", "confidence_threshold")
         for name in ints:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
@@ -130,7 +137,9 @@ class DecodingOptions:
 @dataclass(frozen=True)
 class DecoderDefaults:
     """A decoder's (or a family's) defaults; `block_length=None` means one block over the
-    whole generation; `editing_threshold=None`: no edits."""
+    whole generation; `editing_threshold=None`: no edits. `renoise`: the family's canvases
+    hold no mask token but uniform tokens, renoised where a round rejects them (uniform-state
+    diffusion, DiffusionGemma); `resolve` then fills `DecodingParams.renoise`."""
 
     block_length: int | None
     remasking_strategy: str
@@ -142,11 +151,13 @@ class DecoderDefaults:
     credit_decay: float = CREDIT_DECAY
     editing_threshold: float | None = None
     max_post_steps: int = 16
+    renoise: bool = False
 
 
 @dataclass(frozen=True)
 class DecodingParams:
-    """Resolved, validated options of one request (`editing_threshold` None: no edits)."""
+    """Resolved, validated options of one request (`editing_threshold` None: no edits;
+    `renoise` None: the family denoises mask tokens, see `DecoderDefaults.renoise`)."""
 
     max_new_tokens: int
     block_length: int
@@ -157,6 +168,7 @@ class DecodingParams:
     stop_strings: tuple[str, ...] = field(default=())
     editing_threshold: float | None = None
     max_post_steps: int = 16
+    renoise: RenoiseParams | None = None
 
 
 def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config: dict[str, Any],
@@ -165,13 +177,16 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     """Fill every None from the decoder defaults and `generation_config.json`, then validate.
 
     Sampling defaults follow `generation_config.json` when it sets `do_sample` (as vLLM does);
-    otherwise greedy. `random_seed` is used when the request gives no seed.
+    otherwise greedy. `random_seed` is used when the request gives no seed. The renoising
+    options are checked for every family (their ranges) and resolved, against
+    `generation_config.json` and the schedule as a whole, when `defaults.renoise`
+    (`renoise_options.resolve_renoise`).
 
     Raises:
         OptionError: a value out of range (the message names the option): threshold,
             low_threshold, credit_decay or editing_threshold outside [0, 1], credit_weight
             outside [0, 100], credit_boost outside fp32's [0, 3.4e38], a temperature outside
-            [0, 1e6], a negative max_post_steps, ...; a sampling
+            [0, 1e6], a negative max_post_steps, t_max <= t_min, ...; a sampling
             default of `generation_config.json` out of range (the message starts with
             "generation_config.json:"; `CheckpointFolder.check_generation_config` refuses
             such a file when the model loads).
@@ -215,6 +230,8 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     top_p = _sampling(opts.top_p, file, "top_p")
     seed = _pick(opts.seed, random_seed)
     _check(0 <= seed < 2**63, "seed", seed, "must be in [0, 2^63)")
+    renoise = resolve_renoise({k: getattr(opts, k) for k in RENOISE_OPTIONS},
+                              gen if defaults.renoise else {}, joint=defaults.renoise)
     stop_ids = {s for s in opts.stop if isinstance(s, int)}
     if not opts.ignore_eos:
         stop_ids |= set(eos_token_ids)
@@ -228,6 +245,7 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
         stop_strings=tuple(s for s in opts.stop if isinstance(s, str)),
         editing_threshold=editing,
         max_post_steps=post,
+        renoise=renoise if defaults.renoise else None,
     )
 
 

@@ -13,6 +13,7 @@ _M32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9
 SAMPLE_STREAM = 0  # Gumbel noise for token sampling
 REMASK_STREAM = 1  # scores of the `random` strategy
+RENOISE_STREAM = 2  # canvas tokens of renoising (uniform-state) decoding: first draw, renoises
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:

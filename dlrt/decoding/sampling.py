@@ -27,6 +27,13 @@ from dlrt.decoding import rng
 
 Number = float | torch.Tensor  # a host value or a 0-d device tensor
 
+# NOTE: a round divides the fp32 logits by the temperature (multiplies by its reciprocal in
+# fp32 on the GPU): past MAX_TEMPERATURE sampling is uniform in all but name and 1e39 is
+# infinite in fp32, so larger values are refused; below MIN_TEMPERATURE (SGLang's bar) the
+# reciprocal overflows fp32 long before 0, so such a temperature is greedy, as in SGLang.
+MIN_TEMPERATURE = 1e-6
+MAX_TEMPERATURE = 1e6
+
 
 @dataclass(frozen=True)
 class SamplingSpec:

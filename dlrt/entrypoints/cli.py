@@ -49,6 +49,16 @@ _HELP = {
                       "(default 16)",
     "temperature": "0 = greedy (default: generation_config.json, else 0)",
     "top_k": "top-k filter, 0 = off", "top_p": "top-p filter, 1 = off",
+    "max_denoising_steps": "renoising families (DiffusionGemma): rounds per canvas at most, "
+                           "in [1, 1024] (default: generation_config.json, else 48)",
+    "entropy_bound": "renoising families: a round accepts the lowest-entropy positions while "
+                     "their entropies minus the largest sum to at most X nats (default 0.1)",
+    "t_min": "renoising families: the temperature schedule's low end (default 0.4)",
+    "t_max": "renoising families: the temperature of the first round, > t_min (default 0.8)",
+    "stability_threshold": "renoising families: a canvas is stable once its argmax canvas has "
+                           "stayed the same for X rounds (default 1)",
+    "confidence_threshold": "renoising families: a stable canvas stops once its mean entropy "
+                            "is below X nats (default 0.005)",
     "seed": "sampling seed",
     "stop": "extra stop: a token id (ASCII digits only) or else a string (repeatable)",
     "ignore_eos": "do not stop at end-of-sequence tokens",

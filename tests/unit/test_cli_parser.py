@@ -68,6 +68,19 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return action.choices
 
 
+def test_renoising_flags():
+    """The options of renoising families (DiffusionGemma) as flags, typed as transformers'
+    `DiffusionGemmaGenerationConfig` types them."""
+    args = build_parser().parse_args([
+        "generate", "--prompt", "x", "--max-denoising-steps", "8", "--entropy-bound", "0.3",
+        "--t-min", "0", "--t-max", "0.5", "--stability-threshold", "2",
+        "--confidence-threshold", "1e-2"])
+    kw = decoding_kwargs(args)
+    assert kw == {"max_denoising_steps": 8, "entropy_bound": 0.3, "t_min": 0.0, "t_max": 0.5,
+                  "stability_threshold": 2, "confidence_threshold": 0.01}
+    assert [type(v) for v in kw.values()] == [int, float, float, float, int, float]
+
+
 def test_help_texts_and_description():
     parser = build_parser()
     assert "bench" in parser.description
@@ -165,7 +178,11 @@ def test_readme_and_help_say_the_default_served_model_name():
                                         ("--threshold", "1.5"), ("--editing-threshold", "2"),
                                         ("--max-post-steps", "-1"),
                                         ("--low-threshold", "1.5"), ("--credit-decay", "2"),
-                                        ("--credit-weight", "-1"), ("--credit-boost", "nan")])
+                                        ("--credit-weight", "-1"), ("--credit-boost", "nan"),
+                                        ("--max-denoising-steps", "0"), ("--entropy-bound", "0"),
+                                        ("--t-min", "-1"), ("--t-max", "inf"),
+                                        ("--stability-threshold", "-1"),
+                                        ("--confidence-threshold", "nan")])
 @pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["serve"],
                                      ["bench", "humaneval"]])
 def test_bad_decoding_values_are_refused_before_a_model_loads(capsys, no_model, command, flag,
