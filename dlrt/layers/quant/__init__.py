@@ -81,7 +81,8 @@ class QuantFormat:
     `nvfp4.Nvfp4Format`; a module defining one registers it
     (`dlrt.layers.quant.registry.register`).
 
-    The checkpoint: `reads(q)`, `not_convert(q, where)`, `checkpoint_config(not_convert)`,
+    The checkpoint: `reads(q)`, `not_convert(q, where)`, `configured(q)`,
+    `checkpoint_config(not_convert)`,
     `declared` (how a folder declares the format, for errors), `files` (JSON files beside
     config.json its checkpoints may hold).
     The device and the activations: `path_note(capability)`, `set_activations(model, mode)`
@@ -116,6 +117,12 @@ class QuantFormat:
             CheckpointError: a setting dlrt cannot read (the message starts with `where`).
         """
         return ()
+
+    def configured(self, q: dict[str, Any]) -> QuantFormat:
+        """The variant of this format that reads a checkpoint declaring `q` (checked by
+        `not_convert` first), e.g. compressed-tensors FP8 with per-tensor rather than
+        per-channel scales. Default: this format."""
+        return self
 
     def checkpoint_config(self, not_convert: list[str]
                           ) -> tuple[dict[str, Any], dict[str, Any]]:
