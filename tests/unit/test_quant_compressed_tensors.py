@@ -441,3 +441,18 @@ def test_cli_make_checkpoint(made, tmp_path):
                                                           "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(_bits(a[k]), _bits(b[k])) for k in a)
 
+
+def test_a_quantised_router_is_refused(made, tmp_path):
+    """A checkpoint that quantises what dlrt holds unquantised (here the MoE router, which
+    compressed-tensors quantises unless `ignore` lists it) is a named error, never e4m3 codes
+    read as weights."""
+    gate = "model.layers.1.mlp.gate"
+
+    def quantised_gate(t):
+        t[f"{gate}.weight"], t[f"{gate}.weight_scale"] = quantize_fp8_channel(
+            t[f"{gate}.weight"])
+
+    path = _rewrite(made("tiny-sdar-moe", CT), tmp_path / "gate", quantised_gate)
+    with pytest.raises(CheckpointError, match=rf"tensor {gate}\.weight in .* is "
+                                              r"torch\.float8_e4m3fn \(quantised\)"):
+        LLM(path)
