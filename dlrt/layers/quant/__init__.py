@@ -4,7 +4,8 @@ quantised weight formats they read.
 Every `Linear` / `MergedLinear` holds one `LinearMethod`, set at load from a plan
 (`dlrt.tuning.linear`) or by quantisation (`dlrt.layers.quant.convert`): `unquantized` (cuBLAS,
 or dlrt's skinny Triton GEMM for a few rows), `fp8` (128x128 block-scaled float8_e4m3fn),
-`nvfp4` (e2m1 in groups of 16 with e4m3 group scales and a global fp32 scale). A method may own
+`nvfp4` (e2m1 in groups of 16 with e4m3 group scales and a global fp32 scale),
+`compressed_tensors` (float8_e4m3fn with a scale per output row or per tensor). A method may own
 weights besides `layer.weight` (scales).
 
 A `QuantFormat` describes one quantised weight [n, k] twice: as the checkpoint stores it
@@ -78,7 +79,7 @@ class PathNote:
 
 class QuantFormat:
     """One weight format (see the module docstring). Subclasses: `fp8.Fp8Format`,
-    `nvfp4.Nvfp4Format`; a module defining one registers it
+    `nvfp4.Nvfp4Format`, `compressed_tensors.CtFp8Format`; a module defining one registers it
     (`dlrt.layers.quant.registry.register`).
 
     The checkpoint: `reads(q)`, `not_convert(q, where)`, `configured(q)`,
