@@ -234,7 +234,8 @@ def load_safetensors(model: nn.Module, folder: CheckpointFolder, online: bool = 
         hint = (f"; quantised layers lack their scales (e.g. {scales[0]}): the checkpoint does "
                 "not match its quantization config. Re-export it with every scale (NVFP4: "
                 "weight_scale and the global weight_scale_2), or list modules stored "
-                "unquantised in modules_to_not_convert (FP8) / exclude_modules (NVFP4)"
+                "unquantised in modules_to_not_convert (FP8) / exclude_modules (NVFP4) / "
+                "ignore (compressed-tensors)"
                 ) if scales else ""
         raise CheckpointError(f"checkpoint {folder.path} lacks tensor(s) {missing[:5]}{more}"
                               f"{hint}")
@@ -250,8 +251,8 @@ def load_safetensors(model: nn.Module, folder: CheckpointFolder, online: bool = 
     unused = set(folder.tensor_files) - {s.read_key for s in specs}
     activation = {k for k in unused if k.endswith(".input_scale")}
     if activation:
-        log.info("ignored %d activation scale(s) (input_scale): weight-only quantised path",
-                 len(activation))
+        log.info("ignored %d static activation scale(s) (input_scale): activations stay in the "
+                 "model dtype or are quantised at run time (fp8_activations)", len(activation))
     kv = {k for k in unused if is_kv_scale(k)}  # the KV cache's (`checkpoint.kv_scales`)
     others = _other_ranks_experts(model, unused)  # expert parallel: other ranks read them
     skips = tuple(getattr(model, "checkpoint_skips", ()))
@@ -306,7 +307,17 @@ class _Quantized:
         return value
 
 
+_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def _check_dtype(spec: WeightSpec, value: torch.Tensor, where: str) -> None:
+    if spec.dtype is None and value.dtype in _FLOAT8:  # codes without their scale
+        raise CheckpointError(f"tensor {spec.key} in {where} is {value.dtype} (quantised), but "
+                              "dlrt holds its module unquantised (a router, an embedding, a "
+                              "norm, or a module the quantization config leaves unquantised): "
+                              "dlrt does not read quantised routers or embeddings; list the "
+                              "module in the config's not-convert list only where the "
+                              "checkpoint stores it unquantised")
     if spec.dtype is None or spec.source or value.dtype == spec.dtype:
         return
     if spec.dtype == torch.float32 and value.dtype.is_floating_point \
@@ -315,7 +326,8 @@ def _check_dtype(spec: WeightSpec, value: torch.Tensor, where: str) -> None:
     raise CheckpointError(f"tensor {spec.key} in {where} is {value.dtype}, but its layer is "
                           f"quantised and the format stores {spec.dtype}: if the module is "
                           "stored unquantised, list it in the quantization config's "
-                          "modules_to_not_convert (FP8) / exclude_modules (NVFP4)")
+                          "modules_to_not_convert (FP8) / exclude_modules (NVFP4) / ignore "
+                          "(compressed-tensors)")
 
 
 def _load_file(params: dict[str, nn.Parameter], path: Path, specs: list[WeightSpec],

@@ -9,10 +9,11 @@ drawn like weights; each tensor seeded by (seed, name), so the output is the sam
 whatever the sharding. Loading it goes through the same loader as a user's checkpoint;
 `load_format="dummy"` reproduces the same values without files.
 
-`quantization="fp8"` / `"nvfp4"` (any registered format, `dlrt.layers.quant.registry`) writes
-the quantised layers (`dlrt.checkpoint.quant`: every linear layer but the LM head, and the
-routed experts) in that format, quantised from the values drawn in `dtype`, with the format's
-config entries (`quantization_config`; NVFP4 also `hf_quant_config.json`); loading the
+`quantization="fp8"` / `"nvfp4"` / `"compressed-tensors-fp8"` (any registered format,
+`dlrt.layers.quant.registry`) writes the quantised layers (`dlrt.checkpoint.quant`: every linear
+layer but the LM head, and the routed experts) in that format, quantised from the values drawn
+in `dtype`, with the format's config entries (`quantization_config`; NVFP4 also
+`hf_quant_config.json`); loading the
 unquantised checkpoint of the same seed with `quantization=...` gives the same bits.
 """
 
@@ -89,7 +90,8 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
         max_shard_bytes: shard size limit, as `save_pretrained(max_shard_size=...)`.
         device: where the random values are drawn ('cpu' is reproducible everywhere).
         quantization: "none" or a registered format: "fp8" (128x128 block-scaled e4m3),
-            "nvfp4" (see the module docstring). A source's own `quantization_config` is
+            "nvfp4", "compressed-tensors-fp8" (e4m3 with a scale per output row; see the
+            module docstring). A source's own `quantization_config` is
             dropped: the output holds what this asks for.
     Raises:
         OptionError: an unknown quantization (the message lists the choices).

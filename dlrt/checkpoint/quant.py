@@ -5,14 +5,16 @@ a folder declares it, checks its settings and names the modules it leaves unquan
 
 A folder's quantization config: the "quantization" object of ModelOpt's `hf_quant_config.json`
 when the folder has one, else config.json's `quantization_config`; the format that `reads` it
-is the folder's (none: an error naming what was found and what dlrt reads).
+is the folder's (none: an error naming what was found and what dlrt reads), in the variant
+its settings ask for (`QuantFormat.configured`: compressed-tensors FP8's per-tensor scales).
 
 Which modules are quantised: every linear layer and every stack of routed experts, except
   - the LM head (the linear layer `model.logits` calls), unless the checkpoint holds its scale
     (as in the real checkpoints, whose heads stay in BF16);
   - modules whose checkpoint name matches an entry of the not-convert list: the entry equals
-    the name or a run of its dotted segments ("lm_head", "mlp.gate", "model.layers.0"), or is
-    an fnmatch pattern with "*" matching the whole name.
+    the name or a run of its dotted segments ("lm_head", "mlp.gate", "model.layers.0"), is
+    an fnmatch pattern with "*" matching the whole name, or is a regular expression after
+    "re:" matching the name from its start (compressed-tensors' `ignore`: "re:.*mlp.gate$").
 Embeddings, norms and routers are never linear layers here, so they stay unquantised. The
 parts of one merged projection (q/k/v, gate/up) or of one expert stack must agree.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,16 +54,18 @@ def quantizations() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class QuantScheme:
-    """How one load quantises: the format, the not-convert entries, and whether the weights
-    are quantised while loading (`online`) or read quantised from the checkpoint."""
+    """How one load quantises: the format, the not-convert entries, whether the weights
+    are quantised while loading (`online`) or read quantised from the checkpoint, and the
+    format's variant for the checkpoint's settings (`variant`; None: the registered one)."""
 
     name: str
     not_convert: tuple[str, ...] = ()
     online: bool = False
+    variant: QuantFormat | None = None
 
     @property
     def fmt(self) -> QuantFormat:
-        return get_format(self.name)
+        return self.variant if self.variant is not None else get_format(self.name)
 
 
 def read_scheme(hf_config: dict[str, Any], path: Path | None) -> QuantScheme | None:
@@ -90,7 +95,9 @@ def read_scheme(hf_config: dict[str, Any], path: Path | None) -> QuantScheme | N
         found = " with ".join(f"{k} {q[k]!r}" for k in ("quant_method", "quant_algo") if k in q)
         raise CheckpointError(f"{where}: {found or 'no quant_method'} is not supported; dlrt "
                               "reads " + ", ".join(f.declared for f in formats().values()))
-    return QuantScheme(fmt.name, fmt.not_convert(q, where))
+    skip = fmt.not_convert(q, where)
+    variant = fmt.configured(q)
+    return QuantScheme(fmt.name, skip, variant=None if variant is fmt else variant)
 
 
 def resolve_scheme(option: str, hf_config: dict[str, Any], path: Path | None
@@ -139,7 +146,10 @@ def head_names(model: nn.Module, hidden: int) -> set[str]:
 def matches(name: str, entries: tuple[str, ...]) -> bool:
     """Whether a module's checkpoint name matches a not-convert entry."""
     for e in entries:
-        if "*" in e or "?" in e:
+        if e.startswith("re:"):
+            if re.match(e[3:], name):
+                return True
+        elif "*" in e or "?" in e:
             if fnmatch.fnmatchcase(name, e):
                 return True
         elif f".{e}." in f".{name}.":

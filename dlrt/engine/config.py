@@ -117,16 +117,19 @@ class EngineConfig:
         "(FA3/FA2, planned on the host once per block), flashinfer-fa2, sdpa (eager only)",
         ("auto", *backend_names()))
     quantization: str = _option(
-        "auto", "weights: auto (the checkpoint's quantization config: fp8 block-scaled or "
-        "ModelOpt nvfp4; else unquantised), none (an unquantised checkpoint), a format: fp8 / "
-        "nvfp4 (a checkpoint in that format, or an unquantised one quantised while loading; "
-        "fp8: 128x128 blocks)", _Choices(quantizations))
+        "auto", "weights: auto (the checkpoint's quantization config: fp8 block-scaled, "
+        "ModelOpt nvfp4 or compressed-tensors FP8; else unquantised), none (an unquantised "
+        "checkpoint), a format: fp8 / nvfp4 / compressed-tensors-fp8 (a checkpoint in that "
+        "format, or an unquantised one quantised while loading; fp8: 128x128 blocks, "
+        "compressed-tensors-fp8: per output channel)", _Choices(quantizations))
     fp8_activations: str = _option(
         "dynamic", "FP8 linear layers: dynamic (W8A8: activations quantised to e4m3 per token "
         "and 128-column group at run time, the checkpoints' activation_scheme 'dynamic' as "
         "vLLM and SGLang run it; about 2x BF16 per projection at a round's rows on an H200), "
         "weight_only (activations stay in the model dtype: the exact product with the "
-        "dequantised weight, slower). FP8 experts of MoE layers are weight-only either way",
+        "dequantised weight, slower); the same for compressed-tensors FP8, whose checkpoints "
+        "without input activations (W8A16) run weight-only. FP8 experts of MoE layers are "
+        "weight-only either way",
         ACTIVATIONS)
     kv_cache_dtype: str = _option(
         "auto", "the KV cache: auto (the model dtype), fp8 (float8_e4m3fn: half the bytes of "

@@ -5,7 +5,10 @@
 Weight layout (Hugging Face / DeepSeek-V3 "fp8", `weight_block_size` [128, 128]):
   w          float8_e4m3fn [N, K], row-major (K contiguous);
   scale_inv  float32 [ceil(N / 128), ceil(K / 128)], row-major: the multiplier of each
-             128 x 128 block (the last block row / column may be partial).
+             128 x 128 block (the last block row / column may be partial);
+             or float32 [N, 1]: one multiplier per weight row (output channel) for the whole
+             of K (compressed-tensors' per-channel FP8, `dlrt.layers.quant.compressed_tensors`;
+             the "dot" kernels only: dequant(w)[n, k] = w[n, k] * scale_inv[n, 0]).
 x: [M, K] bf16, fp16 or fp32, contiguous, M <= 64 (`Fp8GemmConfig.max_rows`); y: [M, N] in
 x.dtype. At M <= 16 the product is a pass over the weight, so bytes are its cost: one byte per
 weight element plus 4 bytes per 16384 elements of scales.
@@ -57,7 +60,8 @@ GEMV (`Fp8GemmConfig.kind` "fma"):
   x.
 
 Both "dot" variants: the N tile spans any number of scale rows (the scale is gathered per
-column), K need not be a multiple of 128 or of the K tile (the tail is masked), N any size
+column; per-channel scales are loaded once per program and applied per K tile as block scales
+are), K need not be a multiple of 128 or of the K tile (the tail is masked), N any size
 (masked), rows of x padded to BLOCK_M = max(16, next power of two of M) with masks. With
 SPLIT_K > 1 the K tiles are dealt to SPLIT_K programs per N tile, whose fp32 partial sums the
 last of them to finish adds in a fixed order (deterministic; `dlrt.kernels.split_k`). PDL
@@ -171,13 +175,14 @@ GEMV_AHEAD = (1, 2, 4)
 
 
 def fp8_candidates(n: int, k: int, w8a8: bool = False, device: torch.device | None = None,
-                   rows: int = 16) -> list[Fp8GemmConfig]:
+                   rows: int = 16, channel: bool = False) -> list[Fp8GemmConfig]:
     """Configs worth timing for w [n, k] at `rows` rows: "dot" with N tiles of 16-128, K tiles
     of 64 / 128 (128 only for W8A8), split-K 1 up to the one that covers the GPU twice, 3 or 4
-    stages; weight-only at rows <= 4 also the "fma" GEMV configs whose K tile divides K."""
+    stages; weight-only at rows <= 4 also the "fma" GEMV configs whose K tile divides K
+    (block scales only: `channel`, per-channel scales [N, 1], gets "dot" configs only)."""
     sms = _sms(device)
     out = []
-    if not w8a8 and rows <= FMA_ROWS:
+    if not w8a8 and not channel and rows <= FMA_ROWS:
         out += [Fp8GemmConfig(bn, bk, 1, stages=ahead, warps=w, kind="fma")
                 for bn, bk, w in GEMV_BLOCKS for ahead in GEMV_AHEAD if k % bk == 0]
     for bn in (16, 32, 64, 128):
@@ -236,7 +241,8 @@ def _quant_x_kernel(x_ptr, q_ptr, xs_ptr, K: tl.constexpr, EXACT_CAST: tl.conste
 def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, count_ptr, M, N,
                      K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED: tl.constexpr,
-                     W8A8: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+                     W8A8: tl.constexpr, CHANNEL: tl.constexpr, PRECISION: tl.constexpr,
+                     PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -251,6 +257,8 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, count_ptr, M,
     s_rows = s_ptr + (n // 128) * KB
     x_rows = x_ptr + m[:, None] * K
     pdl.wait(PDL)
+    if CHANNEL:  # one scale per weight row (output channel) for the whole of K
+        ws = tl.load(s_ptr + n, mask=n_ok, other=0.0)
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # y^T: the weight tile is the dot's A
     for i in range(0, PER_SPLIT):
         t = pid_k * PER_SPLIT + i
@@ -264,7 +272,8 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, count_ptr, M,
             x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         # the tile's scale block column (clamped: a tile past K is all zeros)
         kb = tl.minimum((t * BLOCK_K) // 128, KB - 1)
-        ws = tl.load(s_rows + kb, mask=n_ok, other=0.0)
+        if not CHANNEL:
+            ws = tl.load(s_rows + kb, mask=n_ok, other=0.0)
         if W8A8:  # x holds e4m3 codes (`_quant_x_kernel`), xs_ptr their group scales
             xs = tl.load(xs_ptr + m * KB + kb, mask=m_ok, other=1.0)
             part = tl.dot(w, tl.trans(x), out_dtype=tl.float32)
@@ -317,19 +326,23 @@ def _check_codes(x, k: int, device: torch.device):
     return q, xs, x.dtype
 
 
-def check_fp8_weight(w: torch.Tensor, scale_inv: torch.Tensor) -> tuple[int, int]:
-    """(N, K) of a block-scaled FP8 weight; ValueError on a wrong dtype, shape or layout."""
+def check_fp8_weight(w: torch.Tensor, scale_inv: torch.Tensor) -> tuple[int, int, bool]:
+    """(N, K, per-channel) of an FP8 weight with block scales [ceil(N/128), ceil(K/128)] or
+    per-channel scales [N, 1] (per-channel True; where both shapes agree, N = 1 and K <= 128,
+    the two readings are the same product and the block one is taken); ValueError on a wrong
+    dtype, shape or layout."""
     if w.dim() != 2 or w.dtype != FP8 or not w.is_contiguous():
         raise ValueError(f"fp8 weight must be contiguous float8_e4m3fn [N, K], got {w.dtype} "
                          f"{tuple(w.shape)}")
     n, k = w.shape
     blocks = (triton.cdiv(n, QBLOCK), triton.cdiv(k, QBLOCK))
-    if (scale_inv.dtype != torch.float32 or tuple(scale_inv.shape) != blocks
+    shape = tuple(scale_inv.shape)
+    if (scale_inv.dtype != torch.float32 or shape not in (blocks, (n, 1))
             or not scale_inv.is_contiguous() or scale_inv.device != w.device):
-        raise ValueError(f"scale_inv must be contiguous float32 {blocks} on {w.device} for w "
-                         f"[{n}, {k}], got {scale_inv.dtype} {tuple(scale_inv.shape)} on "
-                         f"{scale_inv.device}")
-    return n, k
+        raise ValueError(f"scale_inv must be contiguous float32 {blocks} (128 x 128 blocks) or "
+                         f"{(n, 1)} (per channel) on {w.device} for w [{n}, {k}], got "
+                         f"{scale_inv.dtype} {shape} on {scale_inv.device}")
+    return n, k, shape != blocks
 
 
 def fp8_gemm(x, w: torch.Tensor, scale_inv: torch.Tensor,
@@ -342,16 +355,17 @@ def fp8_gemm(x, w: torch.Tensor, scale_inv: torch.Tensor,
             `quantize_x` writes them, and `dtype`, the activation's: `dlrt.ops.Fp8Activation`),
             for a W8A8 config only, which then skips `quantize_x`.
         w: [N, K] float8_e4m3fn, contiguous, on x's device.
-        scale_inv: [ceil(N/128), ceil(K/128)] float32, contiguous.
+        scale_inv: [ceil(N/128), ceil(K/128)] float32, contiguous (block scales); or [N, 1]
+            float32 (per-channel scales; "dot" configs only).
         config: tiles and variant (`config.w8a8`: quantise x per token and 128-column group
-            in the kernel; `config.kind` "fma": the GEMV, M <= 4); None: `fp8_config(M, N,
-            K)`, weight-only "dot".
+            in the kernel; `config.kind` "fma": the GEMV, M <= 4, block scales only); None:
+            `fp8_config(M, N, K)`, weight-only "dot".
     Returns:
         y: [M, N] in x.dtype, a new tensor (fp32 sums).
     Raises:
         ValueError: wrong shapes, dtypes, layouts or devices, or a config that does not fit.
     """
-    n, k = check_fp8_weight(w, scale_inv)
+    n, k, channel = check_fp8_weight(w, scale_inv)
     codes = None
     if not isinstance(x, torch.Tensor):  # pre-quantised: codes and scales
         codes = _check_codes(x, k, w.device)
@@ -367,8 +381,9 @@ def fp8_gemm(x, w: torch.Tensor, scale_inv: torch.Tensor,
                          f"{X_DTYPES} on {w.device}")
     m = x.shape[0]
     config = config or fp8_config(m, n, k, device=x.device)
-    if not config.fits(n, k):
-        raise ValueError(f"fp8_gemm: {config} does not fit N={n}, K={k}")
+    if not config.fits(n, k) or (channel and config.kind == "fma"):
+        why = " (the GEMV reads block scales only)" if channel and config.kind == "fma" else ""
+        raise ValueError(f"fp8_gemm: {config} does not fit N={n}, K={k}{why}")
     if m > config.max_rows():
         raise ValueError(f"fp8_gemm: {config.kind!r} configs serve M<={config.max_rows()}, "
                          f"got M={m}")
@@ -391,6 +406,7 @@ def fp8_gemm(x, w: torch.Tensor, scale_inv: torch.Tensor,
     _fp8_gemm_kernel[grid](xq, xs, w, scale_inv, y, part, count, m, n, K=k, BLOCK_M=bm,
                            BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                            SPLIT_K=config.split_k, FUSED=fused, W8A8=config.w8a8,
+                           CHANNEL=channel,
                            PRECISION="ieee" if dtype == torch.float32 else "tf32",
                            num_stages=config.stages, num_warps=config.warps, **opts)
     return split_k.finish(part, y, config.split_k, bm, fused, opts)

@@ -3,16 +3,17 @@ chosen at load, generic over the registered formats (`dlrt.layers.quant.registry
 names the layers a plan may serve, their kernel arguments, the reference, the kernel configs
 worth timing and its tolerance; the layer's method makes the planned method).
 
-For every layer whose format `tuned` it (FP8 with block-layout scales, `FP8_FORMAT`; NVFP4),
-each distinct (format, N, K, activation mode) is planned at M = block rows: first every
-candidate kernel (`QuantFormat.kernel_configs`; FP8: `dlrt.kernels.fp8_gemm.fp8_candidates`,
-with dynamic activations the W8A8 configs, weight-only the "dot" configs and, at rows <= 4,
-the "fma" GEMV configs; NVFP4: `nvfp4_candidates`) is checked against the layer's reference
-path (the same activation mode) on a random input: the relative error ||y - y_ref|| /
+For every layer whose format `tuned` it (FP8 with block-layout scales, `FP8_FORMAT`; NVFP4;
+compressed-tensors FP8), each distinct (format, N, K, activation mode) is planned at M = block
+rows: first every candidate kernel (`QuantFormat.kernel_configs`; FP8:
+`dlrt.kernels.fp8_gemm.fp8_candidates`, with dynamic activations the W8A8 configs, weight-only
+the "dot" configs and, at rows <= 4, the "fma" GEMV configs; compressed-tensors FP8 the same on
+per-channel scales, without the GEMV; NVFP4: `nvfp4_candidates`) is checked against the layer's
+reference path (the same activation mode) on a random input: the relative error ||y - y_ref|| /
 ||y_ref|| must be within the format's `tolerance` (2e-2). A candidate that raises or fails the
 check is skipped with a warning. The reference and the passing candidates are then timed as
-`tuning.linear` times BF16 shapes (inside a CUDA graph, weights cycled through more than the
-L2 cache, each call fed by an RMSNorm kernel). The fastest passing candidate replaces the
+`tuning.linear` times BF16 shapes (inside a CUDA graph, weights cycled through more than the L2
+cache, each call fed by an RMSNorm kernel). The fastest passing candidate replaces the
 reference when it is at least 3% faster (policy "triton": whenever one passes). Records are
 cached per device, dtype and rows under DLRT_CACHE_DIR/gemm, keyed "<format>,N,K" (",w8a8"
 added for dynamic activations).

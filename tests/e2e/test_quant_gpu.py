@@ -1,8 +1,11 @@
-"""Quantised checkpoints on CUDA (GPU, marked `gpu`): FP8 and NVFP4 tiny checkpoints load with
-their formats on the device, online FP8 equals the written checkpoint there too, and the three
-execution modes commit identical tokens (the projections take the low-precision kernels the
-load-time plan sets, else the dequantising path; the Triton MoE dequantises the experts inside
-the graphs). The LM head is sharpened (x50) so threshold strategies commit varying numbers."""
+"""Quantised checkpoints on CUDA (GPU, marked `gpu`): FP8, NVFP4 and compressed-tensors FP8
+tiny checkpoints load with their formats on the device, online quantisation equals the written
+checkpoint there too, and the three execution modes commit identical tokens (the projections
+take the low-precision kernels the load-time plan sets, else the dequantising path; the Triton
+MoE dequantises the experts inside the graphs). The LM head is sharpened (x50) so threshold
+strategies commit varying numbers. Tolerances: kernel outputs within 1e-2 relative L2 of the
+reference path; a planned compressed-tensors model's logits within 2e-2 of the reference
+path's (the bound the load-time plan checks each kernel against)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from dlrt.checkpoint.make import make_checkpoint
 pytestmark = pytest.mark.gpu
 
 MODES = ("device_loop", "host_loop", "eager")
+CT = "compressed-tensors-fp8"
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +61,12 @@ def test_fp8_checkpoint_on_cuda(made, preset, caplog):
         online.generate(prompt, max_new_tokens=16).token_ids
 
 
-@pytest.mark.parametrize("quantization", ["fp8", "fp8-weight_only", "nvfp4"])
+@pytest.mark.parametrize("quantization", ["fp8", "fp8:weight_only", "nvfp4", CT,
+                                          f"{CT}:weight_only"])
 @pytest.mark.parametrize("preset", ["tiny-sdar", "tiny-sdar-moe", "tiny-llada2"])
 @pytest.mark.parametrize("strategy", ["low_confidence_static", "threshold"])
 def test_quantised_modes_identical(made, preset, quantization, strategy):
-    quantization, _, mode = quantization.partition("-")
+    quantization, _, mode = quantization.partition(":")
     llm = _llm(made(preset, quantization), **({"fp8_activations": mode} if mode else {}))
     llm.model.lm_head.weight.data *= 50
     prompt = [(5 * i + 3) % 150000 for i in range(37)]
@@ -153,6 +158,47 @@ def test_fp8_plan_on_cuda(made):
                if isinstance(getattr(m, "method", None), Fp8Linear) and m.method.kernel]
     assert kernels  # policy triton: the fastest passing candidate everywhere one passes
     prompt = [(5 * i + 3) % 150000 for i in range(37)]
+    out = {}
+    for mode in MODES:
+        llm.set_execution_mode(mode)
+        r = llm.generate(prompt, max_new_tokens=24)
+        out[mode] = (r.token_ids, r.denoise_steps, r.finish_reason)
+    assert out["device_loop"] == out["host_loop"] == out["eager"], out
+
+
+@pytest.mark.parametrize("preset", ["tiny-sdar", "tiny-sdar-moe"])
+def test_compressed_tensors_on_cuda(made, preset):
+    """A compressed-tensors FP8 checkpoint equals its online quantisation on the device, bit
+    for bit and in tokens; with the Triton kernels (policy "triton") every weight shape of its
+    layers gets a record of checked candidates, per-channel kernels are set where one passes,
+    the logits are within 2e-2 of the reference path's (`linear_kernels="cublas"`), and the
+    three execution modes commit the same tokens."""
+    from dlrt.layers.quant.compressed_tensors import CtFp8Linear
+    from dlrt.tuning.quant import REFERENCE
+
+    offline = _llm(made(preset, CT), linear_kernels="cublas")  # the reference path
+    online = _llm(made(preset), quantization=CT, linear_kernels="cublas")
+    a = dict(offline.model.named_parameters())
+    b = dict(online.model.named_parameters())
+    assert [n for n, p in a.items() if p.dtype == torch.float8_e4m3fn]
+    assert all(torch.equal(_bits(a[n]), _bits(b[n])) for n in a)
+    prompt = [(7 * i + 11) % 150000 for i in range(13)]
+    assert offline.generate(prompt, max_new_tokens=16).token_ids == \
+        online.generate(prompt, max_new_tokens=16).token_ids
+    llm = _llm(made(preset, CT), kernels="triton", linear_kernels="triton")
+    quant = {k: r for k, r in llm.linear_plan.records.items() if k.startswith(CT + ",")}
+    assert quant and all(r["candidates"] for r in quant.values())
+    layers = [m for m in llm.model.modules() if isinstance(getattr(m, "method", None),
+                                                           CtFp8Linear)]
+    assert layers and any(m.method.kernel for m in layers)
+    assert {tuple(m.weight.shape) for m in layers} == \
+        {tuple(int(v) for v in key.split(",")[1:3]) for key in quant}
+    assert all(r["chosen"] == REFERENCE or r["candidates"][r["chosen"]]["us"] is not None
+               for r in quant.values())
+    ids = torch.tensor(prompt, device="cuda")
+    ours = llm.runner.forward_at(ids, 0, chunk_block=4).float()
+    ref = offline.runner.forward_at(ids, 0, chunk_block=4).float()
+    assert ((ours - ref).norm() / ref.norm()).item() < 2e-2
     out = {}
     for mode in MODES:
         llm.set_execution_mode(mode)

@@ -1,4 +1,5 @@
-"""The block-scaled FP8 GEMM (`dlrt.kernels.fp8_gemm`) against a test-local reference.
+"""The block-scaled FP8 GEMM (`dlrt.kernels.fp8_gemm`) against a test-local reference; its
+"dot" kernels on per-channel scales [N, 1] too.
 
 Reference: dequantise (w * scale_inv per 128 x 128 block, in float64) and multiply in float64;
 for W8A8, x is first quantised per row and 128-column group exactly as the kernel documents
@@ -56,6 +57,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 def ref_dequant(w: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
     n, k = w.shape
+    if scale_inv.shape == (n, 1) and n > 1:  # per channel: one scale per weight row
+        return w.double() * scale_inv.double()
     s = scale_inv.double().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
     return w.double() * s
 
@@ -167,6 +170,39 @@ def test_w8a8(case):
     codes = Fp8Activation(*quantize_x(x), x.dtype)
     assert torch.equal(fp8_gemm(codes, w, s, cfg), out)
     assert torch.equal(fp8_gemm(codes, w, s), fp8_gemm(x, w, s, fp8_config(m, n, k, True)))
+
+
+CHANNEL_CASES = [  # m, n, k, block_n, block_k, split_k, w8a8, x dtype
+    (1, 33, 128, 16, 128, 1, False, torch.float32),
+    (3, 129, 200, 32, 64, 2, False, torch.float32),  # K: not a multiple of 128 nor 64; N odd
+    (3, 129, 200, 32, 64, 2, False, torch.bfloat16),  # the fp16-operand dot
+    (16, 48, 300, 16, 32, 8, False, torch.float32),  # uneven splits, the last empty
+    (3, 129, 300, 32, 128, 2, True, torch.float32),  # partial last activation group, N odd
+    (4, 40, 256, 16, 128, 1, True, torch.float32),  # row 1 has an all-zero group
+]
+
+
+@pytest.mark.parametrize("case", CHANNEL_CASES, ids=str)
+def test_per_channel_scales(case):
+    """Per-channel scales [N, 1] (compressed-tensors FP8): the "dot" kernels scale each
+    output column by its weight row's scale; W8A8 quantises x per token and 128-column group
+    as with block scales (x quantised by its producer: the same bits); the GEMV refuses
+    them and the candidates leave it out."""
+    m, n, k, bn, bk, split, w8a8, dtype = case
+    x, w, _ = make(m, n, k, dtype, seed=m * n + k, zero_group=w8a8)
+    gen = torch.Generator().manual_seed(n)
+    s = (torch.rand(n, 1, generator=gen) * 1e-3 + 1e-4).to(DEV)
+    cfg = Fp8GemmConfig(bn, bk, split, stages=2, w8a8=w8a8)
+    out = fp8_gemm(x, w, s, cfg)
+    ref = reference(x, w, s, w8a8)
+    for r in range(m):  # each row against its own scale
+        check(out[r:r + 1], ref[r:r + 1], dtype)
+    if w8a8:
+        codes = Fp8Activation(*quantize_x(x), x.dtype)
+        assert torch.equal(fp8_gemm(codes, w, s, cfg), out)
+    assert {c.kind for c in fp8_candidates(n, k, w8a8, rows=1, channel=True)} == {"dot"}
+    with pytest.raises(ValueError, match="block scales only"):
+        fp8_gemm(x[:1], w, s, Fp8GemmConfig(8, 128, 1, stages=1, kind="fma"))
 
 
 @pytest.mark.parametrize("m, k", [(1, 128), (3, 300), (4, 256), (2, 40)])
@@ -286,6 +322,20 @@ def test_real_shapes_gpu(shape, m, w8a8):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("w8a8", [False, True], ids=["weight_only", "w8a8"])
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_per_channel_real_shapes_gpu(m, w8a8):
+    """Per-channel scales at SDAR-8B's q/k/v shape in bf16, every "dot" candidate's tenth."""
+    n, k = 6144, 4096
+    x, w, _ = make(m, n, k, torch.bfloat16, seed=n + m, zero_group=True)
+    s = (torch.rand(n, 1, device=DEV) * 1e-3 + 1e-4).contiguous()
+    ref = reference(x, w, s, w8a8)
+    cands = fp8_candidates(n, k, w8a8, x.device, rows=m, channel=True)
+    for cfg in [fp8_config(m, n, k, w8a8, x.device)] + cands[::10]:
+        check(fp8_gemm(x, w, s, cfg), ref, torch.bfloat16)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["weight_only", "w8a8", "gemv"])
 def test_graph_replay_bit_identical_gpu(kind):
     n, k, m = 4096, 4096, 4
@@ -322,12 +372,14 @@ def _compile(out: Path) -> None:
     from dlrt.kernels.fp8_gemm import _fp8_gemm_kernel, _quant_x_kernel
     from dlrt.kernels.skinny_gemm import _gemv_kernel
 
-    for name, w8a8 in (("weight_only", False), ("w8a8", True)):
+    for name, w8a8, channel in (("weight_only", False, False), ("w8a8", True, False),
+                                ("weight_only_channel", False, True),
+                                ("w8a8_channel", True, True)):
         sig = dict(x_ptr="*fp8e4nv" if w8a8 else "*bf16", xs_ptr="*fp32", w_ptr="*fp8e4nv",
                    s_ptr="*fp32", y_ptr="*bf16", part_ptr="*fp32", count_ptr="*i32", M="i32",
                    N="i32")
         consts = dict(K=4096, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, FUSED=True,
-                      W8A8=w8a8, PRECISION="tf32", PDL=True)
+                      W8A8=w8a8, CHANNEL=channel, PRECISION="tf32", PDL=True)
         ptx = compile_sm90(_fp8_gemm_kernel, sig, consts, num_stages=4, num_warps=4)
         (out / f"{name}.ptx").write_text(ptx)
     sig = dict(x_ptr="*bf16", q_ptr="*fp8e4nv", xs_ptr="*fp32")
@@ -378,8 +430,10 @@ def test_sm90_gemv_code(ptx_dir, name):
         assert not [ln for ln in raw[start:end] if "bar.sync" in ln or "barrier" in ln]
 
 
-@pytest.mark.parametrize("name", ["weight_only", "w8a8"])
+@pytest.mark.parametrize("name", ["weight_only", "w8a8", "weight_only_channel",
+                                  "w8a8_channel"])
 def test_sm90_code(ptx_dir, name):
+    """Block scales and per-channel scales ("_channel") alike."""
     lines = body((ptx_dir / f"{name}.ptx").read_text())
     wait = min(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
     release = min(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.launch"))
@@ -389,8 +443,8 @@ def test_sm90_code(ptx_dir, name):
     assert math and max(math) < release, "the dependent is released inside the main loop"
     # the weight tile is the A operand of an m64 warpgroup MMA (fp8 x fp8 for W8A8; fp16 for
     # weight-only with bf16 x, its e4m3 tile converted by packed instructions only)
-    kind = "e4m3.e4m3" if name == "w8a8" else "f16.f16"
-    if name == "weight_only":
+    kind = "e4m3.e4m3" if name.startswith("w8a8") else "f16.f16"
+    if name.startswith("weight_only"):
         assert any(re.match(r"cvt\.rn\.f16x2\.e4m3x2", ln) for ln in lines)
         assert not any(re.match(r"cvt\.(rn\.)?bf16\.f16", ln) for ln in lines)
     assert any(lines[i].startswith("wgmma.mma_async") and kind in lines[i] for i in math)

@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("triton")
 
 from dlrt import LLM  # noqa: E402
+from dlrt.layers.quant.compressed_tensors import CtFp8Linear  # noqa: E402
 from dlrt.layers.quant.fp8 import Fp8Linear  # noqa: E402
 from dlrt.layers.quant.nvfp4 import Nvfp4Linear  # noqa: E402
 from dlrt.layers.quant.registry import get_format  # noqa: E402
@@ -80,7 +81,52 @@ def quantised(tiny_sdar):
     out = {q: LLM(tiny_sdar, max_model_len=64, quantization=q) for q in ("fp8", "nvfp4")}
     out["fp8-weight_only"] = LLM(tiny_sdar, max_model_len=64, quantization="fp8",
                                  fp8_activations="weight_only")
+    out[CT] = LLM(tiny_sdar, max_model_len=64, quantization=CT)
     return out
+
+
+CT = "compressed-tensors-fp8"
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "weight_only"])
+def test_compressed_tensors_layers_are_planned(quantised, mode, tmp_path):
+    """Per-channel scales concatenate for any part sizes, so every compressed-tensors layer
+    is planned; its candidates are the tensor-core configs of its activation mode (no GEMV);
+    the planned method keeps its class, activation mode and fused input."""
+    model = quantised[CT].model
+    for m in model.modules():
+        if isinstance(getattr(m, "method", None), CtFp8Linear):
+            m.method.activations = mode
+    quant = {n for n, m in model.named_modules()
+             if isinstance(getattr(m, "method", None), CtFp8Linear)}
+    layers = tq.quant_layers(model)
+    assert quant and set(layers) == quant and {f for f, _ in layers.values()} == {CT}
+    fmt, layer = next(iter(layers.values()))
+    n, k = layer.weight.shape
+    cands = tq.candidates(CT, n, k, rows=4, activations=mode)
+    assert cands and all(lb.startswith("dot-w8a8" if mode == "dynamic" else "dot ")
+                         for lb in cands)
+    target = list(cands)[-1]
+
+    def time(layer, f, fn, rows):
+        return 10.0 if fn is None else (2.0 if label_of(fn) == target else 20.0)
+
+    methods, records = tq.tune_quant(model, torch.float32, rows=4, time=time,
+                                     check=lambda *a: 1e-3, cache_file=tmp_path / "q.json")
+    assert set(methods) == quant and all(key.startswith(CT + ",") for key in records)
+    for name, method in methods.items():
+        assert type(method) is CtFp8Linear and method.activations == mode
+        assert method.fused_input
+        if records[tq._shape_key(CT, model.get_submodule(name))]["chosen"] == target:
+            assert label_of(method.kernel) == target
+    assert any(m.kernel is not None for m in methods.values())
+    # the real check under the interpreter: the layer's mode passes, the other mode does not
+    dots = {a: next(iter(tq.candidates(CT, n, k, rows=2, activations=a).values()))
+            for a in ("dynamic", "weight_only")}
+    good = tq.kernel(CT, dots[mode])
+    assert tq.relative_error(layer, CT, good, 2, torch.float32) < 1e-4
+    other = tq.kernel(CT, dots["weight_only" if mode == "dynamic" else "dynamic"])
+    assert tq.relative_error(layer, CT, other, 2, torch.float32) > 1e-3
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "fp8-weight_only", "nvfp4"])

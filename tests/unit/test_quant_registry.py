@@ -26,6 +26,7 @@ from dlrt.engine.engine import Engine
 from dlrt.entrypoints.cli import build_parser, engine_kwargs
 from dlrt.errors import CheckpointError, OptionError
 from dlrt.layers.quant import registry
+from dlrt.layers.quant.compressed_tensors import CT_FP8_FORMAT
 from dlrt.layers.quant.fp8 import FP8_FORMAT, Fp8Format
 from dlrt.layers.quant.nvfp4 import NVFP4_FORMAT, Nvfp4Format
 
@@ -64,8 +65,10 @@ def _choices(name):
 
 
 def test_the_formats_register_themselves():
-    assert registry.formats() == {"fp8": FP8_FORMAT, "nvfp4": NVFP4_FORMAT}
-    assert _choices("quantization") == ("auto", "none", "fp8", "nvfp4")
+    assert registry.formats() == {"compressed-tensors-fp8": CT_FP8_FORMAT, "fp8": FP8_FORMAT,
+                                  "nvfp4": NVFP4_FORMAT}
+    assert _choices("quantization") == ("auto", "none", "compressed-tensors-fp8", "fp8",
+                                        "nvfp4")
     class Other(Fp8Format):
         pass
 
@@ -77,12 +80,14 @@ def test_the_formats_register_themselves():
         registry.register(Fp8Format(block_rows=False))
     assert registry.formats()["fp8"] is FP8_FORMAT
     assert registry.register(FP8_FORMAT) is FP8_FORMAT
-    with pytest.raises(OptionError, match=r"unknown quantised format; one of \['fp8', 'nvfp4'\]"):
+    with pytest.raises(OptionError, match=r"unknown quantised format; one of "
+                       r"\['compressed-tensors-fp8', 'fp8', 'nvfp4'\]"):
         registry.get_format("int4")
 
 
 def test_a_registered_format_is_a_choice_and_is_read(again, tiny_sdar, tmp_path):
-    assert _choices("quantization") == ("auto", "none", "fp8", "fp8-again", "nvfp4")
+    assert _choices("quantization") == ("auto", "none", "compressed-tensors-fp8", "fp8",
+                                        "fp8-again", "nvfp4")
     assert EngineConfig.from_kwargs(quantization="fp8-again").quantization == "fp8-again"
     args = build_parser().parse_args(["generate", "--prompt", "x", "--quantization",
                                       "fp8-again"])
@@ -104,7 +109,7 @@ def test_a_registered_format_is_a_choice_and_is_read(again, tiny_sdar, tmp_path)
 def test_a_registered_format_is_a_choice_of_make_checkpoint(again):
     from dlrt.checkpoint.make import write_choices
 
-    assert write_choices() == ("none", "fp8", "fp8-again", "nvfp4")
+    assert write_choices() == ("none", "compressed-tensors-fp8", "fp8", "fp8-again", "nvfp4")
     args = build_parser().parse_args(["make-checkpoint", "tiny-sdar", "out", "--quantization",
                                       "fp8-again"])
     assert args.quantization == "fp8-again"
@@ -130,6 +135,7 @@ def test_an_unknown_format_names_every_registered_one(tmp_path):
     message = str(e.value)
     assert "quant_method 'modelopt' with quant_algo 'FP8' is not supported" in message
     assert FP8_FORMAT.declared in message and NVFP4_FORMAT.declared in message
+    assert CT_FP8_FORMAT.declared in message
 
 
 @pytest.mark.parametrize("name,capability,level,says", [
@@ -141,6 +147,11 @@ def test_an_unknown_format_names_every_registered_one(tmp_path):
     ("nvfp4", (9, 0), logging.INFO, "nvfp4 weights on compute capability 9.0, which has no FP4 "
                                     "tensor cores (sm_100+): weight-only kernels"),
     ("nvfp4", (10, 0), None, None),
+    ("compressed-tensors-fp8", (8, 6), logging.WARNING, "compressed-tensors-fp8 weights on a GPU "
+     "of compute capability 8.6, which has no FP8 tensor cores (sm_89+): served by the "
+     "dequantising path"),
+    ("compressed-tensors-fp8", (9, 0), logging.INFO, "compressed-tensors-fp8 weights on compute "
+     "capability 9.0: projections by the FP8 tensor-core kernels on per-channel scales"),
 ])
 def test_the_format_says_which_path_serves_it_on_a_gpu(monkeypatch, caplog, name, capability,
                                                        level, says):
@@ -152,7 +163,7 @@ def test_the_format_says_which_path_serves_it_on_a_gpu(monkeypatch, caplog, name
         assert lines == []
     else:
         assert len(lines) == 1 and lines[0][0] == level and lines[0][1].startswith(says)
-    assert not (name != "fp8" and any("FP8 tensor cores" in m for _, m in lines))
+    assert not (name == "nvfp4" and any("FP8 tensor cores" in m for _, m in lines))
 
 
 class Nvfp4Spy(Nvfp4Format):

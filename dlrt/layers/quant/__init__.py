@@ -4,7 +4,8 @@ quantised weight formats they read.
 Every `Linear` / `MergedLinear` holds one `LinearMethod`, set at load from a plan
 (`dlrt.tuning.linear`) or by quantisation (`dlrt.layers.quant.convert`): `unquantized` (cuBLAS,
 or dlrt's skinny Triton GEMM for a few rows), `fp8` (128x128 block-scaled float8_e4m3fn),
-`nvfp4` (e2m1 in groups of 16 with e4m3 group scales and a global fp32 scale). A method may own
+`nvfp4` (e2m1 in groups of 16 with e4m3 group scales and a global fp32 scale),
+`compressed_tensors` (float8_e4m3fn with a scale per output row or per tensor). A method may own
 weights besides `layer.weight` (scales).
 
 A `QuantFormat` describes one quantised weight [n, k] twice: as the checkpoint stores it
@@ -78,10 +79,11 @@ class PathNote:
 
 class QuantFormat:
     """One weight format (see the module docstring). Subclasses: `fp8.Fp8Format`,
-    `nvfp4.Nvfp4Format`; a module defining one registers it
+    `nvfp4.Nvfp4Format`, `compressed_tensors.CtFp8Format`; a module defining one registers it
     (`dlrt.layers.quant.registry.register`).
 
-    The checkpoint: `reads(q)`, `not_convert(q, where)`, `checkpoint_config(not_convert)`,
+    The checkpoint: `reads(q)`, `not_convert(q, where)`, `configured(q)`,
+    `checkpoint_config(not_convert)`,
     `declared` (how a folder declares the format, for errors), `files` (JSON files beside
     config.json its checkpoints may hold).
     The device and the activations: `path_note(capability)`, `set_activations(model, mode)`
@@ -116,6 +118,12 @@ class QuantFormat:
             CheckpointError: a setting dlrt cannot read (the message starts with `where`).
         """
         return ()
+
+    def configured(self, q: dict[str, Any]) -> QuantFormat:
+        """The variant of this format that reads a checkpoint declaring `q` (checked by
+        `not_convert` first), e.g. compressed-tensors FP8 with per-tensor rather than
+        per-channel scales. Default: this format."""
+        return self
 
     def checkpoint_config(self, not_convert: list[str]
                           ) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -229,14 +229,15 @@ class Fp8Linear(LinearMethod):
     def planned(self, kernel, config):
         """This method's activation mode and fused input with `kernel` for up to its config's
         rows (a 4-row GEMV keeps the default weight-only "dot" kernel, `fp8_gemm`, for the
-        rows above it up to `max_rows`: the folded phase's 2B rows), or the reference path."""
+        rows above it up to `max_rows`: the folded phase's 2B rows), or the reference path. A
+        method of this one's class (subclasses: other scale layouts)."""
         if kernel is None:
-            return Fp8Linear(max_rows=self.max_rows, **self.mode())
+            return type(self)(max_rows=self.max_rows, **self.mode())
         from dlrt.kernels.fp8_gemm import Fp8GemmConfig, fp8_gemm
 
         most = Fp8GemmConfig(**config).max_rows()
         wide = dict(wide=fp8_gemm, wide_rows=self.max_rows) if most < self.max_rows else {}
-        return Fp8Linear(kernel, max_rows=min(most, self.max_rows), **wide, **self.mode())
+        return type(self)(kernel, max_rows=min(most, self.max_rows), **wide, **self.mode())
 
     def kernel_for(self, rows: int) -> Fp8Kernel | None:
         """The kernel serving `rows` rows on the GPU (None: the reference path)."""

@@ -3,8 +3,12 @@ size 16), and the linear method that reads them (the format "nvfp4", registered 
 `dlrt.layers.quant.registry`).
 
 A folder declares it in ModelOpt's `hf_quant_config.json` {"quantization": {"quant_algo":
-"NVFP4", "group_size": 16, "exclude_modules": [...]}} and/or config.json `quantization_config`
-{"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": [...]}. The kernels a load-time
+"NVFP4", "group_size": 16, "exclude_modules": [...], "kv_cache_quant_algo": ...}} and/or
+config.json `quantization_config` {"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore":
+[...], "config_groups": {... "weights": {"group_size": 16, ...}}, "kv_cache_scheme": ...} (or
+that object's ModelOpt form nested under "quantization"); quant_method "modelopt" or
+"modelopt_fp4", quant_algo in any case. A KV-cache algorithm is not an error: its per-layer
+scales serve `kv_cache_dtype="fp8"` (`dlrt.checkpoint.kv_scales`). The kernels a load-time
 plan times: `dlrt.kernels.nvfp4_gemm` (weight-only).
 
 Stored per weight [n, k] (k a multiple of 16):
@@ -112,6 +116,13 @@ def dequantize_nvfp4(weight: torch.Tensor, weight_scale: torch.Tensor,
     return values.view(*values.shape[:-2], k).to(dtype)
 
 
+def _modelopt(q: dict) -> dict:
+    """The ModelOpt settings of a quantization config: its "quantization" object where it
+    nests one (ModelOpt's own form inside config.json), else the config itself."""
+    inner = q.get("quantization")
+    return inner if isinstance(inner, dict) else q
+
+
 class Nvfp4Format(QuantFormat):
     """See the module docstring."""
 
@@ -150,9 +161,12 @@ class Nvfp4Format(QuantFormat):
         return Nvfp4Linear()
 
     def reads(self, q):
-        return q.get("quant_method") in (None, "modelopt") and q.get("quant_algo") == "NVFP4"
+        method = q.get("quant_method")
+        return (method is None or str(method).lower() in ("modelopt", "modelopt_fp4")) \
+            and str(_modelopt(q).get("quant_algo", "")).upper() == "NVFP4"
 
     def not_convert(self, q, where):
+        q = _modelopt(q)
         group = q.get("group_size")
         if group is None:
             groups = q.get("config_groups") or {}

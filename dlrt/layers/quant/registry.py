@@ -1,8 +1,8 @@
-"""Quantised weight formats by name. Each format module of this package (`fp8`, `nvfp4`)
-registers its `QuantFormat` when it is imported (`register`); `formats` imports every module of
-the package first, so adding a format is adding one module here (plus its kernels), and the
-`quantization` option's choices, the checkpoint reader, make-checkpoint and the load-time
-kernel plan all find it.
+"""Quantised weight formats by name. Each format module of this package (`fp8`, `nvfp4`,
+`compressed_tensors`) registers its `QuantFormat` when it is imported (`register`); `formats`
+imports every module of the package first, so adding a format is adding one module here (plus
+its kernels), and the `quantization` option's choices, the checkpoint reader, make-checkpoint
+and the load-time kernel plan all find it.
 """
 
 from __future__ import annotations
