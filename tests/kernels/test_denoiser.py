@@ -10,15 +10,21 @@ written x identical (a sample flip needs two race scores within a few fp32 ulps)
 within 1e-6 (1 + H) nats of the fp64 entropy and within 2e-5 nats of the fp32 reference (whose
 own error reaches ~1e-5 at these shapes). Runs under TRITON_INTERPRET=1 on the CPU; on the GPU
 also the real shape (a 256-position canvas over DiffusionGemma's 262144 tokens) and a captured
-graph's replay against eager calls.
+graph's replay against eager calls. The sm_90 PTX (compiled on the CPU) divides with the IEEE
+division the reference's x needs.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
+
+from kernel_checks import body, compile_sm90, ptx_folder  # noqa: E402
 
 from dlrt.decoding import rng  # noqa: E402
 from dlrt.kernels import denoiser as kd  # noqa: E402
@@ -206,3 +212,24 @@ def test_graph_replay_matches_eager_gpu():
         eager = denoiser_draw(logits, t, seed, round_idx, pos)
         for a, b in zip(outs, eager, strict=True):
             assert torch.equal(a, b)
+
+
+def _compile(out: Path) -> None:
+    sig = dict(logits_ptr="*fp32", t_ptr="*fp32", seed_ptr="*i64", round_ptr="*i64",
+               pos_ptr="*i64", div_ptr="*bf16", part_ptr="*fp32", part_idx_ptr="*i32", V="i32")
+    consts = dict(SLICE=4096, SLICES=64, BLOCK=1024, WRITE=True, PDL=True)
+    (out / "slice.ptx").write_text(compile_sm90(kd._slice_kernel, sig, consts,
+                                                num_warps=kd.NUM_WARPS))
+
+
+def test_sm90_divides_like_the_reference(tmp_path_factory):
+    """x = logits / t with div.rn.f32 (IEEE, as PyTorch divides by a device tensor), not the
+    approximate division or a product with 1 / t, so the argmax and the written x are the
+    reference's bit for bit."""
+    ptx = body((ptx_folder(tmp_path_factory, __file__, "denoiserptx") / "slice.ptx")
+               .read_text())
+    assert any(ln.startswith("div.rn.f32") for ln in ptx)
+
+
+if __name__ == "__main__":
+    _compile(Path(sys.argv[1]))

@@ -11,20 +11,26 @@ the kernel's relative error is at most the reference's own plus 1e-3 (both round
 ~3e-3 each). The tiny DiffusionGemma model decodes a canvas with self-conditioning through the
 `triton` ops table (this kernel, the GELU MoE kernels) as through the reference table (relative
 Frobenius error of the logits < 1e-5, fp32). GPU: a captured graph's replay equals eager.
+The sm_90 PTX of the real shape's layout (compiled on the CPU) multiplies on bf16 wgmma.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+from kernel_checks import body, compile_sm90, ptx_folder  # noqa: E402
+
 from dlrt.kernels.soft_embedding import (  # noqa: E402
     SoftEmbeddingConfig,
+    _split_kernel,
     soft_embedding,
     soft_embedding_config,
 )
@@ -188,3 +194,25 @@ def test_graph_replay_matches_eager_gpu():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, soft_embedding(x, w, 53.0))
+
+
+def _compile(out: Path) -> None:
+    cfg = soft_embedding_config(*REAL)
+    sig = dict(x_ptr="*bf16", w_ptr="*bf16", part_ptr="*fp32", stat_ptr="*fp32", N="i32",
+               V="i32", D="i32", V_SPLIT="i32")
+    consts = dict(BLOCK_M=cfg.block_m, BLOCK_D=cfg.block_d, BLOCK_V=cfg.block_v,
+                  PRECISION="tf32", PDL=True)
+    (out / "split.ptx").write_text(compile_sm90(_split_kernel, sig, consts,
+                                                num_warps=cfg.warps, num_stages=cfg.stages))
+
+
+def test_sm90_multiplies_on_tensor_cores(tmp_path_factory):
+    """The real shape's layout: exp(x - m) times E on Hopper's bf16 wgmma (fp32 sums)."""
+    ptx = body((ptx_folder(tmp_path_factory, __file__, "softembptx") / "split.ptx")
+               .read_text())
+    mma = [ln for ln in ptx if ln.startswith("wgmma.mma_async")]
+    assert mma and all(".f32.bf16.bf16" in ln for ln in mma), mma[:2]
+
+
+if __name__ == "__main__":
+    _compile(Path(sys.argv[1]))
