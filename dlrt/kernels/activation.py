@@ -1,4 +1,5 @@
-"""SiLU-and-mul over a fused gate-up projection: [N, 2I] -> [N, I].
+"""SiLU-and-mul over a fused gate-up projection: [N, 2I] -> [N, I]; `gate_act`, the gate
+activations the fused MoE kernels apply (`dlrt.kernels.moe`).
 
 `silu_mul_fp8` is the same kernel writing, instead of the product, its W8A8 quantisation
 (`dlrt.kernels.fp8_gemm.quantize_x`: e4m3 codes and one fp32 scale per 128-column group), the
@@ -13,6 +14,23 @@ import triton.language as tl
 
 from dlrt.kernels import pdl
 from dlrt.kernels.e4m3 import QGROUP, store_fp8_groups
+
+# the gate activations of `gate_act` (config.json's `hidden_act` / `hidden_activation` names)
+GATE_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+SQRT_2_OVER_PI: tl.constexpr = tl.constexpr(0.7978845608028654)
+
+
+@triton.jit
+def gate_act(g, ACTIVATION: tl.constexpr):
+    """act(g) of fp32 g, in fp32, `ACTIVATION` one of GATE_ACTIVATIONS: "silu" g / (1 + e^-g);
+    "gelu_pytorch_tanh" (transformers' name for F.gelu(g, approximate="tanh")):
+    0.5 g (1 + tanh(y)), y = sqrt(2 / pi) (g + 0.044715 g^3), computed as g / (1 + e^(-2y))
+    (the same value; within a few fp32 ulps of PyTorch's tanh form)."""
+    if ACTIVATION == "silu":
+        return g / (1.0 + tl.exp(-g))
+    else:
+        y = SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
+        return g / (1.0 + tl.exp(-2.0 * y))
 
 
 @triton.jit

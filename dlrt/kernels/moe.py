@@ -1,9 +1,12 @@
 """Fused routed experts: y[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) for a MoE layer.
 
-expert_e(x) = w2[e] @ (silu(w13[e, :I] @ x) * (w13[e, I:] @ x)), the SwiGLU of
-`dlrt.layers.moe.StackedExperts` (w13 [E, 2I, H]: gate rows then up rows; w2 [E, H, I]).
+expert_e(x) = w2[e] @ (act(w13[e, :I] @ x) * (w13[e, I:] @ x)), the gated expert of
+`dlrt.layers.moe.StackedExperts` (w13 [E, 2I, H]: gate rows then up rows; w2 [E, H, I]); act is
+SiLU (SwiGLU) or transformers' gelu_pytorch_tanh (Gemma; `dlrt.kernels.activation.gate_act`), a
+constexpr of the gate-up launch.
 Numerics follow `dlrt.layers.moe.reference.ReferenceMoE.apply`: fp32 accumulation, gate and
-up rounded to x's dtype, silu(gate) * up rounded to x's dtype (the intermediate), the expert
+up rounded to x's dtype, act(gate) rounded to x's dtype, times up rounded to x's dtype (the
+intermediate), the expert
 output rounded to x's dtype and multiplied by the routing weight in fp32, the k products of a
 token summed in fp32 in the order j = 0..k-1, then cast to x's dtype.
 
@@ -43,6 +46,7 @@ import triton
 import triton.language as tl
 
 from dlrt.kernels import pdl
+from dlrt.kernels.activation import GATE_ACTIVATIONS, gate_act
 from dlrt.kernels.moe_align import align_pairs, max_tiles
 from dlrt.kernels.moe_fp8 import _fp8_tiles, _scale_rows, check_fp8_experts, fp8_steps, unroll_for
 
@@ -105,14 +109,14 @@ def moe_config(n: int, k: int, e: int, hidden: int, inter: int) -> MoEConfig:
 
 @triton.jit
 def _epilogue(acc, acc_up, p, ok, n, out_ptr, wt_ptr, N_OUT, GATED: tl.constexpr,
-              dtype: tl.constexpr):
-    """Store the outputs of pairs p (any shape broadcasting with n): gated: silu(gate) * up
+              ACTIVATION: tl.constexpr, dtype: tl.constexpr):
+    """Store the outputs of pairs p (any shape broadcasting with n): gated: act(gate) * up
     rounded like the reference into act [N*k, N_OUT]; else the expert output rounded to x's
     dtype times the pair's weight, into y [N*k, N_OUT] fp32."""
     if GATED:
         g = acc.to(dtype).to(tl.float32)
         u = acc_up.to(dtype).to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+        act = gate_act(g, ACTIVATION).to(dtype).to(tl.float32)
         tl.store(out_ptr + p.to(tl.int64) * N_OUT + n, (act * u).to(dtype), mask=ok)
     else:
         w = tl.load(wt_ptr + p)  # p is a real pair (clamped)
@@ -139,18 +143,18 @@ def _row(acc, acc_up, w, v, src, in_k, GATED: tl.constexpr, VEC: tl.constexpr):
 
 @triton.jit
 def _row_out(acc, acc_up, pairs_ptr, c, r: tl.constexpr, count, n, out_ptr, wt_ptr, N_OUT,
-             GATED: tl.constexpr, dtype: tl.constexpr):
+             GATED: tl.constexpr, ACTIVATION: tl.constexpr, dtype: tl.constexpr):
     p = tl.load(pairs_ptr + tl.minimum(c + r, count - 1))
     ok = n < tl.where(c + r < count, N_OUT, 0)  # a row past the tile's pairs stores nothing
     _epilogue(tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), p, ok, n, out_ptr, wt_ptr, N_OUT,
-              GATED, dtype)
+              GATED, ACTIVATION, dtype)
 
 
 @triton.jit
 def _rows_kernel(in_ptr, w_ptr, s_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K: tl.constexpr,
-                 TOPK: tl.constexpr, GATED: tl.constexpr, ROWS: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
-                 FP8: tl.constexpr, PDL: tl.constexpr):
+                 TOPK: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr,
+                 ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 VEC: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr):
     tile = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     k = tl.arange(0, BLOCK_K)
@@ -202,18 +206,23 @@ def _rows_kernel(in_ptr, w_ptr, s_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K: 
                     a2, b2 = _row(a2, b2, w, v, s2, in_k, GATED, VEC)
                 if c + 3 < count:
                     a3, b3 = _row(a3, b3, w, v, s3, in_k, GATED, VEC)
-        _row_out(a0, b0, pairs_ptr, c, 0, count, n, out_ptr, wt_ptr, N_OUT, GATED, dtype)
+        _row_out(a0, b0, pairs_ptr, c, 0, count, n, out_ptr, wt_ptr, N_OUT, GATED,
+                 ACTIVATION, dtype)
         if ROWS > 1:
-            _row_out(a1, b1, pairs_ptr, c, 1, count, n, out_ptr, wt_ptr, N_OUT, GATED, dtype)
+            _row_out(a1, b1, pairs_ptr, c, 1, count, n, out_ptr, wt_ptr, N_OUT, GATED,
+                     ACTIVATION, dtype)
         if ROWS > 2:
-            _row_out(a2, b2, pairs_ptr, c, 2, count, n, out_ptr, wt_ptr, N_OUT, GATED, dtype)
-            _row_out(a3, b3, pairs_ptr, c, 3, count, n, out_ptr, wt_ptr, N_OUT, GATED, dtype)
+            _row_out(a2, b2, pairs_ptr, c, 2, count, n, out_ptr, wt_ptr, N_OUT, GATED,
+                     ACTIVATION, dtype)
+            _row_out(a3, b3, pairs_ptr, c, 3, count, n, out_ptr, wt_ptr, N_OUT, GATED,
+                     ACTIVATION, dtype)
     pdl.release(PDL)
 
 
 @triton.jit
 def _tiles_kernel(in_ptr, w_ptr, s_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K: tl.constexpr,
-                  TOPK: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
+                  TOPK: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr,
+                  BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
                   FP8: tl.constexpr, PDL: tl.constexpr, UNROLL: tl.constexpr = 1):
     tile = tl.program_id(0)
@@ -248,7 +257,7 @@ def _tiles_kernel(in_ptr, w_ptr, s_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K:
     pdl.release(PDL)
     ok = (m < count)[:, None] & (n < N_OUT)[None, :]
     _epilogue(acc, acc_up, p[:, None], ok, n[None, :], out_ptr, wt_ptr, N_OUT, GATED,
-              in_ptr.dtype.element_ty)
+              ACTIVATION, in_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -267,7 +276,8 @@ def _combine_kernel(y_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK: tl.constexpr,
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
                   ids: torch.Tensor, config: MoEConfig | None = None,
                   w13_scale: torch.Tensor | None = None,
-                  w2_scale: torch.Tensor | None = None) -> torch.Tensor:
+                  w2_scale: torch.Tensor | None = None, activation: str = "silu"
+                  ) -> torch.Tensor:
     """The routed experts of a MoE layer (see the module docstring).
 
     Args:
@@ -278,9 +288,15 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
         weights: [N, k] fp32 routing weights. ids: [N, k] expert ids (int32 or int64).
         config: block sizes and form; None: `moe_config` of the shape (FP8: K steps capped
             at 128).
+        activation: the gate rows' activation, "silu" or "gelu_pytorch_tanh".
     Returns:
         [N, H] in x's dtype, a new tensor.
+    Raises:
+        ValueError: shapes or dtypes that do not fit, an unknown activation.
     """
+    if activation not in GATE_ACTIVATIONS:
+        raise ValueError(f"fused_experts: activation {activation!r} is not one of "
+                         f"{GATE_ACTIVATIONS}")
     n, h = x.shape
     e, two_i, _ = w13.shape
     inter = two_i // 2
@@ -315,13 +331,13 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
         grid = (tiles, triton.cdiv(n_out, block_n))
         if cfg.form == "rows":
             _rows_kernel[grid](src, w, scale, dst, table, weights, tiles, n_out, K=kdim,
-                               TOPK=k, GATED=gated, ROWS=cfg.rows, BLOCK_N=block_n,
-                               BLOCK_K=block_k, VEC=min(VEC, block_k), FP8=fp8,
+                               TOPK=k, GATED=gated, ACTIVATION=activation, ROWS=cfg.rows,
+                               BLOCK_N=block_n, BLOCK_K=block_k, VEC=min(VEC, block_k), FP8=fp8,
                                num_warps=cfg.warps, num_stages=1, **opts)
         else:
             _tiles_kernel[grid](src, w, scale, dst, table, weights, tiles, n_out, K=kdim,
-                                TOPK=k, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=block_n,
-                                BLOCK_K=block_k,
+                                TOPK=k, GATED=gated, ACTIVATION=activation,
+                                BLOCK_M=cfg.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                                 PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                                 FP8=fp8, UNROLL=unroll_for(kdim, block_k, cfg.unroll or 1)
                                 if fp8 else 1,

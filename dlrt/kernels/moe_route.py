@@ -10,6 +10,10 @@ ids equal `dlrt.layers.moe.reference.route` and the weights agree to fp32 roundi
   n_group > 1 only the best `topk_group` groups compete (a group's score: the sum of its two
   best biased scores, or its one score for groups of one); weights are the unbiased scores of
   the chosen experts, / (their sum + 1e-20) when k > 1 and `renormalize`, times `scaling`.
+
+Either rule's weights may then be multiplied by a per-expert scale (`expert_scale` [E], any float
+dtype, read in fp32: DiffusionGemma's `router.per_expert_scale`), weight j times
+expert_scale[ids[j]].
 """
 
 from __future__ import annotations
@@ -31,11 +35,12 @@ def _first_max(v, idx):
 
 
 @triton.jit
-def _route_kernel(logits_ptr, bias_ptr, w_ptr, id_ptr, E: tl.constexpr, G: tl.constexpr,
+def _route_kernel(logits_ptr, bias_ptr, scale_ptr, w_ptr, id_ptr, E: tl.constexpr,
+                  G: tl.constexpr,
                   GS: tl.constexpr, G_P2: tl.constexpr, GS_P2: tl.constexpr,
                   TOPK: tl.constexpr, K_P2: tl.constexpr, TOPK_GROUP: tl.constexpr,
                   SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr,
-                  scaling, PDL: tl.constexpr):
+                  HAS_SCALE: tl.constexpr, scaling, PDL: tl.constexpr):
     pdl.begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     g = tl.arange(0, G_P2)[:, None]
@@ -86,19 +91,24 @@ def _route_kernel(logits_ptr, bias_ptr, w_ptr, id_ptr, E: tl.constexpr, G: tl.co
         weights = weights * scaling
     elif RENORM:
         weights = weights / total
+    if HAS_SCALE:
+        weights = weights * tl.load(scale_ptr + ids, mask=j < TOPK, other=0.0).to(tl.float32)
     tl.store(w_ptr + row * TOPK + j, weights, mask=j < TOPK)
     tl.store(id_ptr + row * TOPK + j, ids, mask=j < TOPK)
 
 
 def route_topk(logits: torch.Tensor, top_k: int, scoring: str, expert_bias: torch.Tensor | None
                = None, renormalize: bool = True, n_group: int = 1, topk_group: int = 1,
-               scaling: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+               scaling: float = 1.0, expert_scale: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """The routing rule of `dlrt.layers.moe.reference.route` in one kernel.
 
     Args:
         logits: [N, E] router logits, contiguous (fp32 for "sigmoid", any float dtype for
             "softmax"; computed in fp32).
         expert_bias: [E] (sigmoid only; None: no bias). n_group / topk_group: sigmoid only.
+        expert_scale: [E] contiguous, or None: the chosen experts' weights times their scale
+            (after the rule's renormalisation and `scaling`).
     Returns:
         (weights [N, top_k] fp32, ids [N, top_k] int64), new tensors.
     """
@@ -111,6 +121,10 @@ def route_topk(logits: torch.Tensor, top_k: int, scoring: str, expert_bias: torc
     groups = n_group if scoring == "sigmoid" else 1
     if e % groups or not 1 <= top_k <= e:
         raise ValueError(f"route_topk: E={e}, top_k={top_k}, n_group={n_group} do not fit")
+    if expert_scale is not None and (expert_scale.shape != (e,)
+                                     or not expert_scale.is_contiguous()):
+        raise ValueError(f"route_topk: expert_scale must be a contiguous [{e}] tensor, got "
+                         f"{tuple(expert_scale.shape)}")
     weights = torch.empty((n, top_k), dtype=torch.float32, device=logits.device)
     ids = torch.empty((n, top_k), dtype=torch.int64, device=logits.device)
     if n == 0:
@@ -118,9 +132,11 @@ def route_topk(logits: torch.Tensor, top_k: int, scoring: str, expert_bias: torc
     has_bias = scoring == "sigmoid" and expert_bias is not None
     gs = e // groups
     _route_kernel[(n,)](
-        logits, expert_bias if has_bias else logits, weights, ids, E=e, G=groups, GS=gs,
+        logits, expert_bias if has_bias else logits,
+        expert_scale if expert_scale is not None else logits, weights, ids, E=e, G=groups, GS=gs,
         G_P2=triton.next_power_of_2(groups), GS_P2=triton.next_power_of_2(gs), TOPK=top_k,
         K_P2=triton.next_power_of_2(top_k), TOPK_GROUP=topk_group if groups > 1 else 1,
         SIGMOID=scoring == "sigmoid", HAS_BIAS=has_bias, RENORM=renormalize,
-        scaling=float(scaling), num_warps=4 if e >= 256 else 1, **pdl.launch_options(logits))
+        HAS_SCALE=expert_scale is not None, scaling=float(scaling),
+        num_warps=4 if e >= 256 else 1, **pdl.launch_options(logits))
     return weights, ids

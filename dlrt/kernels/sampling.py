@@ -68,12 +68,20 @@ def _mix32(x):
 
 
 @triton.jit
-def _noise_key(seed_ptr, round_ptr, pos_ptr, row):
+def noise_key(seed_ptr, round_ptr, pos_ptr, row):
     """`rng.position_keys(seed, rng.SAMPLE_STREAM, round, position)` of one row (stream 0)."""
     seed = tl.load(seed_ptr)
     k = _mix32((seed & 0xFFFFFFFF).to(tl.uint32) ^ _mix32((seed >> 32).to(tl.uint32)))
     k = _mix32(_mix32(k) + tl.load(round_ptr).to(tl.uint32))
     return _mix32(k + tl.load(pos_ptr + row).to(tl.uint32))
+
+
+@triton.jit
+def race_uniform(key, v):
+    """`rng.uniform(...)[row, v]` in (0, 1), fp32, for token ids v of the row whose
+    `noise_key` is `key`."""
+    h = _mix32(key + v.to(tl.uint32) * 0x9E3779B9)
+    return ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
 
 
 @triton.jit
@@ -231,7 +239,7 @@ def _race_kernel(logits_ptr, seed_ptr, round_ptr, pos_ptr, stats_ptr, acc_ptr, z
         tie_counts = tl.load(ties_ptr + (row * SLICES + s_all) * 16 + digit, mask=s_all < nsl,
                              other=0.0)
         seen = tl.sum(tl.where(s_all < sl, tie_counts, 0.0), axis=0)
-    key0 = _noise_key(seed_ptr, round_ptr, pos_ptr, row)
+    key0 = noise_key(seed_ptr, round_ptr, pos_ptr, row)
     best = tl.full([BLOCK], -1.0, tl.float32)
     best_w = tl.zeros([BLOCK], tl.float32)
     idx = tl.zeros([BLOCK], tl.int32)
@@ -250,8 +258,7 @@ def _race_kernel(logits_ptr, seed_ptr, round_ptr, pos_ptr, stats_ptr, acc_ptr, z
             kept = kept & ((key > t_p) | (tie & (rank < keep_ties)))
         w = tl.where(kept, tl.exp((x - lmax) * inv_t), 0.0)
         z += w
-        h = _mix32(key0 + v.to(tl.uint32) * 0x9E3779B9)
-        u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        u = race_uniform(key0, v)
         score = tl.where(kept, w / -tl.log(u), -1.0)
         better = score > best  # strict: the earlier id wins ties
         idx = tl.where(better, v, idx)
@@ -294,7 +301,7 @@ def _layout(v: int) -> tuple[int, int]:
     return triton.cdiv(v, slice_len), slice_len
 
 
-def _device_scalar(x, dtype: torch.dtype, dev) -> torch.Tensor:
+def device_scalar(x, dtype: torch.dtype, dev) -> torch.Tensor:
     """x (a host number or a 0-d tensor) as a [1] tensor of `dtype` on `dev`."""
     if torch.is_tensor(x):
         return x.to(dev, dtype).reshape(1)
@@ -335,8 +342,8 @@ def sample_candidates(logits: torch.Tensor, temperature, top_k, top_p, seed, rou
                              f"{temperature}, {top_k}, {top_p}")
         use_top_k, use_top_p = top_k > 0, top_p < 1.0
     dev = logits.device
-    values = (_device_scalar(temperature, torch.float64, dev),
-              _device_scalar(top_k, torch.int64, dev), _device_scalar(top_p, torch.float32, dev))
+    values = (device_scalar(temperature, torch.float64, dev),
+              device_scalar(top_k, torch.int64, dev), device_scalar(top_p, torch.float32, dev))
     nsl, slice_len = _layout(v)
     sp2 = triton.next_power_of_2(nsl)
     f32 = dict(dtype=torch.float32, device=dev)
@@ -356,8 +363,8 @@ def sample_candidates(logits: torch.Tensor, temperature, top_k, top_p, seed, rou
         for j in range(PASSES if on else 0):
             _pass_kernel[grid](logits, stats, acc, zk, ties, v, nsl, *values, j, exclude,
                                MASS=mass, USE_K=use_top_k, **common)
-    _race_kernel[grid](logits, _device_scalar(seed, torch.int64, dev),
-                       _device_scalar(round_idx, torch.int64, dev),
+    _race_kernel[grid](logits, device_scalar(seed, torch.int64, dev),
+                       device_scalar(round_idx, torch.int64, dev),
                        positions.to(torch.int64).contiguous(), stats, acc, zk, ties, race,
                        race_idx, v, nsl, *values, exclude, USE_K=use_top_k, USE_P=use_top_p,
                        **common)

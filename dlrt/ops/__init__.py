@@ -89,6 +89,14 @@ class Ops:
         -> (ids, confidences); the mask token (a model constant) is never a candidate
     rms_norm_fp8, add_rms_norm_fp8, silu_and_mul_fp8: the same three ops returning their
         output as an `Fp8Activation` (the W8A8 input of an FP8 layer; one kernel with Triton)
+    soft_embedding(logits [n, V], weight [V, d], scale) -> [n, d] in weight's dtype:
+        (softmax(logits, fp32) @ weight) * scale, DiffusionGemma's self-conditioning input
+        (scale: a number or a 0-d CPU tensor; one pass over V with Triton)
+    denoiser_draw(logits [n, V], temperature, seed, round_idx, positions [n], divided=None)
+        -> (sample [n] int64, argmax [n] int64, entropy [n] fp32) of x = logits / temperature
+        (0-d fp32 on the device): the race sample of softmax(x) on the SAMPLE_STREAM noise,
+        argmax(x), the entropy of softmax(x) in nats; `divided` [n, V], if given, receives x
+        (a renoising round's draw; one pass over V with Triton)
     """
 
     name: str
@@ -100,6 +108,8 @@ class Ops:
     rms_norm_fp8: Callable
     add_rms_norm_fp8: Callable
     silu_and_mul_fp8: Callable
+    soft_embedding: Callable
+    denoiser_draw: Callable
 
 
 def get_ops(name: str) -> Ops:

@@ -2,7 +2,8 @@
 
 Each takes what its kernel takes (contiguous 2-D activations); the round's candidates come
 straight from the logits: greedy (`dlrt.kernels.greedy`) or sampled with the request's values
-read from device memory (`dlrt.kernels.sampling`).
+read from device memory (`dlrt.kernels.sampling`); so do a renoising round's draw
+(`dlrt.kernels.denoiser`) and DiffusionGemma's soft embeddings (`dlrt.kernels.soft_embedding`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import torch
 
 from dlrt.decoding.sampling import SamplingMode, SamplingSpec
 from dlrt.kernels.activation import silu_mul, silu_mul_fp8
+from dlrt.kernels.denoiser import denoiser_draw as _denoiser_draw
 from dlrt.kernels.greedy import greedy_candidates
 from dlrt.kernels.rms_norm import rms_norm as _rms_norm
 from dlrt.kernels.rms_norm import rms_norm_fp8 as _rms_norm_fp8
 from dlrt.kernels.rope import qk_norm_rope_write
 from dlrt.kernels.sampling import sample_candidates
+from dlrt.kernels.soft_embedding import soft_embedding as _soft_embedding
 from dlrt.ops import Fp8Activation, Ops
 
 
@@ -59,7 +62,22 @@ def candidates(logits: torch.Tensor, sampling: SamplingSpec, mode: SamplingMode,
                              mask_token_id)
 
 
+def soft_embedding(logits: torch.Tensor, weight: torch.Tensor, scale=1.0) -> torch.Tensor:
+    """One pass over V (two launches): the [n, V] probabilities are never written."""
+    return _soft_embedding(logits.contiguous(), weight.contiguous(), scale)
+
+
+def denoiser_draw(logits: torch.Tensor, temperature, seed, round_idx, positions: torch.Tensor,
+                  divided: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One pass over V (two launches), no host sync; the sample can differ from the
+    reference's only where two race scores are within a few fp32 ulps."""
+    return _denoiser_draw(logits.contiguous(), temperature, seed, round_idx, positions,
+                          divided)
+
+
 OPS = Ops("triton", rms_norm=rms_norm, add_rms_norm=add_rms_norm, silu_and_mul=silu_mul,
           qk_norm_rope_write=qk_norm_rope_write, candidates=candidates,
           rms_norm_fp8=rms_norm_fp8, add_rms_norm_fp8=add_rms_norm_fp8,
-          silu_and_mul_fp8=silu_and_mul_fp8)
+          silu_and_mul_fp8=silu_and_mul_fp8, soft_embedding=soft_embedding,
+          denoiser_draw=denoiser_draw)

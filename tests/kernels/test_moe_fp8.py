@@ -241,8 +241,8 @@ def _compile(out: Path) -> None:
 
     sig = dict(in_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", out_ptr="*bf16",
                table_ptr="*i32", wt_ptr="*fp32", T="i32", N_OUT="i32")
-    consts = dict(K=2048, TOPK=8, GATED=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
-                  PRECISION="tf32", FP8=True, PDL=True, UNROLL=2)
+    consts = dict(K=2048, TOPK=8, GATED=True, ACTIVATION="silu", BLOCK_M=16, BLOCK_N=64,
+                  BLOCK_K=128, PRECISION="tf32", FP8=True, PDL=True, UNROLL=2)
     (out / "tiles_fp8.ptx").write_text(compile_sm90(_tiles_kernel, sig, consts, num_warps=4,
                                                     num_stages=3))
 

@@ -103,12 +103,16 @@ def test_gated_mlp_and_gelu_experts():
     assert torch.allclose(method.apply(layer, x, weights, ids), want, atol=1e-5)
 
 
-def test_gelu_experts_take_the_reference_method():
+def test_gelu_experts_take_the_triton_method():
+    """The Triton kernels compute SiLU and gelu_pytorch_tanh experts (tested against the
+    reference in tests/kernels/test_moe_gemma.py); another activation takes the reference."""
     triton_ops = SimpleNamespace(name="triton")
-    assert isinstance(moe_method(triton_ops, "gelu_pytorch_tanh"), ReferenceMoE)
+    assert isinstance(moe_method(triton_ops, "gelu_pytorch_tanh"), TritonMoE)
     assert isinstance(moe_method(triton_ops), TritonMoE)
-    layer = SimpleNamespace(experts=StackedExperts(2, 8, 4, activation="gelu_pytorch_tanh"))
-    with pytest.raises(ValueError, match="SiLU experts, not 'gelu_pytorch_tanh'"):
+    assert isinstance(moe_method(triton_ops, "relu"), ReferenceMoE)
+    assert isinstance(moe_method(reference.OPS, "gelu_pytorch_tanh"), ReferenceMoE)
+    layer = SimpleNamespace(experts=StackedExperts(2, 8, 4, activation="relu"))
+    with pytest.raises(ValueError, match="not 'relu'"):
         TritonMoE().apply(layer, torch.zeros(1, 8), torch.ones(1, 1),
                           torch.zeros(1, 1, dtype=torch.long))
 

@@ -143,9 +143,11 @@ class FusedMoE(nn.Module):
 
 def moe_method(ops: Ops, activation: str = "silu") -> MoEMethod:
     """The MoE method of an ops table: "reference" -> PyTorch, "triton" -> the Triton kernels
-    (SiLU experts only: experts of another `activation` take the PyTorch reference)."""
-    if ops.name == "triton" and activation == "silu":
+    (SiLU and gelu_pytorch_tanh experts, `TritonMoE.ACTIVATIONS`; experts of another
+    `activation` take the PyTorch reference)."""
+    if ops.name == "triton":
         from dlrt.layers.moe.triton import TritonMoE
-        return TritonMoE()
+        if activation in TritonMoE.ACTIVATIONS:
+            return TritonMoE()
     from dlrt.layers.moe.reference import ReferenceMoE
     return ReferenceMoE()

@@ -36,11 +36,19 @@ class RouterSpec:
 class MoEMethod:
     """How the routed experts are computed. `apply(layer, x [N, H], weights [N, k] fp32,
     ids [N, k] int64) -> [N, H]` in x's dtype: sum_j weights[:, j] * expert_{ids[:, j]}(x).
-    `route(layer, x)` -> (weights [N, k] fp32, ids [N, k] int64)."""
+    `route(layer, x)` -> (weights [N, k] fp32, ids [N, k] int64): the layer's router (`gate`).
+    `select(spec, logits [N, E], expert_bias=None, expert_scale=None)` -> the same from router
+    logits a model computed itself: the rule of `spec` (`dlrt.layers.moe`), then, given
+    `expert_scale` [E], each weight times its expert's scale (in fp32)."""
 
     name = "base"
 
     def route(self, layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def select(self, spec: RouterSpec, logits: torch.Tensor,
+               expert_bias: torch.Tensor | None = None,
+               expert_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
     def apply(self, layer: nn.Module, x: torch.Tensor, weights: torch.Tensor,

@@ -27,6 +27,9 @@ class ExpertParallel(MoEMethod):
     def route(self, layer, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.inner.route(layer, x)
 
+    def select(self, spec, logits, expert_bias=None, expert_scale=None):
+        return self.inner.select(spec, logits, expert_bias, expert_scale)
+
     def apply(self, layer, x: torch.Tensor, weights: torch.Tensor,
               ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.first

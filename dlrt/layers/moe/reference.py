@@ -61,6 +61,10 @@ class ReferenceMoE(MoEMethod):
         gate = layer.gate
         return route(layer.spec, gate.logits(x), gate.expert_bias)
 
+    def select(self, spec, logits, expert_bias=None, expert_scale=None):
+        weights, ids = route(spec, logits, expert_bias)
+        return (weights, ids) if expert_scale is None else (weights * expert_scale[ids], ids)
+
     def apply(self, layer, x, weights, ids):
         n, k = ids.shape
         ex = layer.experts

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from dlrt.kernels.activation import GATE_ACTIVATIONS
 from dlrt.kernels.moe import MoEConfig, fused_experts, moe_config
 from dlrt.kernels.moe_route import route_topk
 from dlrt.layers.moe.base import MoEMethod
@@ -42,43 +43,52 @@ def fp8_blocks(experts) -> bool:
 
 
 class TritonMoE(MoEMethod):
-    """route: router logits (`Router.logits`: cuBLAS) -> one routing kernel; apply: align,
-    gate-up, down, combine (see `dlrt.kernels.moe`).
+    """route: router logits (`Router.logits`: cuBLAS) -> one routing kernel (select: from
+    given logits, with an optional per-expert scale); apply: align, gate-up, down, combine
+    (see `dlrt.kernels.moe`), for experts of an activation in `ACTIVATIONS`.
 
     Args:
         config: (n, k, E, H, I) -> `MoEConfig`; default `moe_config` (override to tune).
     """
 
     name = "triton"
+    ACTIVATIONS = GATE_ACTIVATIONS  # the experts' activations the kernels compute
 
     def __init__(self, config: Callable[[int, int, int, int, int], MoEConfig] = moe_config):
         self.config = config
 
     def route(self, layer, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, H] -> (weights [N, k] fp32, ids [N, k] int64), as `reference.route`."""
-        spec, gate = layer.spec, layer.gate
-        return route_topk(gate.logits(x).contiguous(), spec.top_k, spec.scoring,
-                          gate.expert_bias, spec.renormalize, spec.n_group, spec.topk_group,
-                          spec.scaling)
+        gate = layer.gate
+        return self.select(layer.spec, gate.logits(x), gate.expert_bias)
+
+    def select(self, spec, logits, expert_bias=None, expert_scale=None):
+        """Router logits [N, E] -> (weights [N, k] fp32, ids [N, k] int64), as
+        `ReferenceMoE.select`, in one kernel."""
+        return route_topk(logits.contiguous(), spec.top_k, spec.scoring, expert_bias,
+                          spec.renormalize, spec.n_group, spec.topk_group, spec.scaling,
+                          expert_scale)
 
     def apply(self, layer, x: torch.Tensor, weights: torch.Tensor,
               ids: torch.Tensor) -> torch.Tensor:
-        """x [N, H], weights [N, k] fp32, ids [N, k] -> [N, H] in x's dtype (SiLU experts).
+        """x [N, H], weights [N, k] fp32, ids [N, k] -> [N, H] in x's dtype.
 
         Raises:
-            ValueError: experts of another activation (`moe_method` gives them the
-                reference)."""
+            ValueError: experts of an activation the kernels do not compute (`moe_method`
+                gives them the reference)."""
         ex = layer.experts
-        if ex.activation != "silu":
-            raise ValueError(f"the Triton MoE kernels compute SiLU experts, not "
-                             f"{ex.activation!r}")
+        act = ex.activation
+        if act not in self.ACTIVATIONS:
+            raise ValueError(f"the Triton MoE kernels compute experts of {self.ACTIVATIONS}, "
+                             f"not {act!r}")
         cfg = self.config(x.shape[0], ids.shape[1], ex.num_experts, ex.hidden, ex.intermediate)
         fmt = ex.quant_format
         if fmt is None:
-            return fused_experts(x, ex.w13, ex.w2, weights, ids, cfg)
+            return fused_experts(x, ex.w13, ex.w2, weights, ids, cfg, activation=act)
         if fp8_blocks(ex):
             return fused_experts(x, ex.w13, ex.w2, weights, ids, cfg,
                                  w13_scale=ex.w13_weight_scale_inv,
-                                 w2_scale=ex.w2_weight_scale_inv)
+                                 w2_scale=ex.w2_weight_scale_inv, activation=act)
         return fused_experts(x, ex.expert_weight("w13", None, x.dtype),
-                             ex.expert_weight("w2", None, x.dtype), weights, ids, cfg)
+                             ex.expert_weight("w2", None, x.dtype), weights, ids, cfg,
+                             activation=act)

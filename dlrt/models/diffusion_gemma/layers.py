@@ -22,8 +22,7 @@ from dlrt.layers.attention import Attention
 from dlrt.layers.linear import Linear, MergedLinear
 from dlrt.layers.mlp import GatedMLP
 from dlrt.layers.moe import StackedExperts, moe_method
-from dlrt.layers.moe.base import RouterSpec
-from dlrt.layers.moe.reference import route
+from dlrt.layers.moe.base import MoEMethod, RouterSpec
 from dlrt.layers.norm import Fp32RMSNorm
 from dlrt.layers.rotary import RotaryEmbedding
 from dlrt.models.config import ModelConfig
@@ -70,12 +69,12 @@ class DiffusionGemmaAttention(nn.Module):
 
 
 class DiffusionGemmaRouter(nn.Module):
-    """x [N, H] -> (weights [N, k] fp32, expert ids [N, k] int64).
+    """(x [N, H], the layer's MoE method) -> (weights [N, k] fp32, expert ids [N, k] int64).
 
     logits = proj(norm(x) * scale * H ** -0.5) in x's dtype (`norm` without weight), softmax in
     fp32 over the E experts, top-k (ties to the lower id), renormalised to sum 1, each weight
-    times its expert's `per_expert_scale`. Checkpoint: `router.proj.weight` [E, H],
-    `router.scale` [H], `router.per_expert_scale` [E].
+    times its expert's `per_expert_scale` (the rule after the logits: `method.select`).
+    Checkpoint: `router.proj.weight` [E, H], `router.scale` [H], `router.per_expert_scale` [E].
     """
 
     def __init__(self, config: ModelConfig):
@@ -88,16 +87,15 @@ class DiffusionGemmaRouter(nn.Module):
         self.per_expert_scale = nn.Parameter(torch.ones(c.num_experts))
         self.root_size = c.hidden_size**-0.5
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, method: MoEMethod) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.proj(self.norm(x) * self.scale * self.root_size)  # [N, E]
-        weights, ids = route(self.spec, logits, None)
-        return weights * self.per_expert_scale[ids], ids
+        return method.select(self.spec, logits, expert_scale=self.per_expert_scale)
 
 
 class DiffusionGemmaLayer(nn.Module):
     """One layer (see the module docstring); forward(x [N, H], rope, rotary, ctx, layer_scalar
-    [1]) -> [N, H]. The routed experts are computed by the ops table's MoE method
-    (`moe_method`: the PyTorch reference for GELU experts)."""
+    [1]) -> [N, H]. The routing rule and the routed experts are computed by the ops table's
+    MoE method (`moe_method`: the Triton kernels with the `triton` ops)."""
 
     def __init__(self, config: ModelConfig, layer_id: int, ops: Ops):
         super().__init__()
@@ -120,7 +118,7 @@ class DiffusionGemmaLayer(nn.Module):
         h = self.self_attn(self.input_layernorm(x), rope, rotary, ctx)
         x = x + self.post_attention_layernorm(h)
         dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
-        weights, ids = self.router(x)
+        weights, ids = self.router(x, self.method)
         routed = self.method.apply(self, self.pre_feedforward_layernorm_2(x), weights, ids)
         x = x + self.post_feedforward_layernorm(dense + self.post_feedforward_layernorm_2(routed))
         return x * layer_scalar

@@ -10,9 +10,10 @@ used two ways with the same weights.
   convention, `dlrt.attention.base`): the committed prefix is never touched.
 
 The decoder's input embeddings pass the self-conditioning MLP: with the previous round's logits
-[L, V], soft embeddings softmax(logits) @ E * sqrt(H) go through `pre_norm` and the gated MLP and
-are added to the token embeddings, then `post_norm` (no weight); on a canvas's first round the
-signal is zero and only `post_norm` remains. Embeddings are scaled by sqrt(H) (in the model
+[L, V], soft embeddings softmax(logits) @ E * sqrt(H) (the ops table's `soft_embedding`: one
+pass over V with Triton) go through `pre_norm` and the gated MLP and are added to the token
+embeddings, then `post_norm` (no weight); on a canvas's first round the signal is zero and
+only `post_norm` remains. Embeddings are scaled by sqrt(H) (in the model
 dtype); the LM head is the embedding matrix; logits are soft-capped in fp32:
 cap * tanh(logits / cap).
 
@@ -112,6 +113,7 @@ class DiffusionGemmaForBlockDiffusion(nn.Module):
     def __init__(self, config: ModelConfig, ops: Ops):
         super().__init__()
         self.config = config
+        self.ops = ops
         self.model = DiffusionGemmaModel(config, ops)
         self.lm_head = Linear(config.hidden_size, config.vocab_size)
         self.lm_head.weight = self.model.decoder.embed_tokens.weight
@@ -144,8 +146,9 @@ class DiffusionGemmaForBlockDiffusion(nn.Module):
 
         self_conditioning: the previous round's logits [L, V] (any float dtype), turned into
             probabilities by a softmax in fp32 (the reference's generate() hands its processed
-            logits cast to the model dtype); or self_conditioning_probs [L, V], those
-            probabilities themselves. Neither: the canvas's first round (no signal).
+            logits cast to the model dtype) and into soft embeddings by the ops table's
+            `soft_embedding`; or self_conditioning_probs [L, V], those probabilities
+            themselves. Neither: the canvas's first round (no signal).
         Raises:
             ValueError: both signals given.
         """
@@ -154,12 +157,14 @@ class DiffusionGemmaForBlockDiffusion(nn.Module):
                              "not both")
         d = self.model.decoder
         x = self._embed(input_ids)  # [L, H]
-        probs = self_conditioning_probs
+        soft = None  # soft embeddings [L, H]
         if self_conditioning is not None:
-            probs = self_conditioning.softmax(dim=-1, dtype=torch.float32)
-        soft = None
-        if probs is not None:  # [L, V] -> soft embeddings [L, H]
-            soft = (probs.to(x.dtype) @ d.embed_tokens.weight) * d.embed_scale.to(x.dtype)
+            # NOTE: the scale as a number (`embed_scale` holds it in fp32): no device read
+            soft = self.ops.soft_embedding(self_conditioning, d.embed_tokens.weight,
+                                           self.config.embed_scale)
+        elif self_conditioning_probs is not None:
+            probs = self_conditioning_probs.to(x.dtype)
+            soft = (probs @ d.embed_tokens.weight) * d.embed_scale.to(x.dtype)
         x = d.self_conditioning(x, soft)
         return self._layers(x, positions, ctx, [layer.layer_scalar for layer in d.layers])
 
