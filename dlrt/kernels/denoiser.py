@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from dlrt.kernels import pdl
-from dlrt.kernels.sampling import device_scalar, noise_key, race_uniform
+from dlrt.kernels.sampling import device_scalar, neg_log, noise_key, race_uniform
 
 BLOCK = 1024  # logits per program per step
 CHUNKS = 4  # blocks per program
@@ -94,7 +94,7 @@ def _slice_kernel(logits_ptr, t_ptr, seed_ptr, round_ptr, pos_ptr, div_ptr, part
         z = alpha * z + w
         best = tl.where(best > 0, best * alpha, best)
         m = m_new
-        e = -tl.log(race_uniform(key, v))
+        e = neg_log(race_uniform(key, v))
         score = tl.where(inb, w / e, -1.0)
         better = score > best
         best_idx = tl.where(better, v, best_idx)

@@ -275,7 +275,7 @@ def test_a_captured_round_replays_as_the_eager_round(op):
     n, vocab, steps = 64, 4096, 16
     gen = torch.Generator(device=dev).manual_seed(0)
     base = torch.randn(n, vocab, device=dev, generator=gen) * 2
-    logits = [base * (1 + 0.5 * r) + 0.3 * torch.randn(n, vocab, device=dev, generator=gen)
+    logits = [base * (1 + 8 * r) + 0.3 * torch.randn(n, vocab, device=dev, generator=gen)
               for r in range(steps)]
     positions = torch.arange(1000, 1000 + n, device=dev)
     params = resolve(DecodingOptions.from_kwargs(dict(

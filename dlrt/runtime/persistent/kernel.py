@@ -246,10 +246,10 @@ class PersistentRound:
         self.dtype, self.device = dtype, dev
         item = torch.tensor([], dtype=dtype).element_size()
         enc = encode(plan, dev)
-        names = enc.pop("weights")
-        weights = [model.get_parameter(n) for n in names]  # tied ones too
+        weight_names = enc.pop("weights")
+        weights = [model.get_parameter(n) for n in weight_names]  # tied ones too
         scales, wmeta = [], []
-        for name, w in zip(names, weights, strict=True):
+        for name, w in zip(weight_names, weights, strict=True):
             scale, meta = _fp8_scales(model, name, w)
             scales.append(scale)
             wmeta.append(meta)
