@@ -181,9 +181,9 @@ def test_other_families_have_one_kind_of_layer():
 def test_image_input_is_refused():
     c = model_config(PRESETS[TINY])
     check_text_only(c, [2, 5, 9])
-    with pytest.raises(PromptError, match=r"image input \(image_token_id 511 at position\(s\) "
+    with pytest.raises(PromptError, match=r"image input \(image_token_id 1 at position\(s\) "
                                           r"\[1, 3\]\).*not served yet \(text only\)"):
-        check_text_only(c, [2, 511, 9, 511])
+        check_text_only(c, [2, 1, 9, 1])
 
 
 def test_what_is_not_served_yet_is_named():
@@ -258,3 +258,37 @@ def test_dummy_weights_are_the_made_checkpoints(tmp_path):
     a, b = (dict(m.named_parameters()) for m in models)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert models[1].lm_head.weight is models[1].model.decoder.embed_tokens.weight
+
+
+def test_the_tiny_preset_carries_a_working_tokenizer(tmp_path):
+    """tiny-diffusion-gemma gets the embedded default model's tokenizer, its vocabulary and
+    ids sized to it: <|endoftext|> the eos id, <|pad|> the pad id, <|mask|> the image
+    placeholder (a renoising model has no mask token)."""
+    from dlrt.tokenizer import load_tokenizer
+
+    path = make_checkpoint(TINY, tmp_path / "ckpt", dtype="float32")
+    tok = load_tokenizer(path)
+    c = model_config(json.loads((path / "config.json").read_text()))
+    assert tok is not None and len(tok) == c.vocab_size == 8192
+    gen = json.loads((path / "generation_config.json").read_text())
+    assert tok.convert_ids_to_tokens(gen["eos_token_id"]) == ["<|endoftext|>"] and \
+        list(c.eos_token_ids) == gen["eos_token_id"]
+    assert tok.convert_ids_to_tokens([gen["pad_token_id"], c.image_token_id]) == \
+        ["<|pad|>", "<|mask|>"]
+    assert tok.decode(tok.encode("def f(x):\n    return x")) == "def f(x):\n    return x"
+
+
+def test_a_config_folder_gets_its_text_configs_eos_ids_and_no_tokenizer(tmp_path):
+    """The shipped real config (no generation_config.json, eos ids under text_config) and any
+    such folder: make-checkpoint writes those eos ids and no tokenizer (it has none)."""
+    from dlrt.checkpoint.make import _source
+
+    hf, gen, folder = _source("DiffusionGemma-26B-A4B-it")
+    assert gen == {"eos_token_id": [1, 106]} and hf["text_config"]["eos_token_id"] == [1, 106]
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json"]
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(PRESETS[TINY]))
+    out = make_checkpoint(src, tmp_path / "out", dtype="float32")
+    assert json.loads((out / "generation_config.json").read_text()) == {"eos_token_id": [0]}
+    assert not [p.name for p in out.iterdir() if p.name.startswith("tokenizer")]
