@@ -73,3 +73,10 @@ def tiny_llada(tmp_path_factory):
 def tiny_llada2(tmp_path_factory):
     """A tiny LLaDA2 MoE checkpoint (8 experts, top-2, groups; no tokenizer), fp32, seed 0."""
     return _make(tmp_path_factory, "tiny-llada2", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_diffusion_gemma(tmp_path_factory):
+    """A tiny DiffusionGemma checkpoint (canvas 16, 8192 ids) with the embedded default
+    model's tokenizer, fp32, seed 0."""
+    return _make(tmp_path_factory, "tiny-diffusion-gemma", dtype="float32")

@@ -1,6 +1,7 @@
 """DiffusionGemma's config normaliser, family record and what it refuses: the shipped real config,
 a config as `save_pretrained` writes it (`per_layer_config`), the reference's defaults, bad
-fields named, image input, tensor parallelism, `LLM` without its decoder; other families'
+fields named, image input, tensor parallelism, `LLM` with a mask-token decoder; what
+make-checkpoint writes (the tiny preset's tokenizer, a config folder's eos ids); other families'
 configs unchanged; bad checkpoints named; seeded dummy weights equal a made checkpoint's."""
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from dlrt.llm import LLM
 from dlrt.models.config import FULL, SLIDING
 from dlrt.models.diffusion_gemma.config import with_layers
 from dlrt.models.diffusion_gemma.prompt import check_text_only
-from dlrt.models.registry import build_model, family, family_of, model_config
+from dlrt.models.registry import build_model, family_of, model_config
 from dlrt.ops import reference
-from dlrt.runtime.decoders import decoder_for
 
 TINY = "tiny-diffusion-gemma"
 
@@ -192,20 +192,19 @@ def test_what_is_not_served_yet_is_named():
     with pytest.raises(ConfigError, match="tensor_parallel_size 2: .*sliding_window, "
                                           "layer_shapes"):
         check_sizes(c, 2)
-    with pytest.raises(OptionError, match="'renoise'.*not available yet"):
-        decoder_for(family("diffusion_gemma"), None, None)
 
 
-@pytest.mark.parametrize("options", [{}, {"mask_token_id": 3}, {"decoder": "canvas"},
-                                     {"decoder": "block", "mask_token_id": 3},
-                                     {"decoder": "dllm_var"}])
-def test_no_mask_token_decoder_runs_it(tmp_path, options):
-    """Its renoising decoder is not built: `LLM` refuses the folder by name, whatever decoder
-    or mask token is asked for, instead of decoding it with mask tokens."""
+@pytest.mark.parametrize("options, error", [
+    ({"mask_token_id": 3}, r"^mask_token_id=3: diffusion_gemma models have no mask token"),
+    ({"decoder": "canvas"}, r"^decoder 'canvas' does not fit a diffusion_gemma model: .*; "
+                            r"use one of \['renoise'\]$"),
+    ({"decoder": "block", "mask_token_id": 3}, r"^decoder 'block' does not fit"),
+    ({"decoder": "dllm_var"}, r"^decoder 'dllm_var' does not fit")])
+def test_no_mask_token_decoder_runs_it(tmp_path, options, error):
+    """Only its renoising decoder runs it: `LLM` refuses a mask-token decoder or a mask token
+    by name instead of decoding it with mask tokens."""
     path = make_checkpoint(TINY, tmp_path / "ckpt", dtype="float32")
-    with pytest.raises(OptionError, match=r"^diffusion_gemma models need their own decoder, "
-                                          r"'renoise', which is not available yet; none of "
-                                          r"\['block', 'canvas', 'dllm_var'\] fits them$"):
+    with pytest.raises(OptionError, match=error):
         LLM(str(path), device="cpu", **options)
 
 
