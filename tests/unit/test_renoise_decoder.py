@@ -3,16 +3,18 @@ the embedded default model's tokenizer), on the CPU: it is the family's default 
 renoising families; text generation, streaming per canvas, reproducibility by seed; the
 execution modes commit the same tokens (the graph modes simulated: each captured part replayed
 as a call, after the executor's own warm-up); bad options, a mask token and image input are
-named errors; the engine serves the model's windows and head shapes."""
+named errors, non-finite logits a NumericalError; the engine serves the model's windows and
+head shapes."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
+import torch
 
 from dlrt import LLM
-from dlrt.errors import OptionError, PromptError
+from dlrt.errors import NumericalError, OptionError, PromptError
 from dlrt.models.registry import family
 from dlrt.runtime import executor as executor_module
 from dlrt.runtime.decoders import decoder_for
@@ -202,3 +204,19 @@ def test_defaults_and_the_options_without_effect(llm):
     assert params.renoise is not None
     assert set(ignored_options(opts, params)) == {"block_length", "temperature"}
     assert dataclasses.astuple(params.renoise) == (48, 0.1, 0.4, 0.8, 1, 0.005)
+
+
+def test_non_finite_logits_end_the_request_with_a_numerical_error(llm):
+    """A canvas whose logits are not finite stops at that round (its fault is read back with
+    the canvas); the LLM serves the next request."""
+    weight = llm.model.model.decoder.norm.weight
+    keep = weight.detach().clone()
+    with torch.no_grad():
+        weight[0] = float("nan")
+    try:
+        with pytest.raises(NumericalError, match="non-finite logits"):
+            llm.generate("x = 1", max_new_tokens=20, **OPTIONS)
+    finally:
+        with torch.no_grad():
+            weight.copy_(keep)
+    assert len(llm.generate("x = 1", max_new_tokens=20, **OPTIONS).token_ids) <= 20
