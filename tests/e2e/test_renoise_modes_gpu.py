@@ -3,22 +3,17 @@
 flag), host_loop and eager commit identical tokens, rounds and stops; one captured graph set
 serves every context and value; begin, round and end never synchronise with the host.
 
-The model is tiny-diffusion-gemma with full attention in every layer and one head shape:
-what the capturable backend (`triton`) serves; sliding windows and per-layer head shapes need
-`sdpa`, which runs eagerly only.
+The model is `tiny_diffusion_gemma_graphs` (tests/conftest.py): what the capturable backend,
+`triton`, and the PyTorch MoE's gather path serve.
 """
 
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
 from test_execution_modes import _assert_same, _run_modes
 
 from dlrt import LLM
-from dlrt.checkpoint.make import make_checkpoint
-from dlrt.checkpoint.presets import preset
 
 pytestmark = pytest.mark.gpu
 
@@ -32,17 +27,9 @@ OPTIONS = [
 
 
 @pytest.fixture(scope="module")
-def diffusion_gemma(tmp_path_factory):
-    hf = preset("tiny-diffusion-gemma")[0]
-    t = hf["text_config"]
-    t.update(layer_types=["full_attention"] * t["num_hidden_layers"],
-             global_head_dim=t["head_dim"],
-             num_global_key_value_heads=t["num_key_value_heads"])
-    src = tmp_path_factory.mktemp("dg-full") / "src"
-    src.mkdir()
-    (src / "config.json").write_text(json.dumps(hf))
-    path = make_checkpoint(src, src.parent / "ckpt", dtype="bfloat16")
-    llm = LLM(str(path), device="cuda", dtype="bfloat16", max_model_len=4096)
+def diffusion_gemma(tiny_diffusion_gemma_graphs):
+    llm = LLM(str(tiny_diffusion_gemma_graphs), device="cuda", dtype="bfloat16",
+              max_model_len=4096)
     assert llm.engine_config.attention_backend == "triton"
     return llm
 
@@ -63,10 +50,12 @@ def test_one_graph_set_serves_every_context_and_value(diffusion_gemma):
     llm = diffusion_gemma
     llm.set_execution_mode("device_loop")
     llm.generate([3, 4, 5], max_new_tokens=40, seed=1, **OPTIONS[0])
-    captured = llm.executor.graph_count
+    captured = set(llm.executor._graphs)
     for n, options in ((90, OPTIONS[1]), (2000, OPTIONS[2])):
         llm.generate(list(range(10, 10 + n)), max_new_tokens=40, seed=2, **options)
-    assert llm.executor.graph_count == captured == 2  # phases "first" and "next"
+    assert set(llm.executor._graphs) == captured
+    assert {k[1:] for k in captured} >= {("first", "device_loop"), ("next", "device_loop")}
+    assert len(llm.decoder.programs) == 1
 
 
 def test_a_canvas_never_synchronises_with_the_host(diffusion_gemma):

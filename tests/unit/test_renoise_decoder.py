@@ -4,7 +4,8 @@ renoising families; text generation, streaming per canvas, reproducibility by se
 execution modes commit the same tokens (the graph modes simulated: each captured part replayed
 as a call, after the executor's own warm-up); bad options, a mask token and image input are
 named errors, non-finite logits a NumericalError; the engine serves the model's windows and
-head shapes."""
+head shapes; a canvas's begin, round and end read no tensor on the host (what a captured WHILE
+body needs)."""
 
 from __future__ import annotations
 
@@ -220,3 +221,29 @@ def test_non_finite_logits_end_the_request_with_a_numerical_error(llm):
         with torch.no_grad():
             weight.copy_(keep)
     assert len(llm.generate("x = 1", max_new_tokens=20, **OPTIONS).token_ids) <= 20
+
+
+def test_a_canvas_reads_nothing_on_the_host(tiny_diffusion_gemma_graphs, monkeypatch):
+    """begin (both phases), round and end are pure tensor code, as a captured WHILE body needs:
+    with an attention backend that reads the lengths from device memory (`triton`, under
+    Triton's interpreter here) no tensor is read on the host."""
+    llm = LLM(str(tiny_diffusion_gemma_graphs), device="cpu", max_model_len=128,
+              attention_backend="triton")
+    _, params = llm.check([2, 3, 4], max_new_tokens=32, **OPTIONS)
+    prog = llm.decoder.program()
+    prog.state.set_values(params)
+    prog.state.set_lens(20, 36)
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("a tensor was read on the host")
+
+    with monkeypatch.context() as m, torch.inference_mode():
+        for name in ("item", "tolist", "__bool__", "__int__", "__float__", "nonzero"):
+            m.setattr(torch.Tensor, name, host_read)
+        prog.begin()
+        prog.round()
+        prog.end()
+        prog.begin_next()
+        prog.round()
+        prog.end()
+    assert prog.state.round.item() == 2 and prog.state.lens.tolist() == [52, 68]
