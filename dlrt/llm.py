@@ -289,15 +289,27 @@ class LLM:
             finish_reason=last.finish_reason, stop_reason=last.stop_reason,
             request_tps=len(tokens) / max(stats["total_s"], 1e-9), timings=stats["timings"])
 
+    def check_input(self, ids: list[int]) -> None:
+        """Refuse prompt ids the model as built cannot take (`Family.check_prompt`).
+
+        Raises:
+            PromptError: naming what (DiffusionGemma: image input, which is not served).
+        """
+        check_prompt = family(self.config.family).check_prompt
+        if check_prompt is not None:
+            check_prompt(self.config, ids)
+
     def check(self, prompt: Prompt, *, chat: bool = False, **options: Any
               ) -> tuple[list[int], DecodingParams]:
         """Validate a request without running it: (prompt token ids, resolved params).
 
         Raises:
-            OptionError, PromptError: as `generate` would, before any device work.
+            OptionError, PromptError: as `generate` would, before any device work (also
+                `check_input`'s).
         """
         params = self.resolve(DecodingOptions.from_kwargs(options))
         ids = self.encode(prompt, chat)
+        self.check_input(ids)
         need = self.decoder.max_positions(len(ids), params)
         if len(ids) >= self.max_model_len:
             raise PromptError(f"prompt of {len(ids)} tokens does not fit the context of "

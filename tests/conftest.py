@@ -73,3 +73,33 @@ def tiny_llada(tmp_path_factory):
 def tiny_llada2(tmp_path_factory):
     """A tiny LLaDA2 MoE checkpoint (8 experts, top-2, groups; no tokenizer), fp32, seed 0."""
     return _make(tmp_path_factory, "tiny-llada2", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_diffusion_gemma(tmp_path_factory):
+    """A tiny DiffusionGemma checkpoint (canvas 16, 8192 ids) with the embedded default
+    model's tokenizer, fp32, seed 0."""
+    return _make(tmp_path_factory, "tiny-diffusion-gemma", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_diffusion_gemma_graphs(tmp_path_factory):
+    """tiny-diffusion-gemma as the graph modes can run it: full attention in every layer and
+    one head shape (what the capturable `triton` backend serves; windows and per-layer shapes
+    need `sdpa`, eager only) and 8 experts top-2 (its GELU experts take the PyTorch MoE, whose
+    fixed-shape gather path, no host sync, serves up to 4 (token, expert) pairs per expert: a
+    canvas of 16). fp32, seed 0, no tokenizer."""
+    import json
+
+    from dlrt.checkpoint.make import make_checkpoint
+    from dlrt.checkpoint.presets import preset
+
+    hf = preset("tiny-diffusion-gemma")[0]
+    t = hf["text_config"]
+    t.update(layer_types=["full_attention"] * t["num_hidden_layers"],
+             global_head_dim=t["head_dim"],
+             num_global_key_value_heads=t["num_key_value_heads"], num_experts=8)
+    src = tmp_path_factory.mktemp("dg-graphs") / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(hf))
+    return make_checkpoint(src, src.parent / "ckpt", dtype="float32")

@@ -3,7 +3,7 @@
 From a built-in preset or any folder holding a `config.json` (such as the real SDAR/LLaDA/
 LLaDA2/DiffusionGemma configs), write `config.json`, `generation_config.json`, safetensors
 shards with `model.safetensors.index.json` (when more than one shard), and for SDAR the SDAR
-tokenizer.
+tokenizer (tiny-diffusion-gemma: the embedded default model's).
 Weights: normal(0, initializer_range), norms at 1, router biases (`expert_bias`) in fp32 and
 drawn like weights; each tensor seeded by (seed, name), so the output is the same for a seed
 whatever the sharding. Loading it goes through the same loader as a user's checkpoint;
@@ -30,7 +30,13 @@ import torch
 from dlrt import progress
 from dlrt.checkpoint.folder import INDEX_NAME, CheckpointFolder
 from dlrt.checkpoint.loader import spec_value, stored_dtype, weight_specs
-from dlrt.checkpoint.presets import PRESETS, preset, real_config, real_configs
+from dlrt.checkpoint.presets import (
+    PRESETS,
+    preset,
+    preset_tokenizer,
+    real_config,
+    real_configs,
+)
 from dlrt.checkpoint.quant import quantize_for_writing
 from dlrt.errors import CheckpointError, OptionError
 from dlrt.layers.quant.registry import format_names, formats
@@ -57,9 +63,12 @@ def _checkpoint_files() -> set[str]:
 
 
 def _source(source: str | Path) -> tuple[dict, dict, Path | None]:
+    """(config, generation_config, the folder whose tokenizer files are copied, if any). A
+    folder without generation_config.json gets the eos ids of its config (`text_config`'s for
+    a config that nests them, as DiffusionGemma's does)."""
     if str(source) in PRESETS:
         cfg, gen = preset(str(source))
-        return cfg, gen, None
+        return cfg, gen, preset_tokenizer(str(source))
     if not Path(source).exists():
         if not real_config(str(source)):
             raise CheckpointError(f"{source}: no such folder, preset or shipped config; presets: "
@@ -68,8 +77,12 @@ def _source(source: str | Path) -> tuple[dict, dict, Path | None]:
         source = real_config(str(source))
     folder = CheckpointFolder.open(source, require_weights=False)
     gen = dict(folder.generation_config)
-    if not gen and folder.hf_config.get("eos_token_id") is not None:
-        gen = {"eos_token_id": folder.hf_config["eos_token_id"]}
+    text = folder.hf_config.get("text_config")
+    eos = folder.hf_config.get("eos_token_id")
+    if eos is None and isinstance(text, dict):
+        eos = text.get("eos_token_id")
+    if not gen and eos is not None:
+        gen = {"eos_token_id": eos}
     return dict(folder.hf_config), gen, folder.path
 
 

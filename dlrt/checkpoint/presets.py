@@ -71,12 +71,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         "torch_dtype": "bfloat16",
     },
     # 4 layers (sliding, full, sliding, full), window 8, full layers with K = V and their own
-    # head size (32) and KV heads (1), 4 experts top-2 beside the dense MLP, canvas 16
+    # head size (32) and KV heads (1), 4 experts top-2 beside the dense MLP, canvas 16; the
+    # vocabulary and special ids of its tokenizer (PRESET_TOKENIZER)
     "tiny-diffusion-gemma": {
         "architectures": ["DiffusionGemmaForBlockDiffusion"], "model_type": "diffusion_gemma",
-        "canvas_length": 16, "image_token_id": 511, "tie_word_embeddings": True,
+        "canvas_length": 16, "image_token_id": 1, "tie_word_embeddings": True,
         "text_config": {
-            "model_type": "diffusion_gemma_text", "vocab_size": 512, "hidden_size": 64,
+            "model_type": "diffusion_gemma_text", "vocab_size": 8192, "hidden_size": 64,
             "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
             "num_key_value_heads": 2, "num_global_key_value_heads": 1, "head_dim": 16,
             "global_head_dim": 32, "attention_k_eq_v": True, "num_experts": 4,
@@ -90,8 +91,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
                                    "rope_type": "proportional"},
                 "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
-            "tie_word_embeddings": True, "initializer_range": 0.02, "eos_token_id": [1, 106],
-            "pad_token_id": 0, "bos_token_id": 2, "attention_bias": False},
+            "tie_word_embeddings": True, "initializer_range": 0.02, "eos_token_id": [0],
+            "pad_token_id": 2, "bos_token_id": 0, "attention_bias": False},
         "vision_config": {"model_type": "gemma4_vision", "hidden_size": 16},
         "torch_dtype": "bfloat16",
     },
@@ -101,9 +102,21 @@ PRESET_GENERATION = {
     "tiny-sdar-moe": _SDAR_GEN,
     "tiny-llada": {"eos_token_id": 126081, "pad_token_id": 126081},
     "tiny-llada2": {"eos_token_id": 156892, "pad_token_id": 156892},
-    "tiny-diffusion-gemma": {"eos_token_id": [1, 106], "pad_token_id": 0, "bos_token_id": 2},
+    "tiny-diffusion-gemma": {"eos_token_id": [0], "pad_token_id": 2, "bos_token_id": 0},
 }
+# preset -> the folder under dlrt/data whose tokenizer its checkpoint gets (else the family's,
+# `Family.tokenizer`): tiny-diffusion-gemma takes the embedded default model's (8192 ids:
+# <|endoftext|> 0, the stop id; <|mask|> 1, which stands for the image placeholder here, as
+# a renoising model has no mask token; <|pad|> 2), its vocabulary and ids sized to it
+PRESET_TOKENIZER = {"tiny-diffusion-gemma": "sdar-stdlib-8m"}
+
 
 def preset(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config, generation_config) of a built-in preset (copies)."""
     return copy.deepcopy(PRESETS[name]), copy.deepcopy(PRESET_GENERATION[name])
+
+
+def preset_tokenizer(name: str) -> Path | None:
+    """The folder whose tokenizer files preset `name`'s checkpoint gets (None: its family's)."""
+    folder = PRESET_TOKENIZER.get(name)
+    return None if folder is None else data_path(folder)

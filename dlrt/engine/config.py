@@ -102,10 +102,12 @@ class EngineConfig:
         None, "context limit in tokens (default: the config's maximum)")
     decoder: str = _option(
         "auto", "the block loop; auto: the model family's default (block for SDAR and "
-        "LLaDA2, canvas for LLaDA; dllm_var decodes LLaDA weights block by block)",
+        "LLaDA2, canvas for LLaDA, renoise for DiffusionGemma; dllm_var decodes LLaDA "
+        "weights block by block)",
         ("auto", *DECODERS))
     mask_token_id: int | None = _option(
-        None, "mask token id (default: the config's, else the tokenizer's)")
+        None, "mask token id (default: the config's, else the tokenizer's; renoising "
+        "families such as DiffusionGemma have none)")
     execution_mode: str = _option(
         "auto", "device_loop (one CUDA graph per block, its WHILE node runs the rounds; auto "
         "on CUDA where its kernel can be built: NVRTC from cuda-bindings, else nvcc), "
@@ -263,14 +265,15 @@ class EngineConfig:
             decoder, defaults = decoder_for(family(config.family),
                                             None if out.decoder == "auto" else out.decoder,
                                             config.block_size)
-            mask = mask_token(config, out.mask_token_id, tokenizer_mask_id)
+            mask = mask_token(config, out.mask_token_id, tokenizer_mask_id, defaults.renoise)
         except ConfigError as e:
             raise ConfigError(f"{folder.path}: {e}") from e
         kv = out.torch_kv_cache_dtype
         attention = out.attention_backend
+        needs = config.attention_needs()
         if attention == "auto":
-            attention = default_backend(device, dtype, decoder, config.head_dim, kv)
-        check_backend(attention, device, dtype, out.execution_mode, config.head_dim, kv)
+            attention = default_backend(device, dtype, decoder, config.head_dim, kv, needs)
+        check_backend(attention, device, dtype, out.execution_mode, config.head_dim, kv, needs)
         max_len = context_limit(config, out.max_model_len)
         config = config.replace(mask_token_id=mask)
         folder.check_generation_config(config.vocab_size)

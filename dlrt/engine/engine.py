@@ -212,7 +212,8 @@ def _kv_cache(config: ModelConfig, engine: EngineConfig, model: nn.Module,
               folder: CheckpointFolder, tp_size: int = 1) -> PagedKVCache:
     """The paged KV cache in the model dtype, or in FP8 with the checkpoint's per-layer
     k_scale / v_scale (`dlrt.checkpoint.kv_scales`; 1.0 when it holds none); with tensor
-    parallelism, of this rank's KV heads."""
+    parallelism, of this rank's KV heads; one head shape per layer where layers differ
+    (`ModelConfig.kv_shapes`)."""
     kv_dtype = engine.torch_kv_cache_dtype
     scales = None
     if kv_dtype == KV_FP8:
@@ -220,9 +221,10 @@ def _kv_cache(config: ModelConfig, engine: EngineConfig, model: nn.Module,
         log.info("FP8 KV cache (e4m3), %s", "the checkpoint's per-layer k/v scales"
                  if scales else "scales 1.0 (the checkpoint holds no k_scale / v_scale)")
     k_scale, v_scale = scales or (None, None)
+    shapes = [(kv // tp_size, d) for kv, d in config.kv_shapes()]
     return PagedKVCache(config.num_layers, config.num_kv_heads // tp_size, config.head_dim,
                         engine.max_model_len, kv_dtype, engine.torch_device,
-                        k_scale=k_scale, v_scale=v_scale)
+                        k_scale=k_scale, v_scale=v_scale, layer_shapes=shapes)
 
 
 def _report_quantization(scheme: QuantScheme | None, device: torch.device) -> None:

@@ -79,7 +79,21 @@ def context_limit(config: ModelConfig, max_model_len: int | None) -> int:
     return max_model_len
 
 
-def mask_token(config: ModelConfig, option: int | None, tokenizer_mask: int | None) -> int:
+def mask_token(config: ModelConfig, option: int | None, tokenizer_mask: int | None,
+               renoise: bool = False) -> int | None:
+    """The mask token: the option's, else the config's, else the tokenizer's; None for a
+    renoising family (`renoise`: its canvases hold no mask token).
+
+    Raises:
+        OptionError: an option outside the vocabulary, or any option for a renoising family.
+        ConfigError: none anywhere (a family that denoises mask tokens).
+    """
+    if renoise:
+        if option is not None:
+            raise OptionError(f"mask_token_id={option!r}: {config.family} models have no mask "
+                              "token (renoising decoding: a rejected position gets a random "
+                              "token); leave it unset")
+        return None
     if option is not None:
         if not 0 <= option < config.vocab_size:
             raise OptionError(f"mask_token_id={option!r} is not a token id of the vocabulary")

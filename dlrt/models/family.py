@@ -3,7 +3,7 @@ the family reads it from here (`dlrt.models.registry` looks records up by `model
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +78,8 @@ class Family:
         `dlrt.distributed.transform`.
     round_weights: the persistent round's weight paths (`RoundWeights`); None: the
         persistent round does not serve the family.
+    check_prompt(config, prompt ids): raises PromptError for a prompt the model as built
+        cannot take (DiffusionGemma: image input); None: any ids of the vocabulary.
     """
 
     name: str
@@ -95,3 +97,4 @@ class Family:
     supports_editing: bool = False
     tp_plan: tuple[tuple[str, str], ...] = ()
     round_weights: RoundWeights | None = None
+    check_prompt: Callable[[ModelConfig, Sequence[int]], None] | None = None

@@ -62,8 +62,7 @@ class BlockState:
         self.editable = torch.zeros(n, dtype=torch.bool, device=device)
         self.post = torch.zeros((), dtype=torch.int64, device=device)
         self.changed = torch.ones((), dtype=torch.bool, device=device)
-        self._pinned: list[torch.Tensor] = []  # two host buffers for read-backs (CUDA)
-        self._slot = 0
+        self._readbacks = Readbacks(device, 2 * n + 2)
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.tokens, self.masked, self.commit_round, self.round, self.flag, self.steps,
@@ -156,19 +155,34 @@ class BlockState:
         """Enqueue the copy of (tokens, commit rounds, rounds, fault) to the host in stream
         order (into one of two pinned buffers on CUDA) and return a handle to wait on, so the
         next block can be launched before this one is read."""
-        flat = torch.cat([self.tokens, self.commit_round, self.round.reshape(1),
-                          self.fault.reshape(1)])
+        return self._readbacks.start(torch.cat([self.tokens, self.commit_round,
+                                                self.round.reshape(1), self.fault.reshape(1)]))
+
+
+class Readbacks:
+    """The read-backs of a block's state: `start(flat)` with flat [2n + 2] int64 (tokens [n],
+    commit rounds [n], rounds run, fault) enqueues its copy to the host, into one of two
+    pinned buffers taken in turn on CUDA (a block's copy may be in flight while the next one
+    is enqueued), and returns the `Readback` to wait on."""
+
+    def __init__(self, device: torch.device, size: int):
+        self.device, self.size = device, size
+        self._pinned: list[torch.Tensor] = []
+        self._slot = 0
+
+    def start(self, flat: torch.Tensor) -> Readback:
+        n = (self.size - 2) // 2
         if self.device.type != "cuda":
-            return Readback(flat, None, self.n)
+            return Readback(flat, None, n)
         if not self._pinned:
-            self._pinned = [torch.empty(2 * self.n + 2, dtype=torch.int64, pin_memory=True)
+            self._pinned = [torch.empty(self.size, dtype=torch.int64, pin_memory=True)
                             for _ in range(2)]
         host = self._pinned[self._slot]
         self._slot ^= 1
         host.copy_(flat, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return Readback(host, event, self.n)
+        return Readback(host, event, n)
 
 
 class Readback:

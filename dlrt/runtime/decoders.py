@@ -18,6 +18,10 @@ DECODERS = {
                DecoderDefaults(block_length=None, remasking_strategy="low_confidence_static")),
     "dllm_var": ("dlrt.runtime.lookahead_decoder", "LookaheadDecoder",
                  DecoderDefaults(block_length=64, remasking_strategy="low_confidence_dynamic")),
+    # renoising (uniform-state) families: no mask token, no strategy; the canvas is the model's
+    "renoise": ("dlrt.runtime.renoise_decoder", "RenoiseDecoder",
+                DecoderDefaults(block_length=None, remasking_strategy="sequential",
+                                renoise=True)),
 }
 
 

@@ -76,6 +76,17 @@ def _warn_host_loop(missing: str) -> None:
                 "device_loop, which cannot run here: %s", missing)
 
 
+def warm_up(program, begin, saved: list[torch.Tensor]) -> None:
+    """Run `begin`, a round and `end` once outside capture (Triton compiles, cuBLAS picks its
+    kernels), then put back every buffer the program mutates (`saved`: clones of
+    `program.buffers()` taken before), so the warm-up leaves no trace in the next block."""
+    begin()
+    program.round()
+    program.end()
+    for t, s in zip(program.buffers(), saved, strict=True):
+        t.copy_(s)
+
+
 class Executor:
     def __init__(self, mode: str, device: torch.device, backend: AttentionBackend):
         self.mode = check_mode(mode, device)
@@ -157,11 +168,7 @@ class Executor:
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream), torch.inference_mode():
-            begin()  # warm-up outside capture: Triton compiles, cuBLAS picks kernels
-            program.round()
-            program.end()
-            for t, s in zip(program.buffers(), saved, strict=True):
-                t.copy_(s)
+            warm_up(program, begin, saved)
             if self.mode == "host_loop":
                 graphs = capture_parts([begin, program.round, program.end], self._pool)
             else:

@@ -60,14 +60,15 @@ def prepare(state: ServerState, call: Callable[[Any], protocol.Call], body: Base
 def _blame(state: ServerState, error: PromptError, prompt, chat: bool, options: dict[str, Any],
            fields: dict[str, str], where: str, endpoint: str) -> tuple[str, str]:
     """The message and the field to name when `LLM.check` refused a request with `error`:
-    the prompt when it is bad or alone fills the context; else (prompt + generation do not
-    fit) the block_length the client sent if the request fits without it, else the client's
-    max tokens field; with none sent, the max tokens field as the server's default (the
-    message says so, and how many fit), or the prompt when not even one new token fits
-    after it."""
+    the prompt when it is bad (`LLM.check_input`: image input) or alone fills the context;
+    else (prompt + generation do not fit) the block_length the client sent if the request
+    fits without it, else the client's max tokens field; with none sent, the max tokens field
+    as the server's default (the message says so, and how many fit), or the prompt when not
+    even one new token fits after it."""
     llm, message = state.llm, str(error)
     try:
         ids = llm.encode(prompt, chat)
+        llm.check_input(ids)
     except DlrtError:
         return message, where
     if len(ids) >= llm.max_model_len:

@@ -1,6 +1,7 @@
 """DiffusionGemma's config normaliser, family record and what it refuses: the shipped real config,
 a config as `save_pretrained` writes it (`per_layer_config`), the reference's defaults, bad
-fields named, image input, tensor parallelism, `LLM` without its decoder; other families'
+fields named, image input, tensor parallelism, `LLM` with a mask-token decoder; what
+make-checkpoint writes (the tiny preset's tokenizer, a config folder's eos ids); other families'
 configs unchanged; bad checkpoints named; seeded dummy weights equal a made checkpoint's."""
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from dlrt.llm import LLM
 from dlrt.models.config import FULL, SLIDING
 from dlrt.models.diffusion_gemma.config import with_layers
 from dlrt.models.diffusion_gemma.prompt import check_text_only
-from dlrt.models.registry import build_model, family, family_of, model_config
+from dlrt.models.registry import build_model, family_of, model_config
 from dlrt.ops import reference
-from dlrt.runtime.decoders import decoder_for
 
 TINY = "tiny-diffusion-gemma"
 
@@ -181,9 +181,9 @@ def test_other_families_have_one_kind_of_layer():
 def test_image_input_is_refused():
     c = model_config(PRESETS[TINY])
     check_text_only(c, [2, 5, 9])
-    with pytest.raises(PromptError, match=r"image input \(image_token_id 511 at position\(s\) "
+    with pytest.raises(PromptError, match=r"image input \(image_token_id 1 at position\(s\) "
                                           r"\[1, 3\]\).*not served yet \(text only\)"):
-        check_text_only(c, [2, 511, 9, 511])
+        check_text_only(c, [2, 1, 9, 1])
 
 
 def test_what_is_not_served_yet_is_named():
@@ -192,20 +192,19 @@ def test_what_is_not_served_yet_is_named():
     with pytest.raises(ConfigError, match="tensor_parallel_size 2: .*sliding_window, "
                                           "layer_shapes"):
         check_sizes(c, 2)
-    with pytest.raises(OptionError, match="'renoise'.*not available yet"):
-        decoder_for(family("diffusion_gemma"), None, None)
 
 
-@pytest.mark.parametrize("options", [{}, {"mask_token_id": 3}, {"decoder": "canvas"},
-                                     {"decoder": "block", "mask_token_id": 3},
-                                     {"decoder": "dllm_var"}])
-def test_no_mask_token_decoder_runs_it(tmp_path, options):
-    """Its renoising decoder is not built: `LLM` refuses the folder by name, whatever decoder
-    or mask token is asked for, instead of decoding it with mask tokens."""
+@pytest.mark.parametrize("options, error", [
+    ({"mask_token_id": 3}, r"^mask_token_id=3: diffusion_gemma models have no mask token"),
+    ({"decoder": "canvas"}, r"^decoder 'canvas' does not fit a diffusion_gemma model: .*; "
+                            r"use one of \['renoise'\]$"),
+    ({"decoder": "block", "mask_token_id": 3}, r"^decoder 'block' does not fit"),
+    ({"decoder": "dllm_var"}, r"^decoder 'dllm_var' does not fit")])
+def test_no_mask_token_decoder_runs_it(tmp_path, options, error):
+    """Only its renoising decoder runs it: `LLM` refuses a mask-token decoder or a mask token
+    by name instead of decoding it with mask tokens."""
     path = make_checkpoint(TINY, tmp_path / "ckpt", dtype="float32")
-    with pytest.raises(OptionError, match=r"^diffusion_gemma models need their own decoder, "
-                                          r"'renoise', which is not available yet; none of "
-                                          r"\['block', 'canvas', 'dllm_var'\] fits them$"):
+    with pytest.raises(OptionError, match=error):
         LLM(str(path), device="cpu", **options)
 
 
@@ -258,3 +257,37 @@ def test_dummy_weights_are_the_made_checkpoints(tmp_path):
     a, b = (dict(m.named_parameters()) for m in models)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert models[1].lm_head.weight is models[1].model.decoder.embed_tokens.weight
+
+
+def test_the_tiny_preset_carries_a_working_tokenizer(tmp_path):
+    """tiny-diffusion-gemma gets the embedded default model's tokenizer, its vocabulary and
+    ids sized to it: <|endoftext|> the eos id, <|pad|> the pad id, <|mask|> the image
+    placeholder (a renoising model has no mask token)."""
+    from dlrt.tokenizer import load_tokenizer
+
+    path = make_checkpoint(TINY, tmp_path / "ckpt", dtype="float32")
+    tok = load_tokenizer(path)
+    c = model_config(json.loads((path / "config.json").read_text()))
+    assert tok is not None and len(tok) == c.vocab_size == 8192
+    gen = json.loads((path / "generation_config.json").read_text())
+    assert tok.convert_ids_to_tokens(gen["eos_token_id"]) == ["<|endoftext|>"] and \
+        list(c.eos_token_ids) == gen["eos_token_id"]
+    assert tok.convert_ids_to_tokens([gen["pad_token_id"], c.image_token_id]) == \
+        ["<|pad|>", "<|mask|>"]
+    assert tok.decode(tok.encode("def f(x):\n    return x")) == "def f(x):\n    return x"
+
+
+def test_a_config_folder_gets_its_text_configs_eos_ids_and_no_tokenizer(tmp_path):
+    """The shipped real config (no generation_config.json, eos ids under text_config) and any
+    such folder: make-checkpoint writes those eos ids and no tokenizer (it has none)."""
+    from dlrt.checkpoint.make import _source
+
+    hf, gen, folder = _source("DiffusionGemma-26B-A4B-it")
+    assert gen == {"eos_token_id": [1, 106]} and hf["text_config"]["eos_token_id"] == [1, 106]
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json"]
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(PRESETS[TINY]))
+    out = make_checkpoint(src, tmp_path / "out", dtype="float32")
+    assert json.loads((out / "generation_config.json").read_text()) == {"eos_token_id": [0]}
+    assert not [p.name for p in out.iterdir() if p.name.startswith("tokenizer")]

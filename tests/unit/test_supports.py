@@ -97,6 +97,11 @@ def test_decoders_name_their_reason():
     assert decoder_for(full, "dllm_var", None)[0] == "dllm_var"
     with pytest.raises(OptionError, match=r"use one of \['canvas', 'dllm_var'\]"):
         decoder_for(full, "block", None)
+    # a family whose own decoder is not built is refused by that decoder's name
+    own = dataclasses.replace(SDAR, name="later", attention="other", default_decoder="later")
+    with pytest.raises(OptionError, match=r"^later models need their own decoder, 'later', "
+                                          r"which is not available yet; none of .* fits them$"):
+        decoder_for(own, None, None)
 
 
 def _sdar(**over):
