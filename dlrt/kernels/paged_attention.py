@@ -65,13 +65,14 @@ def _load_kv(k_ptr, v_ptr, page_table_ptr, ck_ptr, cv_ptr, j0, hi, start, kvh,
     page = tl.load(page_table_ptr + j // PAGE, mask=cached, other=0)
     slot = page.to(tl.int64) * PAGE + j % PAGE
     kv_off = (slot[:, None] * H_KV + kvh) * D + d[None, :]
-    k = tl.load(k_ptr + kv_off, mask=cached[:, None], other=0.0)
-    v = tl.load(v_ptr + kv_off, mask=cached[:, None], other=0.0)
-    if CHUNK_KV:
-        fresh = (j_ok & (j >= start))[:, None]
+    k_src = k_ptr + kv_off
+    v_src = v_ptr + kv_off
+    if CHUNK_KV:  # NOTE: one load per tile from either source (one pipelined buffer each)
         c_off = ((j - start).to(tl.int64)[:, None] * H_KV + kvh) * D + d[None, :]
-        k = tl.where(fresh, tl.load(ck_ptr + c_off, mask=fresh, other=0.0), k)
-        v = tl.where(fresh, tl.load(cv_ptr + c_off, mask=fresh, other=0.0), v)
+        k_src = tl.where(cached[:, None], k_src, ck_ptr + c_off)
+        v_src = tl.where(cached[:, None], v_src, cv_ptr + c_off)
+    k = tl.load(k_src, mask=j_ok[:, None], other=0.0)
+    v = tl.load(v_src, mask=j_ok[:, None], other=0.0)
     return k, v
 
 
@@ -227,17 +228,25 @@ def block_keys(max_kv: int, splits: int, d: int = 128) -> int:
 def split_warps(fp8: bool, d: int = 128) -> int:
     """Warps per split program. Measured on an H200 (SDAR-8B heads, 4 queries, 32k keys,
     `benchmarks/device/sweep_fp8.py`): an FP8 cache takes 39.8 us a layer with 2 warps
-    against 52.5 us with 4; BF16 44.6 us with 4, 42.6 with 2 (kept at 4). D = 512: 8."""
-    if d > 256:
+    against 52.5 us with 4; BF16 44.6 us with 4, 42.6 with 2 (kept at 4). D >= 256: 8, the
+    fewest whose registers hold the tiles without spilling (sm_90 build,
+    `tests/kernels/test_attention_resources.py`)."""
+    if d >= 256:
         return 8
     return 2 if fp8 else 4
+
+
+def split_stages(d: int = 128) -> int:
+    """Pipeline stages of the split program's loop: 3, 2 for D >= 256 (shared memory and
+    registers, as `split_warps`)."""
+    return 3 if d < 256 else 2
 
 
 def _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, splits,
             out, scratch, k_scale, v_scale, block_n=None, warps=None, stages=None,
             window=None, chunk_k=None, chunk_v=None, block_m=None):
     """block_m (None: `_block_rows`), block_n (None: `block_keys`), warps (None:
-    `split_warps`), stages (None: 3, 2 at D = 512): the split kernel's launch (arguments for
+    `split_warps`), stages (None: `split_stages`): the split kernel's launch (arguments for
     the benchmarks' sweeps)."""
     n, h_q, d = q.shape
     _, page, h_kv, _ = k_cache.shape
@@ -258,7 +267,7 @@ def _launch(q, k_cache, v_cache, page_table, lens, scale, chunk_block, max_kv, s
     block_m = block_m or _block_rows(n * g, d)
     block_n = block_n or block_keys(max_kv, splits, d)
     warps = warps or split_warps(scaled, d)
-    stages = stages or (3 if d <= 256 else 2)
+    stages = stages or split_stages(d)
     part_o, part_ml = scratch
     assert part_o.numel() >= splits * n * h_q * d
     assert part_ml.numel() >= splits * n * h_q * 2
