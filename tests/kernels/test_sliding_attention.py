@@ -7,7 +7,7 @@ past it), causal (the encoder), block-causal and full (the decoder's canvas) chu
 groups 1..8, shuffled page tables, splits that the window's context start shifts. The chunk's
 own K/V given beside the cache: the cache's slots at the chunk positions are poisoned with NaN
 and never read. Runs under TRITON_INTERPRET=1 on the CPU and natively on the GPU.
-Tolerance: relative Frobenius-norm error < 1e-5 in fp32 (CPU: measured ~1e-7); bf16 at the real
+Tolerance: relative Frobenius-norm error < 1e-5 in fp32 (CPU: measured up to 3e-7); bf16 at the real
 shapes (GPU) < 2e-2, the bf16 bound of `test_paged_attention.py`.
 """
 
