@@ -15,8 +15,15 @@ a full chunk: a bidirectional canvas sees the W - 1 keys before it and all of it
 canvas of DiffusionGemma's decoder, whose sliding cache layers keep the last W - 1 positions).
 
 Layers may also differ in head size and KV head count (`PagedKVCache`'s per-layer shapes).
-What a model needs beyond one head shape and no window is named by the constants below; a
-backend lists those it serves in `serves` and `supports` refuses the others.
+
+A forward may write nothing to the cache (DiffusionGemma's decoder, like the reference's, reads
+the cache and leaves it as it is): the layer then hands the chunk's K/V to the backend
+(`chunk_kv`) instead of writing them, and keys start..kv_len-1 come from them (kv_len = start +
+N) while the cache serves the prefix below `start`.
+
+What a model needs beyond one head shape, no window and every forward writing its chunk is
+named by the constants below; a backend lists those it serves in `serves` and `supports`
+refuses the others.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from dlrt.attention.kv_cache import PagedKVCache
 
 SLIDING_WINDOW = "sliding_window"  # layers whose queries see only the last W keys
 LAYER_SHAPES = "layer_shapes"  # layers of different head size or KV head count
+CHUNK_KV = "chunk_kv"  # forwards that write nothing: the chunk's K/V come beside the cache
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,7 @@ class AttentionBackend:
 
     `name` is the `attention_backend` option's value; `capturable`: whether the backend reads
     the lengths from device memory, so it runs inside CUDA graphs; `serves`: the needs
-    (SLIDING_WINDOW, LAYER_SHAPES) it serves. `supports` says what a backend serves; the
+    (SLIDING_WINDOW, LAYER_SHAPES, CHUNK_KV) it serves. `supports` says what a backend serves; the
     registry (`dlrt.attention.registry`) asks it.
     """
 
@@ -104,12 +112,15 @@ class AttentionBackend:
         self.num_q_heads = num_q_heads
 
     def forward(self, layer: int, q: torch.Tensor, scale: float, meta: ForwardMeta,
-                cache: PagedKVCache, window: int | None = None) -> torch.Tensor:
+                cache: PagedKVCache, window: int | None = None,
+                chunk_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """q: [N, Hq, D] (RoPE applied) -> [N, Hq, D] in q.dtype.
 
         The chunk's K/V are already in `cache` at `meta.positions` (the attention layer
-        writes them); Hq is a multiple of the layer's Hkv. `window`: the layer's sliding window
-        (see the module docstring; only a backend that serves SLIDING_WINDOW gets one).
+        writes them), or, in a forward that writes nothing, `chunk_kv`: (k, v) [N, Hkv, D] in
+        q's dtype, with kv_len = start + N (only a backend that serves CHUNK_KV gets them).
+        Hq is a multiple of the layer's Hkv. `window`: the layer's sliding window (see the
+        module docstring; only a backend that serves SLIDING_WINDOW gets one).
         """
         raise NotImplementedError
 
@@ -128,8 +139,12 @@ class ForwardContext:
     meta: ForwardMeta
     cache: PagedKVCache
 
-    def attend(self, layer: int, q: torch.Tensor, scale: float,
-               window: int | None = None) -> torch.Tensor:
-        if window is None:
-            return self.backend.forward(layer, q, scale, self.meta, self.cache)
-        return self.backend.forward(layer, q, scale, self.meta, self.cache, window)
+    def attend(self, layer: int, q: torch.Tensor, scale: float, window: int | None = None,
+               chunk_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """The backend's `forward` (window and chunk_kv passed only when given)."""
+        extra = {}
+        if window is not None:
+            extra["window"] = window
+        if chunk_kv is not None:
+            extra["chunk_kv"] = chunk_kv
+        return self.backend.forward(layer, q, scale, self.meta, self.cache, **extra)

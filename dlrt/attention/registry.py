@@ -58,8 +58,8 @@ def check_backend(name: str, device: torch.device, dtype: torch.dtype, execution
 
     Raises:
         OptionError: unknown name, or the reason the backend gives (it says what to use); e.g.
-            an FP8 cache (float8_e4m3fn) on FlashInfer, or on 'triton' before sm_89, or a
-            sliding window on 'triton'.
+            an FP8 cache (float8_e4m3fn) on FlashInfer, or on 'triton' before sm_89 or for a
+            decoder that writes nothing to the cache; a sliding window on FlashInfer.
     """
     why = backend_class(name).supports(device, dtype, execution_mode, head_dim, kv_cache_dtype,
                                        needs)
@@ -70,16 +70,24 @@ def check_backend(name: str, device: torch.device, dtype: torch.dtype, execution
 def default_backend(device: torch.device, dtype: torch.dtype, decoder: str,
                     head_dim: int, kv_cache_dtype: torch.dtype | None = None,
                     needs: tuple[str, ...] = ()) -> str:
-    """The backend used when none is asked for: 'sdpa' on the CPU or for a model whose
-    attention has `needs` (a sliding window, per-layer head shapes: only 'sdpa' serves
-    them); on Hopper (sm_90) with
+    """The backend used when none is asked for: 'sdpa' on the CPU; for a model whose
+    attention has `needs` (a sliding window, per-layer head shapes, the chunk's K/V beside the
+    cache: DiffusionGemma), 'triton' where it serves them (not with an FP8 KV cache), else
+    'sdpa'; on Hopper (sm_90) with
     FlashInfer installed, 'flashinfer' for the canvas decoder (a LLaDA canvas fills FA3's
     query tiles: its attention took 249 us per round instead of 1085 us with 'triton' at a
     256-token canvas of LLaDA-8B on the H200) when it serves the model (not an FP8 KV cache,
     its dtypes and head sizes); 'triton' otherwise (a block of a few queries: the Triton
     kernel took half FlashInfer's time on SDAR-1.7B and SDAR-8B)."""
-    if device.type != "cuda" or needs:
+    if device.type != "cuda":
         return "sdpa"
+    if needs:
+        try:
+            why = backend_class("triton").supports(device, dtype, "eager", head_dim,
+                                                   kv_cache_dtype, needs)
+        except OptionError as e:  # Triton not installed
+            why = str(e)
+        return "triton" if why is None else "sdpa"
     if kv_cache_dtype == KV_FP8:
         return "triton"
     if decoder == "canvas" and torch.cuda.get_device_capability(device)[0] == 9 \

@@ -55,10 +55,16 @@ class Attention(nn.Module):
         return out.reshape(out.shape[0], -1)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               ctx: ForwardContext) -> torch.Tensor:
+               ctx: ForwardContext, write: bool = True) -> torch.Tensor:
         """q [N, Hq, D], k, v [N, Hkv, D] (normed, RoPE applied, in the cache's dtype or the
         model's for an FP8 cache) -> [N, Hq * D]: k and v written into the cache at the
-        chunk's positions (`PagedKVCache.write`), then attention by the forward's backend."""
-        ctx.cache.write(self.layer_id, ctx.meta.positions, k, v)
-        out = ctx.attend(self.layer_id, q, self.scale, self.window)  # [N, Hq, D]
+        chunk's positions (`PagedKVCache.write`), then attention by the forward's backend.
+        write=False: nothing is written; the backend gets k and v beside the cache (in q's
+        dtype; `dlrt.attention.base`, CHUNK_KV)."""
+        if write:
+            ctx.cache.write(self.layer_id, ctx.meta.positions, k, v)
+            out = ctx.attend(self.layer_id, q, self.scale, self.window)  # [N, Hq, D]
+        else:
+            out = ctx.attend(self.layer_id, q, self.scale, self.window,
+                             chunk_kv=(k.to(q.dtype), v.to(q.dtype)))
         return out.reshape(out.shape[0], -1)

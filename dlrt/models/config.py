@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from dlrt.attention.base import LAYER_SHAPES, SLIDING_WINDOW
+from dlrt.attention.base import CHUNK_KV, LAYER_SHAPES, SLIDING_WINDOW
 
 SLIDING, FULL = "sliding_attention", "full_attention"  # `layer_types` values
 
@@ -96,13 +96,17 @@ class ModelConfig:
                      for i in range(self.num_layers))
 
     def attention_needs(self) -> tuple[str, ...]:
-        """What the model's attention needs beyond one head shape and no window
-        (`AttentionBackend.supports`' `needs`): SLIDING_WINDOW, LAYER_SHAPES."""
+        """What the model's attention needs beyond one head shape, no window and forwards
+        that write their chunk (`AttentionBackend.supports`' `needs`): SLIDING_WINDOW,
+        LAYER_SHAPES, CHUNK_KV (a model with a decoder pass over a canvas, DiffusionGemma's,
+        which writes nothing to the cache)."""
         needs = []
         if any(self.layer_window(i) is not None for i in range(self.num_layers)):
             needs.append(SLIDING_WINDOW)
         if len(set(self.kv_shapes())) > 1:
             needs.append(LAYER_SHAPES)
+        if self.canvas_length is not None:
+            needs.append(CHUNK_KV)
         return tuple(needs)
 
     def replace(self, **changes: Any) -> ModelConfig:

@@ -51,8 +51,9 @@ class ModelRunner:
                 **model_inputs: torch.Tensor) -> torch.Tensor | None:
         """Forward tokens [N] at positions lens[0]..lens[0]+N-1 over cache keys < lens[1].
 
-        Writes the chunk's K/V into the cache. Returns logits [n, V] of `rows` (a slice or
-        an index tensor of chunk rows; [n, V/N] of the rank's shard when `vocab` is set), or
+        Writes the chunk's K/V into the cache (DiffusionGemma's decoder mode, a full chunk,
+        writes nothing). Returns logits [n, V] of `rows` (a slice or an index tensor of chunk
+        rows; [n, V/N] of the rank's shard when `vocab` is set), or
         None when `rows` is None (no LM head). `model_inputs`: extra inputs of the model's
         forward, passed on (DiffusionGemma's `self_conditioning` [N, V]).
         Pure tensor code: no host sync unless the backend needs one (SDPA).

@@ -52,9 +52,10 @@ def _kernels() -> dict:
     silu_args = dict(gu_ptr=P16, out_ptr=P16, s_ptr=P32, inter="i32")
     split_args = dict(q_ptr=P16, k_ptr=P16, v_ptr=P16, page_table_ptr=I32, lens_ptr=I32,
                       part_o_ptr=P32, part_ml_ptr=P32, k_scale_ptr=P32, v_scale_ptr=P32,
-                      scale="fp32", N="i32")
-    split_consts = dict(H_Q=32, H_KV=8, D=128, PAGE=64, CHUNK_BLOCK=4, SPLITS=64, MAX_TILES=8,
-                        BLOCK_M=16, BLOCK_N=64, PRECISION="tf32", DYNAMIC_TRIPS=True)
+                      ck_ptr=P16, cv_ptr=P16, scale="fp32", N="i32")
+    split_consts = dict(H_Q=32, H_KV=8, D=128, PAGE=64, CHUNK_BLOCK=4, WINDOW=0, CHUNK_KV=False,
+                        SPLITS=64, MAX_TILES=8, BLOCK_M=16, BLOCK_N=64, PRECISION="tf32",
+                        DYNAMIC_TRIPS=True)
     return {
         "sample_max": (sampling._max_kernel, search, slices),
         "sample_pass": (sampling._pass_kernel,
@@ -83,10 +84,14 @@ def _kernels() -> dict:
         "attention_split_fp8": (paged_attention._attn_split_kernel,
                                 dict(split_args, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
                                 dict(split_consts, KV_SCALED=True)),
+        "attention_split_window": (  # DiffusionGemma's decoder on a sliding layer
+            paged_attention._attn_split_kernel, split_args,
+            dict(split_consts, H_Q=16, D=256, CHUNK_BLOCK=0, WINDOW=1024, CHUNK_KV=True,
+                 BLOCK_M=64, KV_SCALED=False)),
         "attention_merge": (paged_attention._attn_merge_kernel,
                             dict(part_o_ptr=P32, part_ml_ptr=P32, lens_ptr=I32, out_ptr=P16,
                                  NH="i32"),
-                            dict(D=128, SPLITS=64, SPLITS_P2=64, BLOCK_N=64)),
+                            dict(D=128, SPLITS=64, SPLITS_P2=64, BLOCK_N=64, WINDOW=0)),
         "greedy_slice": (greedy._slice_kernel, dict(logits_ptr=P16, part_ptr=P32, part_idx_ptr=I32,
                                                     V="i32", exclude="i32"),
                          dict(SLICE=5120, BLOCK=1024, SLICES=32)),
@@ -126,11 +131,11 @@ def _kernels() -> dict:
                         dict(SPLIT_K=4, BLOCK_M=16, BLOCK=1024)),
     }
 
-NAMES = ["attention_merge", "attention_split", "attention_split_fp8", "gemm", "gemm_reduce",
-         "gemv", "gemv_row", "greedy_merge", "greedy_slice", "moe_align", "moe_combine",
-         "moe_route", "moe_rows", "moe_rows_fp8", "moe_tiles", "moe_tiles_fp8", "qk_norm_rope",
-         "qk_norm_rope_fp8", "rms_norm", "rms_norm_fp8", "sample_max", "sample_pass",
-         "sample_pick", "sample_race", "silu_mul", "silu_mul_fp8"]
+NAMES = ["attention_merge", "attention_split", "attention_split_fp8", "attention_split_window",
+         "gemm", "gemm_reduce", "gemv", "gemv_row", "greedy_merge", "greedy_slice", "moe_align",
+         "moe_combine", "moe_route", "moe_rows", "moe_rows_fp8", "moe_tiles", "moe_tiles_fp8",
+         "qk_norm_rope", "qk_norm_rope_fp8", "rms_norm", "rms_norm_fp8", "sample_max",
+         "sample_pass", "sample_pick", "sample_race", "silu_mul", "silu_mul_fp8"]
 PDL_OFF = ["rms_norm", "gemm"]
 GEMVS = ["gemv", "gemv_row"]
 WEIGHT_FIRST = GEMVS  # load their first weight tiles before the wait

@@ -52,7 +52,7 @@ def test_the_real_config():
     assert c.intermediate_size == 2112 and c.hidden_act == "gelu_pytorch_tanh"
     assert (c.final_logit_softcapping, c.canvas_length, c.eos_token_ids) == (30.0, 256, (1, 106))
     assert c.embed_scale == 2816**0.5 and c.tie_word_embeddings and c.mask_token_id is None
-    assert c.attention_needs() == ("sliding_window", "layer_shapes")
+    assert c.attention_needs() == ("sliding_window", "layer_shapes", "chunk_kv")
 
 
 def test_the_real_model_on_the_meta_device():

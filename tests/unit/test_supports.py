@@ -12,7 +12,7 @@ import torch
 
 from dlrt import LLM
 from dlrt.attention import flashinfer as flashinfer_module
-from dlrt.attention.base import LAYER_SHAPES, SLIDING_WINDOW
+from dlrt.attention.base import CHUNK_KV, LAYER_SHAPES, SLIDING_WINDOW
 from dlrt.attention.flashinfer import FlashInferBackend
 from dlrt.attention.registry import check_backend, default_backend
 from dlrt.attention.sdpa import SDPABackend
@@ -58,23 +58,34 @@ def test_attention_backends_name_their_reason(monkeypatch):
 
 
 def test_backends_name_the_attention_needs_they_do_not_serve(monkeypatch):
-    """A sliding window and per-layer head shapes (DiffusionGemma): SDPA serves both; Triton
-    and FlashInfer say which they do not serve, and the default is SDPA then."""
-    needs = (SLIDING_WINDOW, LAYER_SHAPES)
+    """A sliding window, per-layer head shapes and the chunk's K/V beside the cache
+    (DiffusionGemma): SDPA and Triton serve them (Triton not with an FP8 cache, and says so);
+    FlashInfer says which it does not serve. The default on a GPU is Triton then (SDPA with
+    an FP8 cache)."""
+    needs = (SLIDING_WINDOW, LAYER_SHAPES, CHUNK_KV)
     assert SDPABackend.supports(CPU, F32, "eager", 16, None, needs) is None
+    assert SDPABackend.supports(CPU, F32, "eager", 16, KV_FP8, needs) is None
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    why = TritonBackend.supports(CPU, F32, "eager", 16, None, needs)
-    assert why.startswith("attention backend 'triton' does not serve sliding_window or "
-                          "layer_shapes") and "use 'sdpa'" in why
-    assert "layer_shapes" in TritonBackend.supports(CPU, F32, "eager", 16, None, (LAYER_SHAPES,))
+    for mode in ("eager", "host_loop", "device_loop"):
+        assert TritonBackend.supports(CPU, F32, mode, 256, None, needs) is None
+    why = TritonBackend.supports(CPU, F32, "eager", 256, KV_FP8, needs)
+    assert why.startswith("kv_cache_dtype='fp8' with attention backend 'triton' is not served "
+                          "for a model whose decoder writes nothing") and "'sdpa'" in why
+    assert TritonBackend.supports(CPU, F32, "eager", 256, KV_FP8, needs[:2]) is None
     assert TritonBackend.supports(CPU, F32, "eager", 16) is None  # no needs: as before
     monkeypatch.setattr(flashinfer_module, "kernel_for", lambda *a: "fa2")
-    why = FlashInferBackend.supports(CUDA, BF16, "eager", 256, None, (SLIDING_WINDOW,))
-    assert why.startswith("attention backend 'flashinfer' does not serve sliding_window")
-    with pytest.raises(OptionError, match="'triton' does not serve sliding_window"):
-        check_backend("triton", CPU, F32, "eager", 16, None, needs)
+    why = FlashInferBackend.supports(CUDA, BF16, "eager", 256, None, needs)
+    assert why.startswith("attention backend 'flashinfer' does not serve sliding_window or "
+                          "layer_shapes or chunk_kv") and "use 'sdpa'" in why
+    with pytest.raises(OptionError, match="'flashinfer' does not serve sliding_window"):
+        check_backend("flashinfer", CUDA, BF16, "eager", 256, None, needs)
+    with pytest.raises(OptionError, match="decoder writes nothing to the cache"):
+        check_backend("triton", CPU, F32, "eager", 256, KV_FP8, needs)
+    check_backend("triton", CPU, F32, "eager", 256, None, needs)
     check_backend("sdpa", CPU, F32, "eager", 16, None, needs)
-    assert default_backend(CUDA, BF16, "canvas", 256, None, needs) == "sdpa"
+    assert default_backend(CUDA, BF16, "renoise", 256, None, needs) == "triton"
+    assert default_backend(CUDA, BF16, "renoise", 256, KV_FP8, needs) == "sdpa"
+    assert default_backend(CPU, F32, "renoise", 256, None, needs) == "sdpa"
 
 
 def test_the_registry_asks_the_backend(monkeypatch):

@@ -36,7 +36,9 @@ class DiffusionGemmaAttention(nn.Module):
     q = RoPE(q_norm(q_proj x)), k = RoPE(k_norm(k_proj x)), v = v_norm(v_proj x), where a
     full-attention layer with K = V has no v_proj and v = v_norm(k_proj x) (k before its norm
     and RoPE); q_norm / k_norm are weighted per-head RMSNorms, v_norm has no weight. Attention
-    scale 1.0 (`ModelConfig.attention_scale`), then o_proj.
+    scale 1.0 (`ModelConfig.attention_scale`), then o_proj. A causal chunk (the encoder) writes
+    k and v into the cache; a full one (the decoder) writes nothing: its k and v reach the
+    backend beside the cache (`Attention.attend`).
     """
 
     def __init__(self, config: ModelConfig, layer_id: int, ops: Ops):
@@ -65,7 +67,8 @@ class DiffusionGemmaAttention(nn.Module):
         v = k if self.k_eq_v else v[0].view(n, a.num_kv_heads, a.head_dim)
         q = rotary.rotate(self.q_norm(q), *rope)
         k, v = rotary.rotate(self.k_norm(k), *rope), self.v_norm(v)
-        return self.o_proj(a.attend(q, k, v, ctx))
+        encoder = ctx.meta.chunk_block is not None
+        return self.o_proj(a.attend(q, k, v, ctx, write=encoder))
 
 
 class DiffusionGemmaRouter(nn.Module):

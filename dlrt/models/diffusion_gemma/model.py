@@ -4,10 +4,9 @@ used two ways with the same weights.
 - Encoder mode (`encode`): causal attention over the prompt, then over each committed canvas;
   writes the KV cache. Sliding layers see the W keys up to each query.
 - Decoder mode (`decode`): the canvas positions attend to each other bidirectionally and read
-  the cached prefix (sliding layers: its last W - 1 positions). The reference's decoder writes
-  nothing; here the canvas's K/V go to the cache at the canvas positions, past the committed
-  length, where the next encoder pass of the committed canvas overwrites them (dlrt's scratch
-  convention, `dlrt.attention.base`): the committed prefix is never touched.
+  the cached prefix (sliding layers: its last W - 1 positions). Like the reference's, it writes
+  nothing to the cache: the canvas's K/V reach the attention backend beside it (CHUNK_KV,
+  `dlrt.attention.base`).
 
 The decoder's input embeddings pass the self-conditioning MLP: with the previous round's logits
 [L, V], soft embeddings softmax(logits) @ E * sqrt(H) (the ops table's `soft_embedding`: one
@@ -141,8 +140,9 @@ class DiffusionGemmaForBlockDiffusion(nn.Module):
                self_conditioning: torch.Tensor | None = None,
                self_conditioning_probs: torch.Tensor | None = None) -> torch.Tensor:
         """Decoder mode: the canvas [L] at positions [L] (after the cached prefix), full
-        attention over the prefix and the canvas (ctx.meta.chunk_block None). Returns the
-        normed hidden states [L, H] (`logits` turns them into the LM's).
+        attention over the prefix and the canvas (ctx.meta.chunk_block None; kv_len = start +
+        L); writes nothing to the cache. Returns the normed hidden states [L, H] (`logits`
+        turns them into the LM's).
 
         self_conditioning: the previous round's logits [L, V] (any float dtype), turned into
             probabilities by a softmax in fp32 (the reference's generate() hands its processed
