@@ -54,9 +54,6 @@ def test_the_engine_has_no_mask_token_and_serves_windows_and_head_shapes(llm,
     with pytest.raises(OptionError, match=r"^mask_token_id=3: diffusion_gemma models have no "
                                           r"mask token .*leave it unset$"):
         LLM(str(tiny_diffusion_gemma), device="cpu", mask_token_id=3)
-    with pytest.raises(OptionError, match="'triton' does not serve sliding_window or "
-                                          "layer_shapes"):
-        LLM(str(tiny_diffusion_gemma), device="cpu", attention_backend="triton")
     with pytest.raises(OptionError, match=r"'canvas' does not fit a diffusion_gemma model"):
         LLM(str(tiny_diffusion_gemma), device="cpu", decoder="canvas")
 
