@@ -158,7 +158,9 @@ def floor_bytes(model, config, context: int, b: int, kv_item: int,
     """Bytes one round of b rows reads, by part (the HBM floor's):
 
     weights: every parameter of `model` (its dtype's bytes, FP8 scales included) but the
-        routed experts and the LM head, and b rows of the embedding table;
+        routed experts and the LM head, and b rows of the embedding table (a few parameters
+        the round does not read are counted too: DiffusionGemma's encoder layer scalars, one
+        value a layer);
     lm_head: the LM head's whole matrix (a tied one too: the embedding matrix, read in full
         beside the b rows of the lookup);
     experts: per MoE layer the most experts b rows can touch, min(E, k * b), each read once;
