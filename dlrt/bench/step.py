@@ -2,7 +2,10 @@
 
 For each context the decoder's real round (forward of the block against the cache, LM head,
 sampling, strategy, commit; the block holds seeded random ids, so MoE rows route as distinct
-tokens do) is timed over many rounds with CUDA events in four ways:
+tokens do; a renoising family's round, DiffusionGemma's: the decoder pass of a canvas of
+`canvas_length` positions with the previous round's self-conditioning signal, over a cached
+prefix of the context, then `denoise_canvas_round`) is timed over many rounds with CUDA events
+in four ways:
   device_loop  one graph launch whose WHILE node repeats the round R times on the GPU
   replay       the same round captured as a plain graph and replayed R times back to back
   host_loop    that graph replayed from the host with a flag read (sync) after every round
@@ -10,20 +13,24 @@ tokens do) is timed over many rounds with CUDA events in four ways:
 `device_loop - replay` is the WHILE node's overhead per round; `host_loop - replay` is the host
 bubble of the classic design. The per-stage breakdown times variants of the replayed round:
 attention (the backend call per layer) and sampling (probabilities, candidates, remasking
-strategy: `denoise_round`) and the routed experts of MoE layers (router, assignment, expert
-kernels, combine) run twice, the extra time being their cost; the dense projections
-(every linear layer: QKV, o_proj, gate-up, down, LM head) are skipped (their method swapped for
-one that leaves the output uninitialised), the time saved being their cost (repeating them would
-read weights that fit in the 50 MB L2 from there). `other_us` is what remains (norms, RoPE +
+strategy: `denoise_round`; a renoising round's draw, acceptance and renoise:
+`denoise_canvas_round`) and the routed experts of MoE layers (router, assignment, expert
+kernels, combine; DiffusionGemma's: assignment, expert kernels, combine) run twice, the extra
+time being their cost; the dense projections (every linear layer: QKV, o_proj, gate-up, down,
+LM head) are skipped (their method swapped for one that leaves the output uninitialised), the
+time saved being their cost (repeating them would read weights that fit in the 50 MB L2 from
+there). `other_us` is what remains (norms, RoPE +
 cache write, activations, embedding, state updates). The HBM floor is the bytes one round must
-read (weights it touches, the KV cache of the context at the cache's element size: 1 byte with
-`--kv-cache-dtype fp8`) over the device-to-device copy bandwidth measured in the same run; a MoE
-layer counts the most experts the block's rows can touch, min(E, k * B), each read once. The
-summary and the JSON record name the KV cache dtype. With `--round-kernel persistent` the round
-is the persistent kernel's (the stage variants then measure nothing of it), and each context
-adds one stamped round's timeline (`_timeline`): its span, the mean busy, waiting and page-wait
-microseconds per SM, the mean handoff of a dependency, and by task kind the busy, waiting and
-page-wait microseconds and the weight GB/s.
+read (`floor_bytes`: weights it touches, the KV cache of the context at the cache's element
+size: 1 byte with `--kv-cache-dtype fp8`; a renoising round's soft embedding and draw) over the
+device-to-device copy bandwidth measured in the same run; a MoE layer counts the most experts
+the block's rows can touch, min(E, k * B), each read once. The summary and the JSON record name
+the KV cache dtype. On the CPU only the eager round is timed (wall clock; no graphs, no stage
+breakdown) and its ratio to the floor reported (`timed: "eager"`): the path of the tests.
+With `--round-kernel persistent` the round is the persistent kernel's (the stage variants then
+measure nothing of it), and each context adds one stamped round's timeline (`_timeline`): its
+span, the mean busy, waiting and page-wait microseconds per SM, the mean handoff of a
+dependency, and by task kind the busy, waiting and page-wait microseconds and the weight GB/s.
 """
 
 from __future__ import annotations
@@ -47,7 +54,8 @@ COLUMNS = ["context", "device_loop_us", "replay_us", "while_overhead_us", "host_
 STAGE_COLUMNS = ["context", "replay_us", "attention_us", "gemm_us", "moe_us", "sampling_us",
                  "other_us"]
 BYTE_COLUMNS = ["context", "round_bytes", "weights_bytes", "lm_head_bytes", "experts_bytes",
-                "kv_bytes", "experts_touched", "experts_expected"]
+                "kv_bytes", "renoise_bytes", "experts_touched", "experts_expected"]
+PARTS = ("weights", "lm_head", "experts", "kv", "renoise")  # the floor's parts (`floor_bytes`)
 
 
 class SkipLinear(LinearMethod):
@@ -85,13 +93,17 @@ def repeated(owner, attr: str):
 @contextlib.contextmanager
 def _repeated_moe(model):
     """Within the block, every MoE layer's routed experts (routing, sort, expert kernels,
-    combine) run twice; the shared expert and router GEMMs count as GEMMs."""
-    from dlrt.layers.moe import FusedMoE
+    combine) run twice; the shared expert and router GEMMs count as GEMMs. A layer that routes
+    itself and hands its `experts` to its `method` (DiffusionGemma's) runs the method's
+    `apply` (sort, expert kernels, combine) twice."""
+    from dlrt.layers.moe import FusedMoE, StackedExperts
 
     with contextlib.ExitStack() as stack:
         for m in model.modules():
             if isinstance(m, FusedMoE):
                 stack.enter_context(repeated(m, "route_and_apply"))
+            elif isinstance(getattr(m, "experts", None), StackedExperts):
+                stack.enter_context(repeated(m.method, "apply"))
         yield
 
 
@@ -112,48 +124,94 @@ def skipped_linears(model, keep: list):
             m.method = methods[name]
 
 
-def copy_bandwidth(device, nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+def copy_bandwidth(device, nbytes: int | None = None) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written
+    (default 1 GiB copied on a GPU, 64 MiB on the CPU)."""
+    nbytes = nbytes or (1 << 30 if device.type == "cuda" else 1 << 26)
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
     dst = torch.empty_like(src)
     dst.copy_(src)
-    return 2 * nbytes / (event_us(lambda: dst.copy_(src), reps=10) / 1e6)
+    return 2 * nbytes / (_us(device, lambda: dst.copy_(src), reps=10) / 1e6)
+
+
+def _us(device, fn, reps: int = 5) -> float:
+    """Median microseconds of `fn`: CUDA events on a GPU, the wall clock elsewhere."""
+    if device.type == "cuda":
+        return event_us(fn, reps)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
 
 
 def round_bytes(llm, context: int, b: int) -> dict[str, int]:
-    """Bytes one round of b rows reads, by part: `weights` (every weight but the routed experts
-    and the LM head; B rows of the embedding table), `lm_head`, `experts` (per MoE layer the
-    most experts b rows can touch, min(E, k * b), each read once), `kv` (the K/V of `context`
-    cached tokens plus the block) and their `total`; `experts_touched` is that count per MoE
-    layer and `experts_expected` the mean distinct count under uniform routing. KV bytes are
-    counted at the cache's element size (its dtype: the model's, or 1 byte for FP8). Under
-    tensor parallelism: this rank's bytes (its share of the heads, widths, experts and LM head
-    rows; its KV heads)."""
+    """`floor_bytes` of the loaded model: its parameters, the KV cache's element size (the
+    model's, or 1 byte for FP8) and, under tensor parallelism, this rank's share."""
+    return floor_bytes(llm.model, llm.config, context, b, llm.kv_cache.k[0].element_size(),
+                       llm.engine_config.tensor_parallel_size)
+
+
+def floor_bytes(model, config, context: int, b: int, kv_item: int,
+                tp: int = 1) -> dict[str, int]:
+    """Bytes one round of b rows reads, by part (the HBM floor's):
+
+    weights: every parameter of `model` (its dtype's bytes, FP8 scales included) but the
+        routed experts and the LM head, and b rows of the embedding table (a few parameters
+        the round does not read are counted too: DiffusionGemma's encoder layer scalars, one
+        value a layer);
+    lm_head: the LM head's whole matrix (a tied one too: the embedding matrix, read in full
+        beside the b rows of the lookup);
+    experts: per MoE layer the most experts b rows can touch, min(E, k * b), each read once;
+    kv: per layer K and V (both stored, also where a layer computes V = K) of the cached
+        tokens the round reads: the `context` cached tokens (a sliding layer: at most the
+        W - 1 before the chunk), plus the block's own b, which the round writes into the cache
+        first, except in a renoising round (`canvas_length`), whose canvas K/V stay beside it;
+    renoise: a renoising round's soft embedding and draw (`renoise_bytes.renoise_vocab_bytes`
+        at b positions, in the embedding's dtype; 0 for other families);
+    total: their sum; experts_touched: that count per MoE layer, experts_expected: the mean
+    distinct count under uniform routing.
+
+    Args:
+        model: the built model (any device, meta included). config: its `ModelConfig`.
+        kv_item: bytes per cached K/V element. tp: tensor-parallel size (`model` is this
+            rank's share: its LM head has V / tp rows; the KV heads are counted / tp).
+    """
+    from dlrt.bench.renoise_bytes import renoise_vocab_bytes
     from dlrt.layers.moe import StackedExperts
     from dlrt.models.registry import family
 
-    c = llm.config
-    kv_item = llm.kv_cache.k.element_size()
+    c = config
     embedding = family(c.family).embedding
-    experts = {id(p) for m in llm.model.modules() if isinstance(m, StackedExperts)
+    experts = {id(p) for m in model.modules() if isinstance(m, StackedExperts)
                for p in m.parameters()}
-    tp = llm.engine_config.tensor_parallel_size
-    head = {id(m.weight) for m in llm.model.modules()
+    head = {id(m.weight) for m in model.modules()
             if isinstance(m, LinearBase) and m.out_features == c.vocab_size // tp}
     e, k = c.num_experts, c.num_experts_per_tok
     touched = min(e, k * b) if e else 0
-    parts = dict(weights=0, lm_head=0, experts=0)
-    for name, p in llm.model.named_parameters():
-        n, part = p.numel() * p.element_size(), "weights"
+    parts = dict.fromkeys(PARTS, 0)
+    for name, p in model.named_parameters():
+        n = p.numel() * p.element_size()
         if name == embedding:
-            n = b * c.hidden_size * p.element_size()
+            parts["weights"] += b * c.hidden_size * p.element_size()
+            if id(p) in head:  # tied: the LM head reads the whole matrix
+                parts["lm_head"] += n
         elif id(p) in experts:
-            n, part = n * touched // e, "experts"
+            parts["experts"] += n * touched // e
         elif id(p) in head:
-            part = "lm_head"
-        parts[part] += n
-    parts["kv"] = 2 * c.num_layers * (context + b) * (c.num_kv_heads // tp) * c.head_dim \
-        * kv_item
+            parts["lm_head"] += n
+        else:
+            parts["weights"] += n
+    renoise = c.canvas_length is not None
+    for layer, (heads, dim) in enumerate(c.kv_shapes()):
+        window = c.layer_window(layer)
+        tokens = context if window is None else min(context, window - 1)
+        tokens += 0 if renoise else b
+        parts["kv"] += 2 * tokens * (heads // tp) * dim * kv_item
+    if renoise:
+        dtype = model.get_parameter(embedding).dtype
+        parts["renoise"] = renoise_vocab_bytes(c, b, dtype=dtype)["total"]
     parts["total"] = sum(parts.values())
     parts["experts_touched"] = touched
     parts["experts_expected"] = round(e * (1 - (1 - k / e) ** b), 1) if e else 0
@@ -165,17 +223,34 @@ class _Bench:
 
     def __init__(self, llm, program, params, rounds: int):
         self.llm, self.p, self.params, self.rounds = llm, program, params, rounds
+        self.b = self.rows(program)
         dev = llm.device
         self.counter = torch.zeros((), dtype=torch.int64, device=dev)
         self.flag = program.state.flag
         # NOTE: random ids, not mask tokens: an all-mask block routes its MoE rows alike (few
         # experts touched); distinct tokens route as a decided block's do.
         gen = torch.Generator(device=dev).manual_seed(0)
-        self.init_tokens = torch.randint(0, llm.config.vocab_size, program.state.tokens.shape,
-                                         generator=gen, device=dev)
+        self.init_tokens = torch.randint(0, llm.config.vocab_size, (self.b,), generator=gen,
+                                         device=dev)
+
+    @staticmethod
+    def rows(program) -> int:
+        """The positions a round denoises (B)."""
+        return program.b
+
+    def sampling(self):
+        """The round's sampling stage, to run twice (`repeated`)."""
+        from dlrt.runtime import decoder
+
+        return repeated(decoder, "denoise_round")
+
+    def plan(self) -> None:
+        backend = self.llm.executor.backend
+        if backend.plans_on_host:  # the round's forward at this context
+            backend.plan_block(self.p.spans(*self.p.state.lens.tolist(), None))
 
     def set_context(self, context: int) -> None:
-        s, b = self.p.state, self.p.b
+        s, b = self.p.state, self.b
         if hasattr(self.p, "canvas"):  # LLaDA: the canvas is the context
             self.p.canvas.fill_(self.llm.config.mask_token_id)
             self.p.canvas_masked.fill_(True)
@@ -185,9 +260,7 @@ class _Bench:
             s.set_lens(context, context + b)
         s.set_request(b, 10**9, 0)
         s.set_values(self.params)
-        backend = self.llm.executor.backend
-        if backend.plans_on_host:  # the round's forward at this context
-            backend.plan_block(self.p.spans(*s.lens.tolist(), None))
+        self.plan()
         s.tokens.copy_(self.init_tokens)
 
     def begin(self) -> None:
@@ -202,6 +275,9 @@ class _Bench:
         if hasattr(self.p, "canvas"):
             self.p.canvas_masked.fill_(True)
         s.round.zero_()
+        self.next()
+
+    def next(self) -> None:
         self.counter.add_(1)
         self.flag.copy_((self.counter < self.rounds).int().reshape(1))
 
@@ -209,12 +285,64 @@ class _Bench:
         pass
 
 
+class _RenoiseBench(_Bench):
+    """A renoising program (`RenoiseProgram`, DiffusionGemma): every timed round is a decoder
+    pass of the canvas (seeded random tokens) over `context` cached positions with the
+    self-conditioning signal of the round before (soft embeddings), then
+    `denoise_canvas_round` (draw, acceptance, renoise, stop test)."""
+
+    @staticmethod
+    def rows(program) -> int:
+        return program.n
+
+    def sampling(self):
+        from dlrt.runtime import renoise_decoder
+
+        return repeated(renoise_decoder, "denoise_canvas_round")
+
+    def set_context(self, context: int) -> None:
+        s = self.p.state
+        s.set_values(self.params)
+        s.set_lens(context, context + self.b)
+        s.start_canvas(context + torch.arange(self.b, device=self.llm.device))
+        self.plan()
+        s.canvas.copy_(self.init_tokens)
+
+    def body(self) -> None:
+        self.p.round()
+        s = self.p.state
+        s.canvas.copy_(self.init_tokens)  # same work every round
+        s.round.zero_()
+        self.next()
+
+
+def _floor(llm, context: int, b: int, bw: float, us: float) -> dict[str, Any]:
+    """A row's floor columns: the round's bytes (`round_bytes`, by part), the floor at the
+    copy bandwidth `bw` (bytes/s) and the ratio of `us` (the timed round) to it."""
+    parts = round_bytes(llm, context, b)
+    nbytes = parts.pop("total")
+    floor_us = nbytes / bw * 1e6
+    return dict(floor_us=floor_us, ratio_to_floor=us / floor_us, GBps=nbytes / us / 1e3,
+                round_bytes=nbytes,
+                **{f"{k}_bytes" if k in PARTS else k: v for k, v in parts.items()})
+
+
+def _summary(llm, bench, bw: float, rounds: int) -> dict[str, Any]:
+    return dict(copy_bandwidth_TBps=bw / 1e12, rounds=rounds, block_length=bench.b,
+                kernels=llm.engine_config.kernels,
+                kv_cache_dtype=llm.engine_config.kv_cache_dtype)
+
+
 def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict[str, Any]]:
     from dlrt.runtime.graphs import WhileGraph, capture_parts
+    from dlrt.runtime.renoise_decoder import RenoiseProgram
 
     program = _program(llm, params, max(contexts))
-    bench = _Bench(llm, program, params, rounds)
+    kind = _RenoiseBench if isinstance(program, RenoiseProgram) else _Bench
+    bench = kind(llm, program, params, rounds)
     bw = copy_bandwidth(llm.device)
+    if llm.device.type != "cuda":
+        return _run_eager(llm, bench, contexts, rounds, bw)
     rows = []
     eager_rounds = max(rounds // 5, 1)
     pool = torch.cuda.graph_pool_handle()
@@ -229,12 +357,10 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
         wg = WhileGraph(bench.begin, bench.body, bench.end, bench.flag, pool)
         capture_s = time.perf_counter() - t0
         stages, keep = {}, []
-        from dlrt.runtime import decoder
-
         for stage, variant, how in (
                 ("attention", repeated(llm.runner.backend, "forward"), "repeat"),
                 ("gemm", skipped_linears(llm.model, keep), "skip"),
-                ("sampling", repeated(decoder, "denoise_round"), "repeat"),
+                ("sampling", bench.sampling(), "repeat"),
                 ("moe", _repeated_moe(llm.model), "repeat")):
             with variant:
                 bench.body()  # eager first: the skipped linears record their outputs
@@ -266,23 +392,38 @@ def run(llm, params, contexts: list[int], rounds: int) -> tuple[list[dict], dict
                 extra[f"{stage}_us"] = us - rep_us if how == "repeat" else rep_us - us
             extra["other_us"] = rep_us - sum(extra.values())
             extra.update(_timeline(llm, bench))
-            parts = round_bytes(llm, ctx, program.b)
-            nbytes = parts["total"]
-            floor_us = nbytes / bw * 1e6
             rows.append(dict(context=ctx, device_loop_us=dev_us, replay_us=rep_us,
                              while_overhead_us=dev_us - rep_us, host_loop_us=host_us,
                              host_bubble_us=host_us - rep_us, eager_us=eager_us,
-                             floor_us=floor_us, ratio_to_floor=dev_us / floor_us,
-                             GBps=nbytes / dev_us / 1e3, round_bytes=nbytes,
-                             **{f"{k}_bytes" if k in ("weights", "lm_head", "experts", "kv")
-                                else k: v for k, v in parts.items() if k != "total"},
-                             **extra))
+                             **_floor(llm, ctx, bench.b, bw, dev_us), **extra))
         api = _launch_api_us(wg, g_round)
     torch.cuda.current_stream().wait_stream(stream)
-    return rows, dict(**api, copy_bandwidth_TBps=bw / 1e12, capture_s=capture_s, rounds=rounds,
-                      block_length=program.b, body_nodes=_body_nodes(wg),
-                      kernels=llm.engine_config.kernels,
-                      kv_cache_dtype=llm.engine_config.kv_cache_dtype)
+    return rows, dict(**api, **_summary(llm, bench, bw, rounds), capture_s=capture_s,
+                      body_nodes=_body_nodes(wg), timed="device_loop")
+
+
+def _run_eager(llm, bench, contexts: list[int], rounds: int,
+               bw: float) -> tuple[list[dict], dict[str, Any]]:
+    """Off CUDA: the eager round only (wall clock, median of 2 runs of max(R / 5, 1) rounds),
+    its floor and its ratio to it; the graph columns are None."""
+    rows = []
+    eager_rounds = max(rounds // 5, 1)
+    with torch.inference_mode():
+        bench.set_context(contexts[0])
+        bench.begin()
+        bench.body()  # warm-up
+        for ctx in contexts:
+            bench.set_context(ctx)
+
+            def eager():
+                for _ in range(eager_rounds):
+                    bench.body()
+
+            eager_us = _us(llm.device, eager, reps=2) / eager_rounds
+            rows.append(dict(context=ctx, device_loop_us=None, replay_us=None,
+                             while_overhead_us=None, host_loop_us=None, host_bubble_us=None,
+                             eager_us=eager_us, **_floor(llm, ctx, bench.b, bw, eager_us)))
+    return rows, dict(**_summary(llm, bench, bw, rounds), timed="eager")
 
 
 def _timeline(llm, bench) -> dict[str, Any]:
@@ -292,11 +433,11 @@ def _timeline(llm, bench) -> dict[str, Any]:
     microseconds and weight GB/s by task kind, the mean handoff of a dependency (the third of
     three rounds); {} otherwise."""
     rounds = getattr(llm.runner.persistent, "rounds", None)
-    if not rounds or bench.p.b not in rounds:
+    if not rounds or bench.b not in rounds:
         return {}
     from dlrt.runtime.persistent.kernel import timeline_summary
 
-    rnd = rounds[bench.p.b]
+    rnd = rounds[bench.b]
     stamped = rnd.stamped()  # built for the first context, reused for the others
     bench.p.state.tokens.copy_(bench.init_tokens)
     rnd.lens.copy_(bench.p.state.lens)
@@ -347,7 +488,10 @@ def _program(llm, params, max_context: int):
     from dlrt.runtime.canvas_decoder import CanvasProgram
     from dlrt.runtime.decoder import round_kind
     from dlrt.runtime.lookahead_decoder import LookaheadProgram
+    from dlrt.runtime.renoise_decoder import RenoiseDecoder
 
+    if isinstance(dec, RenoiseDecoder):  # one canvas of canvas_length positions
+        return dec.program()
     kind, b = round_kind(params), params.block_length
     if isinstance(dec, BlockDecoder):
         return dec.program(params)
@@ -367,16 +511,17 @@ def _ranks(every: list) -> dict[str, Any]:
 
 
 def block_and_limit(llm_kwargs: dict[str, Any], options: dict[str, Any]) -> tuple[int, int]:
-    """(the block length: the option's, else a default request's, `ResolvedConfig.block_length`;
-    the model's position limit), from the engine options resolved for the checkpoint (its
-    JSON files read, nothing loaded)."""
+    """(the rows of a round: a renoising model's `canvas_length`, else the block length: the
+    option's, else a default request's, `ResolvedConfig.block_length`; the model's position
+    limit), from the engine options resolved for the checkpoint (its JSON files read, nothing
+    loaded)."""
     from dlrt.engine.config import EngineConfig
     from dlrt.engine.engine import Engine
 
     kw = {k: v for k, v in llm_kwargs.items() if k != "max_model_len"}
     resolved = Engine.open(EngineConfig.from_kwargs(**kw))[0]
-    return (options.get("block_length") or resolved.block_length,
-            resolved.model.max_position_embeddings)
+    return (resolved.model.canvas_length or options.get("block_length")
+            or resolved.block_length, resolved.model.max_position_embeddings)
 
 
 def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
@@ -384,21 +529,21 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     from dlrt.decoding.options import DecodingOptions
 
     contexts = [int(c) for c in args.context.split(",")]
-    if not torch.cuda.is_available():
-        raise OptionError("dlrt bench step needs a CUDA GPU")
     b, limit = block_and_limit(llm_kwargs, options)
     need = max(contexts) + 2 * b + 64
     if need > limit:
         raise OptionError(f"--context: {max(contexts)} + 2 blocks + 64 exceeds the model's "
                           f"{limit} positions; largest context: {limit - 2 * b - 64}")
     llm = LLM(**{**llm_kwargs, "max_model_len": llm_kwargs.get("max_model_len") or need})
-    options = {**options, "block_length": b}
+    if llm.config.canvas_length is None:  # a renoising round's rows are the canvas's
+        options = {**options, "block_length": b}
     params = llm.resolve(DecodingOptions.from_kwargs(options))
     # NOTE: under torchrun every rank times its own rounds (a cut model needs all of them)
     every = llm.collective_rpc(run, params, contexts, args.rounds)
     rows, summary = every[0]
     print(table(rows, COLUMNS))
-    print(table(rows, STAGE_COLUMNS))
+    if "attention_us" in rows[0]:  # on CUDA: the stage breakdown
+        print(table(rows, STAGE_COLUMNS))
     print(table(rows, BYTE_COLUMNS))
     if "timeline_span_us" in rows[0]:  # round_kernel='persistent': where a round's time went
         print(table(rows, ["context", "timeline_span_us", "timeline_busy_us",

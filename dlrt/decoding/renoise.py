@@ -90,6 +90,28 @@ def denoiser_sample(probs: torch.Tensor, seed, round_idx, positions: torch.Tenso
     return candidates(probs, spec, round_idx, positions, mode=_RACE)[0]
 
 
+def denoiser_draw(logits: torch.Tensor, temperature, seed, round_idx, positions: torch.Tensor,
+                  divided: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A round's draw from its logits: (sample [n] int64, argmax [n] int64, entropy [n] fp32)
+    of x = logits.float() / temperature (the reference's processed logits): the denoiser's
+    sample of softmax(x) (`denoiser_sample`), argmax(x) (ties to the lower id) and the
+    entropy of softmax(x) in nats (`entropy_of_logits`). `divided` [n, V] (any float dtype),
+    if given, receives x (the next round's self-conditioning signal). The ops table's
+    reference `denoiser_draw`; `dlrt.kernels.denoiser` computes the same in one pass.
+
+    Args:
+        logits: [n, V], any float dtype. temperature: 0-d fp32 tensor on the logits' device
+            (or a number). seed, round_idx: ints or 0-d int64 tensors. positions: [n] int64.
+    """
+    t = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device)
+    x = logits.float() / t  # [n, V] fp32
+    sample = denoiser_sample(torch.softmax(x, dim=-1), seed, round_idx, positions)
+    if divided is not None:
+        divided.copy_(x)
+    return sample, torch.argmax(x, dim=-1), entropy_of_logits(x)
+
+
 def draw_tokens(seed, key, positions: torch.Tensor, vocab: int) -> torch.Tensor:
     """[n] int64 uniform tokens in [0, vocab) for the canvas positions [n] int64:
     `min(floor(u * vocab), vocab - 1)` (fp32), `u = rng.uniform(seed, RENOISE_STREAM, key,

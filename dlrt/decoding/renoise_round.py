@@ -31,18 +31,16 @@ import torch
 from dlrt.decoding.options import DecodingParams
 from dlrt.decoding.renoise import (
     accept_by_entropy,
-    denoiser_sample,
+    denoiser_draw,
     draw_tokens,
-    entropy_of_logits,
     schedule_temperature,
     should_stop,
     stable_rounds,
 )
-from dlrt.decoding.sampling import SamplingMode, SamplingSpec
 
-# the ops table's candidate draw: (logits [n, V], sampling, mode, round_idx, positions,
-# mask_token_id) -> (ids [n] int64, confidences [n] fp32)
-CandidatesOp = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+# the ops table's `denoiser_draw`: (logits [n, V], temperature 0-d fp32, seed, round_idx,
+# positions [n], divided [n, V] or None) -> (sample [n] int64, argmax [n] int64, entropy [n] fp32)
+DrawOp = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 class CanvasState:
@@ -133,34 +131,31 @@ class CanvasState:
 
 
 def denoise_canvas_round(logits: torch.Tensor, state: CanvasState, positions: torch.Tensor,
-                         candidates_op: CandidatesOp | None = None) -> None:
+                         draw_op: DrawOp = denoiser_draw) -> None:
     """Run round `state.round` of the canvas on its logits, in place (device only).
 
     Writes the canvas (accepted samples, renoised elsewhere: `renoise.draw_tokens` with key
     round + 1), the accepted positions, the argmax canvas, the self-conditioning signal (the
-    divided logits), the stability count, the stop test, the fault bit, round + 1 and the flag.
+    divided logits, written by the draw), the stability count, the stop test, the fault bit,
+    round + 1 and the flag.
 
     Args:
         logits: [n, V] logits of the canvas (any float dtype; divided in fp32).
         state: the canvas's `CanvasState` (n positions, V tokens).
         positions: [n] int64 absolute positions of the canvas (keys of the noise).
-        candidates_op: the ops table's candidate draw, given the logits and the round's
-            temperature (`dlrt.kernels.sampling` on the GPU: the same race without the [n, V]
-            noise; its division can pick another token where two scores are within a few
-            ulps). None: the race on the fp32 softmax of the divided logits (the reference).
+        draw_op: the ops table's `denoiser_draw`, given the logits, the round's temperature
+            (0-d fp32 on the device) and `state.self_cond` to write: sample, argmax and
+            entropy of the divided logits. Default: `renoise.denoiser_draw`, the PyTorch
+            formulas (the reference ops'); the Triton kernel (`dlrt.kernels.denoiser`) reads
+            the logits once, and its sample can differ only where two race scores are within
+            a few fp32 ulps.
     """
     r = state.round
     t = schedule_temperature(state.t_min, state.t_max, state.steps, r)  # 0-d fp32
-    x = logits.float() / t  # [n, V] fp32, the reference's processed logits
-    if candidates_op is None:
-        sample = denoiser_sample(torch.softmax(x, dim=-1), state.seed, r, positions)
-    else:
-        spec = SamplingSpec(temperature=t, top_k=0, top_p=1.0, seed=state.seed)
-        sample = candidates_op(logits, spec, SamplingMode(greedy=False), r, positions, -1)[0]
-    entropy = entropy_of_logits(x)  # [n] fp32
+    # NOTE: the forward that read state.self_cond has run; the draw overwrites it
+    sample, argmax, entropy = draw_op(logits, t, state.seed, r, positions, state.self_cond)
     accepted = accept_by_entropy(entropy, state.entropy_bound)
     noise = draw_tokens(state.seed, r + 1, positions, state.vocab)
-    argmax = torch.argmax(x, dim=-1)
     stable = stable_rounds(argmax, state.argmax, state.stable, r)
     state.stopped.copy_(should_stop(stable, entropy, state.stability_threshold,
                                     state.confidence_threshold))
@@ -168,7 +163,6 @@ def denoise_canvas_round(logits: torch.Tensor, state: CanvasState, positions: to
     state.canvas.copy_(torch.where(accepted, sample, noise))
     state.accepted.copy_(accepted)
     state.argmax.copy_(argmax)
-    state.self_cond.copy_(x)
     state.stable.copy_(stable)
     state.round.add_(1)
     state.update_flag()

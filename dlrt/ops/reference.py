@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dlrt.decoding import rng
+from dlrt.decoding.renoise import denoiser_draw
 from dlrt.decoding.round import reference_candidates
 from dlrt.ops import Fp8Activation, Ops
 
@@ -156,26 +156,6 @@ def soft_embedding(logits: torch.Tensor, weight: torch.Tensor, scale=1.0) -> tor
     probs = logits.softmax(dim=-1, dtype=torch.float32)  # [n, V] fp32
     scale = torch.as_tensor(scale, dtype=torch.float32).to(weight.dtype)
     return (probs.to(weight.dtype) @ weight) * scale
-
-
-def denoiser_draw(logits: torch.Tensor, temperature, seed, round_idx, positions: torch.Tensor,
-                  divided: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sample, argmax, entropy) of x = logits.float() / temperature, each [n]:
-    sample = argmax(softmax(x) / -log(u)), u = rng.uniform(seed, SAMPLE_STREAM, round_idx,
-    positions, V) (the exponential race, ties to the lower id); argmax(x); the entropy of
-    softmax(x) in nats, fp32, as `Categorical(logits=x).entropy()` computes it. `divided`
-    [n, V], if given, receives x. temperature: a 0-d fp32 tensor on the logits' device (or a
-    number, made one); seed, round_idx: ints or 0-d int64 tensors."""
-    t = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device)
-    x = logits.float() / t  # [n, V] fp32
-    u = rng.uniform(seed, rng.SAMPLE_STREAM, round_idx, positions, x.shape[-1])
-    sample = torch.argmax(torch.softmax(x, dim=-1) / -torch.log(u), dim=-1)
-    norm = x - x.logsumexp(dim=-1, keepdim=True)
-    p_log_p = norm.clamp(min=torch.finfo(norm.dtype).min) * torch.softmax(norm, dim=-1)
-    if divided is not None:
-        divided.copy_(x)
-    return sample, torch.argmax(x, dim=-1), -p_log_p.sum(-1)
 
 
 OPS = Ops("reference", rms_norm=rms_norm, add_rms_norm=add_rms_norm, silu_and_mul=silu_and_mul,

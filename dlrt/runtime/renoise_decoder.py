@@ -82,7 +82,7 @@ class RenoiseProgram:
         s = self.state
         logits = self.runner.forward(s.canvas, s.lens, None, rows=slice(None),
                                      **model_inputs)  # [L, V] fp32
-        denoise_canvas_round(logits, s, self._positions(), self.runner.ops.candidates)
+        denoise_canvas_round(logits, s, self._positions(), self.runner.ops.denoiser_draw)
 
     def begin(self) -> None:
         """The canvas's uniform draw and round 0 (no self-conditioning)."""

@@ -244,3 +244,31 @@ def test_a_canvas_reads_nothing_on_the_host(tiny_diffusion_gemma_graphs, monkeyp
         prog.round()
         prog.end()
     assert prog.state.round.item() == 2 and prog.state.lens.tolist() == [52, 68]
+
+
+def test_the_triton_ops_give_the_reference_ops_tokens(tiny_diffusion_gemma, llm, monkeypatch):
+    """With `kernels="triton"` (Triton's interpreter on the CPU) every round draws through the
+    ops table's one-pass kernel (`dlrt.kernels.denoiser`, writing the self-conditioning signal)
+    and the soft embeddings, norms and experts run their kernels: the reference ops' tokens,
+    canvases and rounds (two canvases: the encoder pass of the first one folded into the
+    second's program)."""
+    pytest.importorskip("triton")
+    from dlrt.ops import triton as triton_ops
+
+    draws = []
+
+    def counted(*args):
+        draws.append(args[-1] is not None)  # the self-conditioning buffer to write
+        return draw(*args)
+
+    draw = triton_ops._denoiser_draw
+    monkeypatch.setattr(triton_ops, "_denoiser_draw", counted)
+    kernels = LLM(str(tiny_diffusion_gemma), device="cpu", max_model_len=64, kernels="triton")
+    options = dict(max_new_tokens=20, ignore_eos=True, max_denoising_steps=3, entropy_bound=0.5,
+                   seed=5)
+    want = llm.generate("import os\n", **options)
+    got = kernels.generate("import os\n", **options)
+    assert (got.token_ids, got.denoise_steps, got.commit_rounds) == \
+        (want.token_ids, want.denoise_steps, want.commit_rounds)
+    assert len(want.token_ids) == 20 and len(want.denoise_steps) == 2
+    assert len(draws) == sum(got.denoise_steps) and all(draws)

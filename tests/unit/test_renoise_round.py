@@ -14,8 +14,9 @@ import torch
 
 from dlrt.decoding import rng
 from dlrt.decoding.options import DecoderDefaults, DecodingOptions, resolve
+from dlrt.decoding.renoise import schedule_temperature
 from dlrt.decoding.renoise_round import CanvasState, denoise_canvas_round
-from dlrt.decoding.round import reference_candidates
+from dlrt.ops import reference
 
 RENOISE = DecoderDefaults(block_length=16, remasking_strategy="sequential", renoise=True)
 N_POS, VOCAB, START = 16, 64, 37
@@ -172,7 +173,7 @@ def test_self_conditioning_in_the_embedding_dtype(monkeypatch):
         assert torch.equal(state.canvas, want["canvas"]), r
 
 
-def run_canvas(seed, logits, candidates_op=None, **options):
+def run_canvas(seed, logits, draw_op=None, **options):
     params = resolve(DecodingOptions.from_kwargs({**options, "seed": seed}), RENOISE, {}, (1,),
                      64, 0)
     state = CanvasState(N_POS, VOCAB, torch.device("cpu"))
@@ -181,15 +182,16 @@ def run_canvas(seed, logits, candidates_op=None, **options):
     state.start_canvas(positions)
     canvases = [state.canvas.clone()]
     while state.flag.item():
-        denoise_canvas_round(logits[state.round.item()], state, positions, candidates_op)
+        denoise_canvas_round(logits[state.round.item()], state, positions,
+                             *([draw_op] if draw_op else []))
         canvases.append(state.canvas.clone())
     return state, canvases
 
 
-def test_the_ops_tables_draw_gives_the_same_canvas():
+def test_the_reference_ops_draw_is_the_rounds_default():
     logits = logits_sequence(3, 10, 0.3, 0.5)
     a, ca = run_canvas(3, logits, max_denoising_steps=10)
-    b, cb = run_canvas(3, logits, reference_candidates, max_denoising_steps=10)
+    b, cb = run_canvas(3, logits, reference.OPS.denoiser_draw, max_denoising_steps=10)
     assert all(torch.equal(x, y) for x, y in zip(ca, cb, strict=True))
     assert torch.equal(a.argmax, b.argmax)
 
@@ -219,8 +221,7 @@ def test_set_values_needs_a_renoising_request():
         CanvasState(4, 8, torch.device("cpu")).set_values(params)
 
 
-@pytest.mark.parametrize("candidates_op", [None, reference_candidates])
-def test_a_round_reads_no_tensor_on_the_host(candidates_op):
+def test_a_round_reads_no_tensor_on_the_host():
     """What a captured round (a CUDA graph's WHILE body) needs, checked on the CPU: on the meta
     device, where tensors hold no values, a round with the request values as 0-d tensors runs
     to the end (no `.item()`, no Python branch on a tensor: either raises there) and writes
@@ -236,31 +237,69 @@ def test_a_round_reads_no_tensor_on_the_host(candidates_op):
         state.flag.item()  # what a host read of a tensor does here
     before = [(id(t), t.shape, t.dtype) for t in state.tensors()]
     for _ in range(2):
-        denoise_canvas_round(torch.empty(N_POS, VOCAB, device=meta), state, positions,
-                             candidates_op)
+        denoise_canvas_round(torch.empty(N_POS, VOCAB, device=meta), state, positions)
     assert [(id(t), t.shape, t.dtype) for t in state.tensors()] == before
     assert all(t.device == meta for t in state.tensors())
 
 
-def test_the_sampling_kernel_draws_the_same_canvas():
-    """The ops table's Triton draw (the interpreter on the CPU) given the round's temperature
-    as a device value: the same canvases as the race on the fp32 softmax."""
+def recording(draw_op, entropies):
+    """`draw_op` that also keeps each round's entropies."""
+    def draw(*args):
+        out = draw_op(*args)
+        entropies.append(out[2].clone())
+        return out
+    return draw
+
+
+@pytest.mark.parametrize("seed, options", [
+    (7, dict(max_denoising_steps=6)),
+    (8, dict(max_denoising_steps=9, entropy_bound=2.0, stability_threshold=0,
+             confidence_threshold=1.5, t_min=0.1, t_max=1.5)),
+])
+def test_the_draw_kernel_gives_the_reference_rounds_state(seed, options):
+    """The ops table's Triton `denoiser_draw` (the interpreter on the CPU), given the round's
+    temperature as a device value and `self_cond` to write: after every round the state of
+    the reference round (canvas, argmax, accepted, self-conditioning signal, stability, stop,
+    flag), bit for bit; its entropies within the kernel's stated 1e-6 (1 + H) nats of the
+    fp64 entropy and 2e-5 nats of the reference's."""
     pytest.importorskip("triton")
-    from dlrt.ops.triton import candidates
+    from dlrt.ops import triton as triton_ops
 
-    logits = logits_sequence(7, 6, 0.3, 0.5)
-    _, reference = run_canvas(7, logits, max_denoising_steps=6)
-    _, kernel = run_canvas(7, logits, candidates, max_denoising_steps=6)
-    assert all(torch.equal(x, y) for x, y in zip(reference, kernel, strict=True))
+    logits = logits_sequence(seed, options["max_denoising_steps"], 0.3, 0.5)
+    params = resolve(DecodingOptions.from_kwargs({**options, "seed": seed}), RENOISE, {},
+                     (1,), 64, 0)
+    positions = torch.arange(START, START + N_POS)
+    want_h, got_h, accepted = [], [], []
+    ref, ker = (CanvasState(N_POS, VOCAB, torch.device("cpu")) for _ in range(2))
+    for state in (ref, ker):
+        state.set_values(params)
+        state.start_canvas(positions)
+    draws = recording(reference.OPS.denoiser_draw, want_h), \
+        recording(triton_ops.OPS.denoiser_draw, got_h)
+    while ref.flag.item():
+        r = ref.round.item()
+        for state, draw in zip((ref, ker), draws, strict=True):
+            denoise_canvas_round(logits[r], state, positions, draw)
+        for a, b in zip(ref.tensors(), ker.tensors(), strict=True):
+            assert torch.equal(a, b), r
+        accepted.append(ker.accepted.clone())
+        t = schedule_temperature(params.renoise.t_min, params.renoise.t_max,
+                                 params.renoise.max_denoising_steps, r)
+        exact = torch.distributions.Categorical(
+            logits=logits[r].double() / t.double(), validate_args=False).entropy()
+        assert ((got_h[r].double() - exact).abs() <= 1e-6 * (1 + exact)).all(), r
+        assert float((got_h[r] - want_h[r]).abs().max()) < 2e-5, r
+    assert 1 < len(got_h) == ker.round.item()
+    assert 0 < int(torch.stack(accepted).sum()) < N_POS * len(accepted)  # both branches ran
 
 
-def gpu_candidates_op(name):
+def gpu_draw_op(name):
     if name == "triton":
         pytest.importorskip("triton")
-        from dlrt.ops.triton import candidates
+        from dlrt.ops.triton import denoiser_draw
 
-        return candidates
-    return None
+        return denoiser_draw
+    return reference.denoiser_draw
 
 
 @pytest.mark.gpu
@@ -270,7 +309,7 @@ def test_a_captured_round_replays_as_the_eager_round(op):
     state), replayed round after round on fresh logits, gives the eager rounds' state bit for
     bit, and stops on the same round; the eager round never waits for the host (CUDA's sync
     debug mode raises on a sync), with the reference draw and with the ops table's kernel."""
-    candidates_op = gpu_candidates_op(op)
+    draw_op = gpu_draw_op(op)
     dev = torch.device("cuda")
     n, vocab, steps = 64, 4096, 16
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -289,18 +328,18 @@ def test_a_captured_round_replays_as_the_eager_round(op):
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         graphed.start_canvas(positions)
-        denoise_canvas_round(static, graphed, positions, candidates_op)  # warm-up
+        denoise_canvas_round(static, graphed, positions, draw_op)  # warm-up
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        denoise_canvas_round(static, graphed, positions, candidates_op)
+        denoise_canvas_round(static, graphed, positions, draw_op)
     eager.start_canvas(positions)
     graphed.start_canvas(positions)
     rounds = 0
     while eager.flag.item():
         torch.cuda.set_sync_debug_mode("error")
         try:
-            denoise_canvas_round(logits[rounds], eager, positions, candidates_op)
+            denoise_canvas_round(logits[rounds], eager, positions, draw_op)
         finally:
             torch.cuda.set_sync_debug_mode(0)
         static.copy_(logits[rounds])
