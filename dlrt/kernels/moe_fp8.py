@@ -1,11 +1,17 @@
 """FP8 expert weights in the fused MoE kernels (`dlrt.kernels.moe`): block-scaled
 float8_e4m3fn experts read directly, each touched expert's FP8 bytes once per call.
 
-Layout (`dlrt.layers.quant.fp8.FP8_FORMAT` held by `StackedExperts`, the checkpoint's
-128 x 128 blocks with the gate and up parts' block rows concatenated, I a multiple of 128):
-  w13 float8_e4m3fn [E, 2I, H], w13 scale_inv float32 [E, ceil(2I/128), ceil(H/128)];
-  w2  float8_e4m3fn [E, H, I],  w2 scale_inv  float32 [E, ceil(H/128), ceil(I/128)];
-  dequant(w)[e, r, c] = w[e, r, c] * scale_inv[e, r // 128, c // 128].
+Layouts (`dlrt.layers.quant.fp8` held by `StackedExperts`: the checkpoint's 128 x 128 blocks),
+told apart by the scales' row count (`check_fp8_experts`):
+  block rows (`FP8_FORMAT`, I a multiple of 128: the gate and up parts' block rows
+      concatenate), the scale row of weight row r is r // 128:
+      w13 float8_e4m3fn [E, 2I, H], w13 scale_inv float32 [E, ceil(2I/128), ceil(H/128)];
+      w2  float8_e4m3fn [E, H, I],  w2 scale_inv  float32 [E, ceil(H/128), ceil(I/128)];
+  a scale row per weight row (`FP8_ROWS_FORMAT`, any I, e.g. DiffusionGemma's 704: each
+      block's scale repeated on its rows), the scale row of weight row r is r:
+      w13 scale_inv float32 [E, 2I, ceil(H/128)]; w2 scale_inv float32 [E, H, ceil(I/128)];
+  dequant(w)[e, r, c] = w[e, r, c] * scale_inv[e, r // ROW_BLOCK, c // 128] (ROW_BLOCK 128
+      or 1).
 The kernels' K steps (BLOCK_K) divide 128, so a step lies in one scale column; the scale is
 gathered per output column (row r of the weight) and step.
 
@@ -44,17 +50,19 @@ FP8_UNROLL = 2
 
 
 @triton.jit
-def _scale_rows(s_ptr, expert, n, N_OUT, K: tl.constexpr, GATED: tl.constexpr):
+def _scale_rows(s_ptr, expert, n, N_OUT, K: tl.constexpr, GATED: tl.constexpr,
+                ROW_BLOCK: tl.constexpr):
     """Pointers to the scale rows of output columns n (clamped) of `expert`: (gate or the
-    weight, up), each [BLOCK_N]; add a step's scale column."""
+    weight, up), each [BLOCK_N]; add a step's scale column. ROW_BLOCK: weight rows per scale
+    row (128: block rows; 1: a scale row per weight row)."""
     KB: tl.constexpr = (K + 127) // 128
     w_rows = 2 * N_OUT if GATED else N_OUT
-    base = s_ptr + expert * ((w_rows + 127) // 128) * KB
+    base = s_ptr + expert * ((w_rows + ROW_BLOCK - 1) // ROW_BLOCK) * KB
     nc = tl.minimum(n, N_OUT - 1)
-    s_w = base + (nc // 128) * KB
+    s_w = base + (nc // ROW_BLOCK) * KB
     s_v = s_w
     if GATED:
-        s_v = base + ((N_OUT + nc) // 128) * KB
+        s_v = base + ((N_OUT + nc) // ROW_BLOCK) * KB
     return s_w, s_v
 
 
@@ -76,11 +84,11 @@ def _fp8_dot(a, a16, down, w_ptrs, PRECISION: tl.constexpr):
 @triton.jit
 def _fp8_tiles(acc, acc_up, rows, slab, s_ptr, expert, n, N_OUT, K: tl.constexpr,
                GATED: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
-               PRECISION: tl.constexpr):
+               PRECISION: tl.constexpr, ROW_BLOCK: tl.constexpr):
     """The tiles form's main loop on an FP8 slab (see the module docstring): UNROLL K steps
     of BLOCK_K per iteration (K a multiple of BLOCK_K * UNROLL), so each pipeline stage
     holds UNROLL steps' loads; the steps are summed in the same order whatever UNROLL is."""
-    s_w, s_v = _scale_rows(s_ptr, expert, n, N_OUT, K, GATED)
+    s_w, s_v = _scale_rows(s_ptr, expert, n, N_OUT, K, GATED, ROW_BLOCK)
     for t in range(0, K // (BLOCK_K * UNROLL)):
         for u in tl.static_range(UNROLL):
             k0 = (t * UNROLL + u) * BLOCK_K
@@ -112,17 +120,27 @@ def unroll_for(k: int, block_k: int, want: int) -> int:
 
 
 def check_fp8_experts(w13: torch.Tensor, w2: torch.Tensor, s13: torch.Tensor,
-                      s2: torch.Tensor) -> None:
-    """ValueError unless w13 / w2 are float8_e4m3fn with block-layout scales (module
-    docstring)."""
+                      s2: torch.Tensor) -> int:
+    """The scales' ROW_BLOCK (weight rows per scale row: 128 for block rows, I a multiple
+    of 128; 1 for a scale row per weight row; module docstring).
+
+    Raises:
+        ValueError: weights not float8_e4m3fn, or scales in neither layout.
+    """
     e, two_i, h = w13.shape
     cdiv = triton.cdiv
-    want13 = (e, cdiv(two_i, QBLOCK), cdiv(h, QBLOCK))
-    want2 = (e, cdiv(h, QBLOCK), cdiv(two_i // 2, QBLOCK))
+    layouts = {}
+    if (two_i // 2) % QBLOCK == 0:
+        layouts[QBLOCK] = ((e, cdiv(two_i, QBLOCK), cdiv(h, QBLOCK)),
+                           (e, cdiv(h, QBLOCK), cdiv(two_i // 2, QBLOCK)))
+    layouts[1] = ((e, two_i, cdiv(h, QBLOCK)), (e, h, cdiv(two_i // 2, QBLOCK)))
+    shapes = (tuple(s13.shape), tuple(s2.shape))
+    block = next((b for b, want in layouts.items() if shapes == want), None)
     if w13.dtype != FP8 or w2.dtype != FP8 or s13.dtype != torch.float32 \
-            or s2.dtype != torch.float32 or tuple(s13.shape) != want13 \
-            or tuple(s2.shape) != want2 or (two_i // 2) % QBLOCK:
+            or s2.dtype != torch.float32 or block is None:
         raise ValueError(f"fused_experts (fp8): w13 {tuple(w13.shape)} {w13.dtype}, w2 "
-                         f"{tuple(w2.shape)} {w2.dtype} need float8_e4m3fn weights, I a "
-                         f"multiple of {QBLOCK}, and float32 block scales {want13} / {want2}; "
-                         f"got {tuple(s13.shape)} {s13.dtype} / {tuple(s2.shape)} {s2.dtype}")
+                         f"{tuple(w2.shape)} {w2.dtype} need float8_e4m3fn weights and "
+                         f"float32 scales in block rows (I a multiple of {QBLOCK}) or a row "
+                         f"per weight row: one of {list(layouts.values())}; got "
+                         f"{list(shapes)} {s13.dtype} / {s2.dtype}")
+    return block

@@ -8,8 +8,9 @@ per 128 x 128 block so that every block has its own scale. Tolerance: max error 
 output's max in fp32 (the kernels differ from the reference in fp32 summation order and, in the
 tiles form, apply the scale to a step's partial sum). bf16 on the GPU: within 2 bf16 ulps of
 the output's scale. Both forms, the awkward routings (every row to one expert, k = 1); the row
-layout (I not a multiple of 128) keeps the dequantising fallback. GPU: SDAR-30B-A3B and
-LLaDA2.0-mini shapes in bf16, and a CUDA-graph replay bit-identical to eager.
+layout (I not a multiple of 128: a scale row per weight row) read as FP8 too, for SiLU and
+GELU experts. GPU: SDAR-30B-A3B, LLaDA2.0-mini and DiffusionGemma (I = 704, GELU) shapes in
+bf16, and a CUDA-graph replay bit-identical to eager.
 """
 
 from __future__ import annotations
@@ -133,21 +134,39 @@ def test_fp8_awkward_routings():
     assert not out[3].any()
 
 
-def test_row_layout_keeps_the_dequantising_fallback():
-    """I = 32 (part boundaries off the 128-row blocks): scales held per weight row; the method
-    dequantises, the kernels refuse the layout."""
-    layer = make_fp8_layer(RouterSpec("softmax", E, K), hidden=64, inter=32, seed=4)
+# forced forms for H = 64, I = 160 (K steps dividing both)
+ROW_FORMS = {"rows": MoEConfig("rows", rows=2, up_n=32, up_k=64, down_n=32, down_k=32),
+             "tiles": MoEConfig("tiles", block_m=16, up_n=32, up_k=64, down_n=32, down_k=32)}
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_pytorch_tanh"])
+def test_row_layout_is_read_as_fp8(activation):
+    """I = 160 (the gate / up boundary off the 128-row blocks, as DiffusionGemma's I = 704):
+    scales held per weight row, each part's two stored scale rows repeated on their rows; both
+    forms read the experts as FP8 (never dequantised) and equal the reference, for SiLU and
+    GELU experts; scales in neither layout are refused."""
+    layer = make_fp8_layer(RouterSpec("softmax", E, K), hidden=64, inter=160, seed=4)
     ex = layer.experts
-    assert ex.quant_format is FP8_ROWS_FORMAT and not fp8_blocks(ex)
+    ex.activation = activation
+    assert ex.quant_format is FP8_ROWS_FORMAT and fp8_blocks(ex)
+    assert ex.w13_weight_scale_inv.shape == (E, 320, 1)
+    assert ex.w2_weight_scale_inv.shape == (E, 64, 2)
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(4)).to(DEV)
     weights, ids = layer.method.route(layer, x)
-    check(layer.method.apply(layer, x, weights, ids), ReferenceMoE().apply(layer, x, weights, ids))
-    with pytest.raises(ValueError, match="fp8"):
-        fused_experts(x, ex.w13, ex.w2, weights, ids, w13_scale=ex.w13_weight_scale_inv,
+    ref = ReferenceMoE().apply(layer, x, weights, ids)
+    no_dequantise(layer)
+    try:
+        for cfg in ROW_FORMS.values():
+            check(TritonMoE(lambda *_, c=cfg: c).apply(layer, x, weights, ids), ref)
+        check(layer.method.apply(layer, x, weights, ids), ref)  # the layer's own config
+    finally:
+        del layer.experts.expert_weight
+    with pytest.raises(ValueError, match="fp8.*block rows .* or a row per weight row"):
+        fused_experts(x, ex.w13, ex.w2, weights, ids, w13_scale=ex.w13_weight_scale_inv[:, 1:],
                       w2_scale=ex.w2_weight_scale_inv)
 
 
-GPU_SHAPES = [  # n, E, k, H, I, router
+GPU_SHAPES = [  # n, E, k, H, I, router (, activation)
     (1, 128, 8, 2048, 768, RouterSpec("softmax", 128, 8)),
     (4, 128, 8, 2048, 768, RouterSpec("softmax", 128, 8)),
     (64, 128, 8, 2048, 768, RouterSpec("softmax", 128, 8)),
@@ -155,14 +174,18 @@ GPU_SHAPES = [  # n, E, k, H, I, router
                                       scaling=2.5)),
     (300, 256, 8, 2048, 512, RouterSpec("sigmoid", 256, 8, n_group=8, topk_group=4,
                                         scaling=2.5)),
+    # DiffusionGemma: I = 704 (scales per weight row), GELU; a round's few rows and a canvas
+    (2, 128, 8, 2816, 704, RouterSpec("softmax", 128, 8), "gelu_pytorch_tanh"),
+    (256, 128, 8, 2816, 704, RouterSpec("softmax", 128, 8), "gelu_pytorch_tanh"),
 ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU_SHAPES, ids=lambda c: f"n{c[0]}-E{c[1]}")
+@pytest.mark.parametrize("case", GPU_SHAPES, ids=lambda c: f"n{c[0]}-E{c[1]}-I{c[4]}")
 def test_fp8_real_shapes_gpu(case):
-    n, e, k, h, i, spec = case
+    n, e, k, h, i, spec, *activation = case
     layer = make_fp8_layer(spec, torch.bfloat16, h, i, seed=n)
+    layer.experts.activation = activation[0] if activation else "silu"
     assert fp8_blocks(layer.experts)
     x = torch.randn(n, h, device=DEV, dtype=torch.bfloat16)
     weights, ids = layer.method.route(layer, x)
@@ -242,7 +265,8 @@ def _compile(out: Path) -> None:
     sig = dict(in_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", out_ptr="*bf16",
                table_ptr="*i32", wt_ptr="*fp32", T="i32", N_OUT="i32")
     consts = dict(K=2048, TOPK=8, GATED=True, ACTIVATION="silu", BLOCK_M=16, BLOCK_N=64,
-                  BLOCK_K=128, PRECISION="tf32", FP8=True, PDL=True, UNROLL=2)
+                  BLOCK_K=128, PRECISION="tf32", FP8=True, PDL=True, UNROLL=2,
+                  ROW_BLOCK=128)
     (out / "tiles_fp8.ptx").write_text(compile_sm90(_tiles_kernel, sig, consts, num_warps=4,
                                                     num_stages=3))
 

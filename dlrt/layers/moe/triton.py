@@ -4,11 +4,12 @@
 Runs on CUDA and, under TRITON_INTERPRET=1, on the CPU. Every launch has fixed shapes and
 reads its counts from device memory (capturable); the kernels' form (GEMV rows or grouped
 GEMM tiles) is a function of the static shape only (`dlrt.kernels.moe.moe_config`).
-FP8 experts in 128 x 128 block scales (`FP8_FORMAT`, every real model) are read as FP8 by the
-kernels (`dlrt.kernels.moe_fp8`; sm_89+ or the interpreter): each touched expert's FP8 bytes
-once per call. Other quantised experts keep a dequantising fallback: FP8 in the row layout
-(`FP8_ROWS_FORMAT`: I not a multiple of 128, tiny test models), FP8 on a GPU before sm_89,
-and NVFP4 have no kernel of their own; every call
+FP8 experts in 128 x 128 block scales are read as FP8 by the kernels (`dlrt.kernels.moe_fp8`;
+sm_89+ or the interpreter), their scales held in block rows (`FP8_FORMAT`: I a multiple of
+128) or a row per weight row (`FP8_ROWS_FORMAT`: any I, e.g. DiffusionGemma's 704): each
+touched expert's FP8 bytes once per call, for every activation of `ACTIVATIONS`. Other
+quantised experts keep a dequantising fallback: FP8 on a GPU before sm_89, NVFP4 and
+compressed-tensors FP8 have no kernel of their own; every call
 dequantises all E experts into x's dtype (fixed shapes, still capturable; transient memory
 of one layer's experts in that dtype) and runs the BF16 / fp32 kernels on them.
 """
@@ -32,10 +33,11 @@ def _fp8_device(index: int) -> bool:
 
 
 def fp8_blocks(experts) -> bool:
-    """Whether the kernels read the experts as FP8: FP8 in 128 x 128 block scales, on the CPU
-    (the interpreter) or a GPU with FP8 support (sm_89+); else the dequantising fallback."""
+    """Whether the kernels read the experts as FP8: FP8 in 128 x 128 block scales (either
+    held layout), on the CPU (the interpreter) or a GPU with FP8 support (sm_89+); else the
+    dequantising fallback."""
     fmt = experts.quant_format
-    if fmt is None or fmt.name != "fp8" or not getattr(fmt, "block_rows", False):
+    if fmt is None or fmt.name != "fp8":
         return False
     dev = experts.w13.device
     return dev.type != "cuda" or _fp8_device(dev.index if dev.index is not None
