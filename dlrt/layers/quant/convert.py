@@ -45,17 +45,16 @@ def _replace(module: nn.Module, weight: str, lead: tuple[int, ...], n: int, k: i
 
 def quantize_module(module: nn.Module, fmt: QuantFormat) -> None:
     """Convert a `LinearBase` or `StackedExperts` (on the meta device) to hold `fmt` (the
-    variant that fits its parts: `QuantFormat.for_parts`).
+    variant that fits its parts: `QuantFormat.for_parts`). Experts stored stacked
+    (`StackedExperts.stacked`) are held as the others: their checkpoint parts are each expert's
+    gate, up and down rows (`dlrt.checkpoint.loader` reads a quantised checkpoint's tensor per
+    expert and part, or quantises those rows of the stacked tensors while loading).
 
     Raises:
-        ValueError: the weight's shape does not fit the format (NVFP4: K not a multiple of 16),
-            or the experts are stored stacked (`StackedExperts.stacked`: no quantised layout
-            of them yet).
+        ValueError: the weight's shape does not fit the format (NVFP4: K not a multiple of 16;
+            `dlrt.checkpoint.quant.quantize_model` names the module in a CheckpointError).
         TypeError: another kind of module.
     """
-    if isinstance(module, StackedExperts) and module.stacked:
-        raise ValueError("experts stored stacked (gate_up_proj [E, 2I, H], DiffusionGemma) "
-                         "cannot be quantised yet")
     if isinstance(module, MergedLinear):
         fmt = fmt.for_parts([[size for _, size in module.parts]])
     elif isinstance(module, LinearBase):
