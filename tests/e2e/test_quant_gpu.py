@@ -220,9 +220,10 @@ def test_compressed_tensors_on_cuda(made, preset):
                                           f"{CT}:weight_only"])
 def test_diffusion_gemma_quantised_modes_identical(made, quantization):
     """A quantised tiny DiffusionGemma on CUDA (the renoise decoder, `triton` attention and
-    kernels; FP8 experts read as FP8 by the Triton MoE on sm_89+, a scale row per weight
-    row): the three execution modes commit identical tokens, rounds and stops, for two seeds
-    and two settings, over a prompt longer than the sliding window."""
+    kernels; FP8 and compressed-tensors FP8 experts read as FP8 by the Triton MoE on sm_89+,
+    a scale row per weight row): the three execution modes commit identical tokens, rounds
+    and stops, for two seeds and two settings, over a prompt longer than the sliding
+    window."""
     from dlrt.layers.moe.triton import TritonMoE, fp8_blocks
 
     quantization, _, mode = quantization.partition(":")
@@ -231,7 +232,7 @@ def test_diffusion_gemma_quantised_modes_identical(made, quantization):
     assert llm.engine_config.attention_backend == "triton"
     layers = llm.model.model.decoder.layers
     assert all(isinstance(layer.method, TritonMoE) for layer in layers)
-    if quantization == "fp8":
+    if quantization != "nvfp4":
         assert all(fp8_blocks(layer.experts) for layer in layers) == \
             (torch.cuda.get_device_capability() >= (8, 9))
     prompt = [2 + (7 * i + 11) % 8000 for i in range(37)]  # never the image id (1)

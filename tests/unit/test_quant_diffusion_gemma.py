@@ -215,17 +215,19 @@ def test_weight_only_equals_the_dequantised_model(made, quantization):
         assert _rel(_logits(LLM(made(quantization))), ours) > 1e-3
 
 
-def test_triton_moe_reads_the_fp8_gelu_experts(made):
-    """The loaded model's FP8 experts (I = 32: a scale row per weight row) through the Triton
-    MoE (TRITON_INTERPRET=1 on the CPU) without being dequantised equal the reference MoE,
-    routed by the model's router; a canvas of 16 rows takes the grouped-GEMM form."""
+@pytest.mark.parametrize("quantization", ["fp8", CT])
+def test_triton_moe_reads_the_fp8_gelu_experts(made, quantization):
+    """The loaded model's FP8 experts (I = 32: block scales a row per weight row; or
+    per-channel scales) through the Triton MoE (TRITON_INTERPRET=1 on the CPU) without being
+    dequantised equal the reference MoE, routed by the model's router; a canvas of 16 rows
+    takes the grouped-GEMM form."""
     from dlrt.layers.moe.reference import ReferenceMoE
     from dlrt.layers.moe.triton import TritonMoE, fp8_blocks
 
     pytest.importorskip("triton")
-    layer = LLM(made("fp8")).engine.model.model.decoder.layers[1]
+    layer = LLM(made(quantization)).engine.model.model.decoder.layers[1]
     assert layer.experts.activation == "gelu_pytorch_tanh" and fp8_blocks(layer.experts)
-    assert layer.experts.quant_format is FP8_ROWS_FORMAT
+    assert quantization != "fp8" or layer.experts.quant_format is FP8_ROWS_FORMAT
     for rows in (3, 16):
         x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows))
         weights, ids = layer.router(x, ReferenceMoE())

@@ -89,8 +89,9 @@ def quantize_experts(module: StackedExperts, fmt: QuantFormat) -> None:
             for part in parts:
                 for suffix, t in fmt.quantize(part).items():
                     t = expand_rows(t, fmt.expand.get(suffix, 1), part.shape[0])
-                    rows.setdefault(suffix, []).append(t.expand(part.shape[0]) if t.dim() == 0
-                                                       else t)
+                    if t.dim() == 0:  # one scale for the part: on each of its held rows
+                        t = t.expand(fmt.held(suffix, *part.shape)[0])
+                    rows.setdefault(suffix, []).append(t)
             for suffix, ts in rows.items():
                 held.setdefault(param_name(weight, suffix), []).append(torch.cat(ts))
     for name, ts in held.items():
