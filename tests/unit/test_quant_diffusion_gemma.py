@@ -332,28 +332,33 @@ def test_experts_left_stacked_by_the_quantiser(made, tmp_path):
 
 def test_modelopt_hf_quant_config_with_wildcards(made, tmp_path):
     """ModelOpt's export form: hf_quant_config.json alone (no quantization_config), its
-    exclude_modules with fnmatch wildcards naming the routers, the vision tower and the
-    self-conditioning MLP (stored in bf16)."""
+    exclude_modules with fnmatch wildcards naming the routers, the vision tower, the
+    self-conditioning MLP and the attention projections (NVIDIA's Gemma 4 recipe quantises the
+    feed-forward layers only), those stored in bf16: the MLPs and experts are NVFP4."""
     ref = load_file(made() / "model.safetensors")
 
-    def bf16_self_conditioning(t):
-        for part in ("gate_proj", "up_proj", "down_proj"):
-            key = f"{SELF_CONDITIONING}.{part}.weight"
+    def bf16_attention_and_self_conditioning(t):
+        keys = [k.removesuffix("_scale_2") for k in t if k.endswith(".weight_scale_2")
+                and (".self_attn." in k or k.startswith(SELF_CONDITIONING))]
+        for key in keys:
             t[key] = ref[key]
             for suffix in ("_scale", "_scale_2"):
                 del t[key + suffix]
 
-    path = _rewrite(made("nvfp4"), tmp_path / "modelopt", bf16_self_conditioning,
+    path = _rewrite(made("nvfp4"), tmp_path / "modelopt", bf16_attention_and_self_conditioning,
                     lambda cfg: cfg.pop("quantization_config"))
     (path / "hf_quant_config.json").write_text(json.dumps({
         "producer": {"name": "modelopt", "version": "0.41.0"},
         "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
-                         "exclude_modules": ["lm_head", "*router*", "model.encoder.vision_tower*",
+                         "exclude_modules": ["lm_head", "*router*", "*self_attn*",
+                                             "model.encoder.vision_tower*",
                                              f"{SELF_CONDITIONING}*"]}}))
     llm = LLM(path)
     assert llm.engine_config.quantization == "nvfp4"
-    quantised = _quantised(llm)
-    assert len(quantised) == QUANTISED - 2 and f"{LAYER}.experts" in quantised
+    assert sorted(_quantised(llm)) == sorted(
+        f"model.decoder.layers.{n}.{m}" for n in range(4)
+        for m in ("mlp.gate_up_proj", "mlp.down_proj", "experts"))
+    assert _params(llm)[f"{LAYER}.self_attn.qkv_proj.weight"].dtype == torch.float32
     assert len(llm.generate(PROMPT, **OPTIONS).token_ids) == 8
 
 
