@@ -15,7 +15,11 @@ KV-cache scales (`...self_attn.k_scale` / `v_scale`) are not weights: `checkpoin
 reads them for an FP8 KV cache.
 
 Experts stored stacked (`StackedExperts.stacked`: `...experts.gate_up_proj` [E, 2I, H],
-`...experts.down_proj` [E, H, I], DiffusionGemma) fill w13 / w2 whole. A model's
+`...experts.down_proj` [E, H, I], DiffusionGemma) fill w13 / w2 whole. Quantised, they read a
+quantised checkpoint's tensors per expert and part as other experts do (`...experts.{e}.
+gate_proj.weight` and its scale: the layout of the published quantised checkpoints), and
+online quantisation quantises each expert's gate, up and down rows of the stacked tensors
+(`WeightSpec.source_index`), so both hold the same bits. A model's
 `checkpoint_skips` (name prefixes, e.g. DiffusionGemma's vision tower) are the checkpoint
 tensors of parts it does not serve: skipped, with one log line, not reported as unused.
 
@@ -57,7 +61,8 @@ class WeightSpec:
     Sharded parameters: `src` indexes the checkpoint tensor (of `full_shape`) and `shape` is
     the piece's. Quantised tensors: `dtype` is the format's stored dtype, `expand` the held
     rows per stored row (0: a scalar for all rows). Online quantisation: `source` is the unquantised
-    checkpoint tensor (of `source_shape`) that `fmt.quantize` turns into `key`'s value.
+    checkpoint tensor (of `source_shape`) that `fmt.quantize` turns into `key`'s value, or
+    its piece `source_index` ((expert, rows) of stacked experts: one expert's part).
     """
 
     key: str
@@ -71,6 +76,7 @@ class WeightSpec:
     fmt: QuantFormat | None = None
     src: tuple[slice, ...] | None = None  # a rank's piece of the checkpoint tensor (`Shard`)
     full_shape: tuple[int, ...] | None = None  # the checkpoint tensor's shape when `src`
+    source_index: tuple[int, slice] | None = None  # the piece of `source` quantised
 
     @property
     def suffix(self) -> str:
@@ -80,6 +86,15 @@ class WeightSpec:
     def read_key(self) -> str:
         """The checkpoint tensor actually read."""
         return self.source or self.key
+
+    @property
+    def made_from(self) -> tuple:
+        """What online quantisation quantises for this tensor, hashable: (source, expert,
+        first row, end row) or (source,)."""
+        if self.source_index is None:
+            return (self.source,)
+        e, rows = self.source_index
+        return self.source, e, rows.start, rows.stop
 
 
 def _weight_parts(module: nn.Module, owner: str, weight: str, rows: int
@@ -104,6 +119,19 @@ def _held_rows(index, rb: int):
     return rows if e is None else (e, rows)
 
 
+def _online_source(module: nn.Module, owner: str, weight: str, stem: str, index, n: int,
+                   k: int) -> dict:
+    """The unquantised checkpoint tensor a quantised part is made from: `<stem>.weight` [n, k],
+    or for experts stored stacked the part's rows of the layer's stacked tensor."""
+    if isinstance(module, StackedExperts) and module.stacked:
+        rows, cols = (2 * module.intermediate, module.hidden) if weight == "w13" \
+            else (module.hidden, module.intermediate)
+        full = (module.num_experts, rows, cols)
+        return dict(source=f"{owner}.{StackedExperts.STACKED[weight]}", source_shape=full,
+                    source_index=index)
+    return dict(source=f"{stem}.weight", source_shape=(n, k))
+
+
 def _quant_specs(module: nn.Module, owner: str, leaf: str, name: str,
                  online: bool) -> list[WeightSpec]:
     fmt = module.quant_format
@@ -113,9 +141,9 @@ def _quant_specs(module: nn.Module, owner: str, leaf: str, name: str,
     specs = []
     for stem, index, n in _weight_parts(module, owner, weight, getattr(module, "out_features", 0)):
         shape, dtype = fmt.stored(suffix, n, k)
-        index = _held_rows(index, rb)
-        src = dict(source=f"{stem}.weight", source_shape=(n, k), fmt=fmt) if online else {}
-        specs.append(WeightSpec(f"{stem}.{suffix}", name, index, shape, dtype,
+        src = dict(fmt=fmt, **_online_source(module, owner, weight, stem, index, n, k)) \
+            if online else {}
+        specs.append(WeightSpec(f"{stem}.{suffix}", name, _held_rows(index, rb), shape, dtype,
                                 fmt.expand[suffix], **src))
     return specs
 
@@ -287,23 +315,27 @@ def place(param: torch.Tensor, spec: WeightSpec, value: torch.Tensor) -> None:
 
 
 class _Quantized:
-    """Online quantisation of the tensors of one file: each source quantised once, kept until
-    every tensor made from it has been taken."""
+    """Online quantisation of the tensors of one file: each source (or piece of one, stacked
+    experts) quantised once, kept until every tensor made from it has been taken."""
 
     def __init__(self, specs: list[WeightSpec]):
         self.left = defaultdict(int)
         for s in specs:
             if s.source:
-                self.left[s.source] += 1
-        self.made: dict[str, dict[str, torch.Tensor]] = {}
+                self.left[s.made_from] += 1
+        self.made: dict[tuple, dict[str, torch.Tensor]] = {}
 
-    def take(self, spec: WeightSpec, read) -> torch.Tensor:
-        if spec.source not in self.made:
-            self.made[spec.source] = spec.fmt.quantize(read(spec.source))
-        value = self.made[spec.source][spec.suffix]
-        self.left[spec.source] -= 1
-        if not self.left[spec.source]:
-            del self.made[spec.source]
+    def take(self, spec: WeightSpec, f) -> torch.Tensor:
+        """`spec`'s tensor, made from its source in the open safetensors file `f`."""
+        key = spec.made_from
+        if key not in self.made:
+            value = f.get_tensor(spec.source) if spec.source_index is None \
+                else f.get_slice(spec.source)[spec.source_index]
+            self.made[key] = spec.fmt.quantize(value)
+        value = self.made[key][spec.suffix]
+        self.left[key] -= 1
+        if not self.left[key]:
+            del self.made[key]
         return value
 
 
@@ -343,7 +375,7 @@ def _load_file(params: dict[str, nn.Parameter], path: Path, specs: list[WeightSp
                 raise CheckpointError(f"tensor {s.read_key} in {path.name} has shape "
                                       f"{list(shape)}, the model expects {list(want)}")
             if s.source:
-                value = quantized.take(s, f.get_tensor)
+                value = quantized.take(s, f)
             elif s.src is not None:  # this rank's piece only
                 value = f.get_slice(s.key)[s.src]
             else:
@@ -385,16 +417,27 @@ def random_tensor(spec: WeightSpec, seed: int, std: float, dtype: torch.dtype,
 
 
 def spec_value(spec: WeightSpec, seed: int, std: float, dtype: torch.dtype,
-               device: torch.device | str) -> torch.Tensor:
+               device: torch.device | str, sources: dict | None = None) -> torch.Tensor:
     """The seeded value of a checkpoint tensor in its stored layout: `random_tensor` in
-    `dtype`, or for a quantised tensor the format's quantisation of its source's value."""
+    `dtype`, or for a quantised tensor the format's quantisation of its source's value (of
+    its piece, `source_index`). `sources`: a dict the caller keeps across calls, holding the
+    last source drawn (stacked experts: drawn once for all their pieces in a row)."""
     if spec.src is not None:  # a rank's piece of the full seeded tensor
         full = dataclasses.replace(spec, shape=spec.full_shape, src=None, full_shape=None)
         return random_tensor(full, seed, std, spec.dtype or dtype, device)[spec.src]
     if spec.source is None:
         return random_tensor(spec, seed, std, spec.dtype or dtype, device)
-    source = WeightSpec(spec.source, spec.param, spec.index, spec.source_shape)
-    return spec.fmt.quantize(random_tensor(source, seed, std, dtype, device))[spec.suffix]
+    key = (spec.source, seed, std, dtype, str(device))
+    value = sources.get(key) if sources is not None else None
+    if value is None:
+        source = WeightSpec(spec.source, spec.param, None, spec.source_shape)
+        value = random_tensor(source, seed, std, dtype, device)
+        if sources is not None:
+            sources.clear()
+            sources[key] = value
+    if spec.source_index is not None:
+        value = value[spec.source_index]
+    return spec.fmt.quantize(value)[spec.suffix]
 
 
 def init_dummy(model: nn.Module, seed: int, std: float, dtype: torch.dtype | None = None
@@ -404,7 +447,8 @@ def init_dummy(model: nn.Module, seed: int, std: float, dtype: torch.dtype | Non
     parameter's dtype)."""
     params = dict(model.named_parameters())
     dtype = dtype or next(iter(params.values())).dtype
+    sources: dict = {}
     for s in weight_specs(model, online=True):
         dst = params[s.param].data
         place(dst, s, spec_value(s, seed, std, dst.dtype if s.source is None else dtype,
-                                 dst.device))
+                                 dst.device, sources))

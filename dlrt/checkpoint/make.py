@@ -11,7 +11,9 @@ whatever the sharding. Loading it goes through the same loader as a user's check
 
 `quantization="fp8"` / `"nvfp4"` / `"compressed-tensors-fp8"` (any registered format,
 `dlrt.layers.quant.registry`) writes the quantised layers (`dlrt.checkpoint.quant`: every linear
-layer but the LM head, and the routed experts) in that format, quantised from the values drawn
+layer but the LM head and those the model keeps unquantised, DiffusionGemma's routers, which
+the not-convert list names; and the routed experts, one tensor per expert and part even where
+the unquantised checkpoint stacks them) in that format, quantised from the values drawn
 in `dtype`, with the format's config entries (`quantization_config`; NVFP4 also
 `hf_quant_config.json`); loading the
 unquantised checkpoint of the same seed with `quantization=...` gives the same bits.
@@ -169,7 +171,7 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
     except OSError as e:
         raise CheckpointError(f"cannot write the checkpoint {out}: {e}") from e
     try:
-        weight_map, total = {}, 0
+        weight_map, total, sources = {}, 0, {}
         shown = progress.bar(sum(len(shard) for shard in shards), f"writing {out.name}")
         for i, shard in enumerate(shards):
             name = ("model.safetensors" if len(shards) == 1
@@ -177,7 +179,8 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
             tensors = {}
             for s in shard:
                 tensors[s.key] = spec_value(s, seed, config.initializer_range,
-                                            stored_dtype(s.key, torch_dtype), device).cpu()
+                                            stored_dtype(s.key, torch_dtype), device,
+                                            sources).cpu()
                 shown.update(1)
             total += sum(t.numel() * t.element_size() for t in tensors.values())
             save_file(tensors, str(tmp / name), metadata={"format": "pt"})

@@ -11,12 +11,19 @@ its settings ask for (`QuantFormat.configured`: compressed-tensors FP8's per-ten
 Which modules are quantised: every linear layer and every stack of routed experts, except
   - the LM head (the linear layer `model.logits` calls), unless the checkpoint holds its scale
     (as in the real checkpoints, whose heads stay in BF16);
+  - the linear layers a model keeps in its dtype (`keep_unquantized`, not-convert entries:
+    DiffusionGemma's router projections);
+  - experts stored stacked (`StackedExperts.stacked`: transformers' fused `gate_up_proj` /
+    `down_proj`, DiffusionGemma) that a quantised checkpoint holds as those stacked tensors:
+    quantisers target linear layers and leave fused experts in the model dtype; quantised,
+    they are stored one tensor per expert and part (`experts.{e}.gate_proj.weight`, ...);
   - modules whose checkpoint name matches an entry of the not-convert list: the entry equals
     the name or a run of its dotted segments ("lm_head", "mlp.gate", "model.layers.0"), is
     an fnmatch pattern with "*" matching the whole name, or is a regular expression after
     "re:" matching the name from its start (compressed-tensors' `ignore`: "re:.*mlp.gate$").
-Embeddings, norms and routers are never linear layers here, so they stay unquantised. The
-parts of one merged projection (q/k/v, gate/up) or of one expert stack must agree.
+Embeddings and norms are never linear layers here, nor are the routers of SDAR-MoE and
+LLaDA2, so they stay unquantised. The parts of one merged projection (q/k/v, gate/up) or of one
+expert stack must agree.
 
 The option: "auto" (the folder's format, else none), "none" (an unquantised folder; a quantised
 folder is an error, as vLLM refuses a quantization that differs from the checkpoint's), a
@@ -167,10 +174,27 @@ def _checkpoint_names(name: str, module: nn.Module) -> list[str]:
     return [name]
 
 
+def kept_names(model: nn.Module) -> list[str]:
+    """The checkpoint names of the linear layers `model` keeps in its dtype under every
+    quantisation (its `keep_unquantized` entries), in module order."""
+    keep = tuple(getattr(model, "keep_unquantized", ()))
+    return [n for name, m in model.named_modules() if isinstance(m, LinearBase)
+            for n in _checkpoint_names(name, m) if keep and matches(n, keep)]
+
+
+def _stored_stacked(name: str, module: nn.Module, scheme: QuantScheme,
+                    tensor_names: set[str] | frozenset[str]) -> bool:
+    """Whether `module` is stacked experts that a quantised checkpoint stores stacked (one
+    tensor over its experts, in the model dtype: left by a quantiser of linear layers)."""
+    return (isinstance(module, StackedExperts) and module.stacked and not scheme.online
+            and f"{name}.{StackedExperts.STACKED['w13']}" in tensor_names)
+
+
 def quantize_model(model: nn.Module, hidden: int, scheme: QuantScheme,
                    tensor_names: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """Convert the modules the scheme quantises (model on the meta device); return their names.
-    `tensor_names`: the checkpoint's tensors (a head is quantised only if it holds its scale).
+    `tensor_names`: the checkpoint's tensors (a head is quantised only if it holds its scale;
+    stacked experts only if it does not hold them stacked).
 
     Raises:
         CheckpointError: the parts of one merged projection or expert stack disagree about
@@ -178,6 +202,7 @@ def quantize_model(model: nn.Module, hidden: int, scheme: QuantScheme,
     """
     fmt = scheme.fmt
     heads = head_names(model, hidden)
+    keep = tuple(getattr(model, "keep_unquantized", ()))
     scale = f".{fmt.suffixes[1]}"
     done = []
     for name, module in list(model.named_modules()):
@@ -186,6 +211,9 @@ def quantize_model(model: nn.Module, hidden: int, scheme: QuantScheme,
         names = _checkpoint_names(name, module)
         if name in heads and (scheme.online or not all(n + scale in tensor_names
                                                        for n in names)):
+            continue
+        if keep and all(matches(n, keep) for n in names) \
+                or _stored_stacked(name, module, scheme, tensor_names):
             continue
         skipped = [matches(n, scheme.not_convert) for n in names]
         if all(skipped):
@@ -204,11 +232,12 @@ def quantize_model(model: nn.Module, hidden: int, scheme: QuantScheme,
 
 def quantize_for_writing(model: nn.Module, hidden: int, name: str
                          ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Convert a model (meta) to write a checkpoint in format `name` (all but the LM head);
-    return its config entries (`config_entries`, the heads as the not-convert list)."""
+    """Convert a model (meta) to write a checkpoint in format `name` (all but the LM head and
+    the layers the model keeps unquantised); return its config entries (`config_entries`, the
+    heads and those layers as the not-convert list)."""
     heads = sorted(head_names(model, hidden))
     quantize_model(model, hidden, QuantScheme(name, online=True))
-    return config_entries(name, heads)
+    return config_entries(name, heads + kept_names(model))
 
 
 def config_entries(name: str, not_convert: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:

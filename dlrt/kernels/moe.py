@@ -31,10 +31,12 @@ Two forms of 2 and 3, chosen from the static shape (`moe_form`, `moe_config`):
      Grid (N*k // BLOCK_M + min(E, N*k), cdiv(I or H, BLOCK_N)).
 Programs past the live tile count (read from device memory) exit at once. Buffers are sized
 by N*k, never by the experts touched.
-FP8 experts (float8_e4m3fn w13 / w2 with 128 x 128 block scales, `dlrt.kernels.moe_fp8`): the
-same launches with the constexpr FP8 on; both forms load the e4m3 tiles, convert them in
-registers and apply each block's scale (fp32 accumulation), so a touched expert's FP8 bytes
-are read once per call. FP8 off compiles the BF16 code unchanged.
+FP8 experts (float8_e4m3fn w13 / w2 with 128 x 128 block scales held in block rows or a row per
+weight row, or per-channel scales, `dlrt.kernels.moe_fp8`): the same launches with the
+constexpr FP8 on (and ROW_BLOCK, SCALE_COLS: the scales' layout); both forms load the e4m3
+tiles, convert them in registers and apply each step's scale (fp32 accumulation), so a
+touched expert's FP8 bytes are read once per call; the activation of the gate rows is the same
+constexpr as without FP8. FP8 off compiles the BF16 code unchanged.
 """
 
 from __future__ import annotations
@@ -48,7 +50,14 @@ import triton.language as tl
 from dlrt.kernels import pdl
 from dlrt.kernels.activation import GATE_ACTIVATIONS, gate_act
 from dlrt.kernels.moe_align import align_pairs, max_tiles
-from dlrt.kernels.moe_fp8 import _fp8_tiles, _scale_rows, check_fp8_experts, fp8_steps, unroll_for
+from dlrt.kernels.moe_fp8 import (
+    _fp8_tiles,
+    _scale_col,
+    _scale_rows,
+    check_fp8_experts,
+    fp8_steps,
+    unroll_for,
+)
 
 # The form rule. Measured on an H200 (bf16, SDAR-30B-A3B and LLaDA2.0-mini experts): the
 # tiles form at BLOCK_M = 16 streams the touched experts at 0.87-0.99 of the copy bandwidth
@@ -154,7 +163,8 @@ def _row_out(acc, acc_up, pairs_ptr, c, r: tl.constexpr, count, n, out_ptr, wt_p
 def _rows_kernel(in_ptr, w_ptr, s_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K: tl.constexpr,
                  TOPK: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr,
                  ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 VEC: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr):
+                 VEC: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr,
+                 ROW_BLOCK: tl.constexpr = 128, SCALE_COLS: tl.constexpr = 1):
     tile = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     k = tl.arange(0, BLOCK_K)
@@ -169,7 +179,7 @@ def _rows_kernel(in_ptr, w_ptr, s_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K: 
     slab = w_ptr + expert * w_rows * K + tl.minimum(n, N_OUT - 1).to(tl.int64)[:, None] * K \
         + k[None, :]  # clamped rows: no load masks
     if FP8:
-        s_w, s_v = _scale_rows(s_ptr, expert, n, N_OUT, K, GATED)
+        s_w, s_v = _scale_rows(s_ptr, expert, n, N_OUT, GATED, ROW_BLOCK, SCALE_COLS)
     TILES: tl.constexpr = K // BLOCK_K
     for c in range(0, count, ROWS):
         srcs = tl.load(pairs_ptr + tl.minimum(c + tl.arange(0, ROWS), count - 1))
@@ -189,9 +199,10 @@ def _rows_kernel(in_ptr, w_ptr, s_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K: 
         for t in range(0, TILES):
             w, v = w_next.to(tl.float32), v_next.to(tl.float32)
             if FP8:  # the tile dequantised in registers (fp32, as the reference's weight)
-                w = w * tl.load(s_w + (t * BLOCK_K) // 128)[:, None]
+                kb = _scale_col(t * BLOCK_K, SCALE_COLS)
+                w = w * tl.load(s_w + kb)[:, None]
                 if GATED:
-                    v = v * tl.load(s_v + (t * BLOCK_K) // 128)[:, None]
+                    v = v * tl.load(s_v + kb)[:, None]
             ahead = tl.minimum(t + 1, TILES - 1) * BLOCK_K  # the next step in flight
             w_next = tl.load(slab + ahead)
             if GATED:
@@ -224,7 +235,8 @@ def _tiles_kernel(in_ptr, w_ptr, s_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K:
                   TOPK: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr,
                   BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-                  FP8: tl.constexpr, PDL: tl.constexpr, UNROLL: tl.constexpr = 1):
+                  FP8: tl.constexpr, PDL: tl.constexpr, UNROLL: tl.constexpr = 1,
+                  ROW_BLOCK: tl.constexpr = 128, SCALE_COLS: tl.constexpr = 1):
     tile = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
@@ -245,7 +257,7 @@ def _tiles_kernel(in_ptr, w_ptr, s_ptr, out_ptr, table_ptr, wt_ptr, T, N_OUT, K:
     acc_up = acc
     if FP8:
         acc, acc_up = _fp8_tiles(acc, acc_up, rows, slab, s_ptr, expert, n, N_OUT, K, GATED,
-                                 BLOCK_K, UNROLL, PRECISION)
+                                 BLOCK_K, UNROLL, PRECISION, ROW_BLOCK, SCALE_COLS)
     else:
         for t in range(0, K // BLOCK_K):
             a = tl.load(rows + t * BLOCK_K)
@@ -282,9 +294,11 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
 
     Args:
         x: [N, H] activations. w13: [E, 2I, H], w2: [E, H, I], x's dtype and device; or
-            float8_e4m3fn with `w13_scale` / `w2_scale` (float32 128 x 128 block scales
-            [E, ceil(2I/128), ceil(H/128)] / [E, ceil(H/128), I/128], I a multiple of 128):
-            read as FP8 by the kernels (`dlrt.kernels.moe_fp8`).
+            float8_e4m3fn with `w13_scale` / `w2_scale`, float32 128 x 128 block scales in
+            block rows ([E, ceil(2I/128), ceil(H/128)] / [E, ceil(H/128), I/128], I a
+            multiple of 128) or a row per weight row ([E, 2I, ceil(H/128)] / [E, H,
+            ceil(I/128)]), or per-channel scales ([E, 2I, 1] / [E, H, 1]): read as FP8 by
+            the kernels (`dlrt.kernels.moe_fp8`).
         weights: [N, k] fp32 routing weights. ids: [N, k] expert ids (int32 or int64).
         config: block sizes and form; None: `moe_config` of the shape (FP8: K steps capped
             at 128).
@@ -302,8 +316,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     inter = two_i // 2
     k = ids.shape[1]
     fp8 = w13_scale is not None
-    if fp8:
-        check_fp8_experts(w13, w2, w13_scale, w2_scale)
+    row_block = check_fp8_experts(w13, w2, w13_scale, w2_scale) if fp8 else 128
     if w13.shape[2] != h or w2.shape != (e, h, inter) or weights.shape != ids.shape \
             or ids.shape[0] != n or (not fp8 and (w13.dtype != x.dtype or w2.dtype != x.dtype)):
         raise ValueError(f"fused_experts: x {tuple(x.shape)} {x.dtype}, w13 "
@@ -329,18 +342,20 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
              (act, w2, s2, y, h, inter, cfg.down_n, cfg.down_k, False))
     for src, w, scale, dst, n_out, kdim, block_n, block_k, gated in steps:
         grid = (tiles, triton.cdiv(n_out, block_n))
+        cols = scale.shape[2] if fp8 else 1  # the scales' columns (SCALE_COLS)
         if cfg.form == "rows":
             _rows_kernel[grid](src, w, scale, dst, table, weights, tiles, n_out, K=kdim,
                                TOPK=k, GATED=gated, ACTIVATION=activation, ROWS=cfg.rows,
                                BLOCK_N=block_n, BLOCK_K=block_k, VEC=min(VEC, block_k), FP8=fp8,
-                               num_warps=cfg.warps, num_stages=1, **opts)
+                               ROW_BLOCK=row_block, SCALE_COLS=cols, num_warps=cfg.warps,
+                               num_stages=1, **opts)
         else:
             _tiles_kernel[grid](src, w, scale, dst, table, weights, tiles, n_out, K=kdim,
                                 TOPK=k, GATED=gated, ACTIVATION=activation,
                                 BLOCK_M=cfg.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                                 PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                                 FP8=fp8, UNROLL=unroll_for(kdim, block_k, cfg.unroll or 1)
-                                if fp8 else 1,
+                                if fp8 else 1, ROW_BLOCK=row_block, SCALE_COLS=cols,
                                 num_warps=cfg.warps, num_stages=cfg.stages, **opts)
     block = min(1024, triton.next_power_of_2(h))
     _combine_kernel[(n, triton.cdiv(h, block))](y, out, h, TOPK=k, BLOCK=block, num_warps=4,

@@ -2,11 +2,13 @@
 tiny checkpoints load with their formats on the device, online quantisation equals the written
 checkpoint there too, and the three execution modes commit identical tokens (the projections
 take the low-precision kernels the load-time plan sets, else the dequantising path; the Triton
-MoE dequantises the experts inside the graphs). The LM head is sharpened (x50) so threshold
-strategies commit varying numbers. Tolerances: kernel outputs within 1e-2 relative L2 of the
-reference path; a planned compressed-tensors model's logits within 5e-2 of the reference
-path's (the load-time plan checks each kernel against 2e-2; a model's layers add up: 2.4e-2
-and 3.1e-2 were measured on an H200)."""
+MoE reads FP8 experts directly and dequantises the others inside the graphs). The LM head is
+sharpened (x50) so threshold strategies commit varying numbers. A quantised tiny
+DiffusionGemma (its `renoise` decoder, `triton` attention, GELU experts) commits identical
+tokens, rounds and stops in the three modes too. Tolerances: kernel outputs within 1e-2
+relative L2 of the reference path; a planned compressed-tensors model's logits within 5e-2 of
+the reference path's (the load-time plan checks each kernel against 2e-2; a model's layers add
+up: 2.4e-2 and 3.1e-2 were measured on an H200)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,12 @@ pytestmark = pytest.mark.gpu
 
 MODES = ("device_loop", "host_loop", "eager")
 CT = "compressed-tensors-fp8"
+DG = "tiny-diffusion-gemma"
+# renoise options: few rounds with a tight acceptance; every position accepted and no early
+# stop at low temperatures
+DG_OPTIONS = [dict(max_denoising_steps=6, entropy_bound=0.5),
+              dict(max_denoising_steps=12, entropy_bound=1e4, stability_threshold=0,
+                   confidence_threshold=3.0, t_min=0.05, t_max=0.2)]
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +214,51 @@ def test_compressed_tensors_on_cuda(made, preset):
         r = llm.generate(prompt, max_new_tokens=24)
         out[mode] = (r.token_ids, r.denoise_steps, r.finish_reason)
     assert out["device_loop"] == out["host_loop"] == out["eager"], out
+
+
+@pytest.mark.parametrize("quantization", ["fp8", "fp8:weight_only", "nvfp4", CT,
+                                          f"{CT}:weight_only"])
+def test_diffusion_gemma_quantised_modes_identical(made, quantization):
+    """A quantised tiny DiffusionGemma on CUDA (the renoise decoder, `triton` attention and
+    kernels; FP8 and compressed-tensors FP8 experts read as FP8 by the Triton MoE on sm_89+,
+    a scale row per weight row): the three execution modes commit identical tokens, rounds
+    and stops, for two seeds and two settings, over a prompt longer than the sliding
+    window."""
+    from dlrt.layers.moe.triton import TritonMoE, fp8_blocks
+
+    quantization, _, mode = quantization.partition(":")
+    llm = _llm(made(DG, quantization), **({"fp8_activations": mode} if mode else {}))
+    assert llm.engine_config.decoder == "renoise"
+    assert llm.engine_config.attention_backend == "triton"
+    layers = llm.model.model.decoder.layers
+    assert all(isinstance(layer.method, TritonMoE) for layer in layers)
+    if quantization != "nvfp4":
+        assert all(fp8_blocks(layer.experts) for layer in layers) == \
+            (torch.cuda.get_device_capability() >= (8, 9))
+    prompt = [2 + (7 * i + 11) % 8000 for i in range(37)]  # never the image id (1)
+    for options in DG_OPTIONS:
+        for seed in (0, 5):
+            out = {}
+            for m in MODES:
+                llm.set_execution_mode(m)
+                r = llm.generate(prompt, max_new_tokens=40, seed=seed, ignore_eos=True,
+                                 **options)
+                out[m] = (r.token_ids, r.denoise_steps, r.finish_reason)
+            assert out["device_loop"] == out["host_loop"] == out["eager"], out
+            assert len(out["eager"][0]) == 40 and len(out["eager"][1]) == 3
+
+
+@pytest.mark.parametrize("quantization", ["fp8", CT])
+def test_diffusion_gemma_online_equals_the_checkpoint_on_cuda(made, quantization):
+    """On the device too, a tiny DiffusionGemma quantised while loading holds the bits of its
+    written checkpoint (the stacked experts' rows quantised per expert and part) and commits
+    the same tokens."""
+    offline = _llm(made(DG, quantization))
+    online = _llm(made(DG), quantization=quantization)
+    a = dict(offline.model.named_parameters())
+    b = dict(online.model.named_parameters())
+    assert [n for n, p in a.items() if p.dtype == torch.float8_e4m3fn and "experts" in n]
+    assert all(torch.equal(_bits(a[n]), _bits(b[n])) for n in a)
+    prompt = [2 + (5 * i + 3) % 8000 for i in range(13)]
+    assert offline.generate(prompt, max_new_tokens=24, seed=3).token_ids == \
+        online.generate(prompt, max_new_tokens=24, seed=3).token_ids

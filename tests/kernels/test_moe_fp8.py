@@ -8,8 +8,10 @@ per 128 x 128 block so that every block has its own scale. Tolerance: max error 
 output's max in fp32 (the kernels differ from the reference in fp32 summation order and, in the
 tiles form, apply the scale to a step's partial sum). bf16 on the GPU: within 2 bf16 ulps of
 the output's scale. Both forms, the awkward routings (every row to one expert, k = 1); the row
-layout (I not a multiple of 128) keeps the dequantising fallback. GPU: SDAR-30B-A3B and
-LLaDA2.0-mini shapes in bf16, and a CUDA-graph replay bit-identical to eager.
+layout (I not a multiple of 128: a scale row per weight row) and compressed-tensors'
+per-channel scales read as FP8 too, for SiLU and GELU experts. GPU: SDAR-30B-A3B,
+LLaDA2.0-mini and DiffusionGemma (I = 704, GELU) shapes in bf16, and a CUDA-graph replay
+bit-identical to eager.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from dlrt.layers.moe import FusedMoE  # noqa: E402
 from dlrt.layers.moe.base import RouterSpec  # noqa: E402
 from dlrt.layers.moe.reference import ReferenceMoE  # noqa: E402
 from dlrt.layers.moe.triton import TritonMoE, fp8_blocks  # noqa: E402
+from dlrt.layers.quant.compressed_tensors import CT_FP8_FORMAT, CtFp8Format  # noqa: E402
 from dlrt.layers.quant.convert import quantize_experts  # noqa: E402
 from dlrt.layers.quant.fp8 import FP8_FORMAT, FP8_ROWS_FORMAT  # noqa: E402
 from dlrt.ops import get_ops  # noqa: E402
@@ -53,9 +56,9 @@ FORMS = {"rows": MoEConfig("rows", rows=2, up_n=32, up_k=128, down_n=64, down_k=
 
 
 def make_fp8_layer(spec: RouterSpec, dtype=torch.float32, hidden=H, inter=INTER,
-                   seed=0) -> FusedMoE:
+                   seed=0, fmt=FP8_FORMAT) -> FusedMoE:
     """A layer with random weights, every 128 x 128 expert block multiplied by its own factor
-    (0.25 to 4), the experts then quantised to FP8 (the layout that fits I)."""
+    (0.25 to 4), the experts then quantised to `fmt` (FP8: the layout that fits I)."""
     gen = torch.Generator().manual_seed(seed)
     layer = FusedMoE(hidden, inter, spec, get_ops("triton"))
     with torch.no_grad():
@@ -67,7 +70,7 @@ def make_fp8_layer(spec: RouterSpec, dtype=torch.float32, hidden=H, inter=INTER,
             f = 0.25 * 16 ** torch.rand(e, -(-n // 128), -(-k // 128), generator=gen)
             p.mul_(f.repeat_interleave(128, 1)[:, :n].repeat_interleave(128, 2)[:, :, :k])
     layer = layer.to(DEV, dtype).requires_grad_(False)  # before quantising: FP8 is a float
-    quantize_experts(layer.experts, FP8_FORMAT)
+    quantize_experts(layer.experts, fmt)
     if spec.scoring == "sigmoid":
         layer.gate.float()
     return layer
@@ -133,21 +136,65 @@ def test_fp8_awkward_routings():
     assert not out[3].any()
 
 
-def test_row_layout_keeps_the_dequantising_fallback():
-    """I = 32 (part boundaries off the 128-row blocks): scales held per weight row; the method
-    dequantises, the kernels refuse the layout."""
-    layer = make_fp8_layer(RouterSpec("softmax", E, K), hidden=64, inter=32, seed=4)
+# forced forms for H = 64, I = 160 (K steps dividing both)
+ROW_FORMS = {"rows": MoEConfig("rows", rows=2, up_n=32, up_k=64, down_n=32, down_k=32),
+             "tiles": MoEConfig("tiles", block_m=16, up_n=32, up_k=64, down_n=32, down_k=32)}
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_pytorch_tanh"])
+def test_row_layout_is_read_as_fp8(activation):
+    """I = 160 (the gate / up boundary off the 128-row blocks, as DiffusionGemma's I = 704):
+    scales held per weight row, each part's two stored scale rows repeated on their rows; both
+    forms read the experts as FP8 (never dequantised) and equal the reference, for SiLU and
+    GELU experts; scales in neither layout are refused."""
+    layer = make_fp8_layer(RouterSpec("softmax", E, K), hidden=64, inter=160, seed=4)
     ex = layer.experts
-    assert ex.quant_format is FP8_ROWS_FORMAT and not fp8_blocks(ex)
+    ex.activation = activation
+    assert ex.quant_format is FP8_ROWS_FORMAT and fp8_blocks(ex)
+    assert ex.w13_weight_scale_inv.shape == (E, 320, 1)
+    assert ex.w2_weight_scale_inv.shape == (E, 64, 2)
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(4)).to(DEV)
     weights, ids = layer.method.route(layer, x)
-    check(layer.method.apply(layer, x, weights, ids), ReferenceMoE().apply(layer, x, weights, ids))
-    with pytest.raises(ValueError, match="fp8"):
-        fused_experts(x, ex.w13, ex.w2, weights, ids, w13_scale=ex.w13_weight_scale_inv,
+    ref = ReferenceMoE().apply(layer, x, weights, ids)
+    no_dequantise(layer)
+    try:
+        for cfg in ROW_FORMS.values():
+            check(TritonMoE(lambda *_, c=cfg: c).apply(layer, x, weights, ids), ref)
+        check(layer.method.apply(layer, x, weights, ids), ref)  # the layer's own config
+    finally:
+        del layer.experts.expert_weight
+    with pytest.raises(ValueError, match="fp8.*block rows .*a row per weight row or per channel"):
+        fused_experts(x, ex.w13, ex.w2, weights, ids, w13_scale=ex.w13_weight_scale_inv[:, 1:],
                       w2_scale=ex.w2_weight_scale_inv)
 
 
-GPU_SHAPES = [  # n, E, k, H, I, router
+@pytest.mark.parametrize("fmt,inter,activation", [
+    (CT_FP8_FORMAT, 160, "gelu_pytorch_tanh"), (CtFp8Format("tensor"), 128, "silu")],
+    ids=["channel-gelu", "tensor-silu"])
+def test_compressed_tensors_experts_are_read_as_fp8(fmt, inter, activation):
+    """compressed-tensors FP8 experts: a scale per weight row ([E, 2I, 1] / [E, H, 1]; a
+    per-tensor scale repeated on its part's rows) for the whole of K, whatever I; both forms
+    read them as FP8 and equal the reference."""
+    layer = make_fp8_layer(RouterSpec("softmax", E, K), hidden=H, inter=inter, seed=5,
+                           fmt=fmt)
+    ex = layer.experts
+    ex.activation = activation
+    assert fp8_blocks(ex) and ex.w13_weight_scale.shape == (E, 2 * inter, 1)
+    assert ex.w2_weight_scale.shape == (E, H, 1)
+    x = torch.randn(6, H, generator=torch.Generator().manual_seed(5)).to(DEV)
+    weights, ids = layer.method.route(layer, x)
+    forms = {"rows": MoEConfig("rows", rows=2, up_n=32, up_k=128, down_n=64, down_k=32),
+             "tiles": MoEConfig("tiles", block_m=16, up_n=32, up_k=64, down_n=64, down_k=32)}
+    ref = ReferenceMoE().apply(layer, x, weights, ids)
+    no_dequantise(layer)
+    try:
+        for cfg in forms.values():
+            check(TritonMoE(lambda *_, c=cfg: c).apply(layer, x, weights, ids), ref)
+    finally:
+        del layer.experts.expert_weight
+
+
+GPU_SHAPES = [  # n, E, k, H, I, router (, activation)
     (1, 128, 8, 2048, 768, RouterSpec("softmax", 128, 8)),
     (4, 128, 8, 2048, 768, RouterSpec("softmax", 128, 8)),
     (64, 128, 8, 2048, 768, RouterSpec("softmax", 128, 8)),
@@ -155,14 +202,18 @@ GPU_SHAPES = [  # n, E, k, H, I, router
                                       scaling=2.5)),
     (300, 256, 8, 2048, 512, RouterSpec("sigmoid", 256, 8, n_group=8, topk_group=4,
                                         scaling=2.5)),
+    # DiffusionGemma: I = 704 (scales per weight row), GELU; a round's few rows and a canvas
+    (2, 128, 8, 2816, 704, RouterSpec("softmax", 128, 8), "gelu_pytorch_tanh"),
+    (256, 128, 8, 2816, 704, RouterSpec("softmax", 128, 8), "gelu_pytorch_tanh"),
 ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU_SHAPES, ids=lambda c: f"n{c[0]}-E{c[1]}")
+@pytest.mark.parametrize("case", GPU_SHAPES, ids=lambda c: f"n{c[0]}-E{c[1]}-I{c[4]}")
 def test_fp8_real_shapes_gpu(case):
-    n, e, k, h, i, spec = case
+    n, e, k, h, i, spec, *activation = case
     layer = make_fp8_layer(spec, torch.bfloat16, h, i, seed=n)
+    layer.experts.activation = activation[0] if activation else "silu"
     assert fp8_blocks(layer.experts)
     x = torch.randn(n, h, device=DEV, dtype=torch.bfloat16)
     weights, ids = layer.method.route(layer, x)
@@ -242,7 +293,8 @@ def _compile(out: Path) -> None:
     sig = dict(in_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", out_ptr="*bf16",
                table_ptr="*i32", wt_ptr="*fp32", T="i32", N_OUT="i32")
     consts = dict(K=2048, TOPK=8, GATED=True, ACTIVATION="silu", BLOCK_M=16, BLOCK_N=64,
-                  BLOCK_K=128, PRECISION="tf32", FP8=True, PDL=True, UNROLL=2)
+                  BLOCK_K=128, PRECISION="tf32", FP8=True, PDL=True, UNROLL=2,
+                  ROW_BLOCK=128, SCALE_COLS=16)
     (out / "tiles_fp8.ptx").write_text(compile_sm90(_tiles_kernel, sig, consts, num_warps=4,
                                                     num_stages=3))
 

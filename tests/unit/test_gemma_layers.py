@@ -1,7 +1,8 @@
 """The layer parts DiffusionGemma brings: Gemma's fp32 RMSNorm and proportional RoPE (bit for
 bit against transformers'), gated MLPs and experts of another activation than SiLU, experts
-stored stacked in the checkpoint, and what is refused for them (the Triton MoE kernels,
-quantisation)."""
+stored stacked in the checkpoint and quantised (held as the others, read per expert and part
+from a quantised checkpoint, made from the stacked tensors' rows online), and what is refused
+for them (the Triton MoE kernels)."""
 
 from __future__ import annotations
 
@@ -133,7 +134,23 @@ def test_stacked_experts_read_one_tensor_each():
     assert "experts.3.up_proj.weight" in per_expert and len(per_expert) == 12
 
 
-def test_stacked_experts_are_not_quantised():
-    with pytest.raises(ValueError, match="experts stored stacked .* cannot be quantised yet"):
-        quantize_module(_Layer(stacked=True).experts, get_format("fp8"))
-    quantize_module(_Layer(stacked=False).experts, get_format("fp8"))  # as before
+def test_stacked_experts_are_quantised_as_the_others():
+    """Quantised, stacked experts hold what per-expert ones hold; a quantised checkpoint is read
+    one tensor per expert and part (the published layout), and online quantisation makes those
+    tensors from the expert's rows of the stacked tensors."""
+    layers = {}
+    for stacked in (True, False):
+        layers[stacked] = _Layer(stacked=stacked)
+        quantize_module(layers[stacked].experts, get_format("fp8"))
+    held = [{n: (p.shape, p.dtype) for n, p in layers[s].named_parameters()} for s in layers]
+    assert held[0] == held[1] and "experts.w13_weight_scale_inv" in held[0]
+    offline = [(s.key, s.index) for s in weight_specs(layers[True])]
+    assert offline == [(s.key, s.index) for s in weight_specs(layers[False])]
+    assert ("experts.3.up_proj.weight_scale_inv", (3, slice(6, 12))) in offline
+    online = {s.key: s for s in weight_specs(layers[True], online=True)}
+    up = online["experts.3.up_proj.weight"]
+    assert (up.source, up.source_shape, up.source_index) == \
+        ("experts.gate_up_proj", (4, 12, 8), (3, slice(6, 12)))
+    down = online["experts.1.down_proj.weight_scale_inv"]
+    assert (down.source, down.source_shape, down.source_index) == \
+        ("experts.down_proj", (4, 8, 6), (1, slice(0, 8)))

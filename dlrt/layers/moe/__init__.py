@@ -57,7 +57,8 @@ class StackedExperts(nn.Module):
     Quantised experts (`dlrt.layers.quant.convert`) hold w13 / w2 in their format, with the
     format's other tensors beside them (e.g. FP8 `w13_weight_scale_inv` [E, ceil(2I/128),
     ceil(H/128)] in block rows, or [E, 2I, ceil(H/128)] when I is not a multiple of 128);
-    `expert_weight` dequantises. The Triton method reads FP8 block-layout experts directly
+    `expert_weight` dequantises. The Triton method reads FP8 experts directly in either
+    layout, and compressed-tensors FP8 ones with their per-channel scales
     (`dlrt.kernels.moe_fp8`); every other case reads them through `expert_weight`."""
 
     quant_format = None  # a `QuantFormat` once converted

@@ -4,11 +4,13 @@
 Runs on CUDA and, under TRITON_INTERPRET=1, on the CPU. Every launch has fixed shapes and
 reads its counts from device memory (capturable); the kernels' form (GEMV rows or grouped
 GEMM tiles) is a function of the static shape only (`dlrt.kernels.moe.moe_config`).
-FP8 experts in 128 x 128 block scales (`FP8_FORMAT`, every real model) are read as FP8 by the
-kernels (`dlrt.kernels.moe_fp8`; sm_89+ or the interpreter): each touched expert's FP8 bytes
-once per call. Other quantised experts keep a dequantising fallback: FP8 in the row layout
-(`FP8_ROWS_FORMAT`: I not a multiple of 128, tiny test models), FP8 on a GPU before sm_89,
-and NVFP4 have no kernel of their own; every call
+FP8 experts are read as FP8 by the kernels (`dlrt.kernels.moe_fp8`; sm_89+ or the
+interpreter): "fp8" experts in 128 x 128 block scales, held in block rows (`FP8_FORMAT`: I a
+multiple of 128) or a row per weight row (`FP8_ROWS_FORMAT`: any I, e.g. DiffusionGemma's
+704), and "compressed-tensors-fp8" experts with their per-channel scales; each touched
+expert's FP8 bytes once per call, for every activation of `ACTIVATIONS`. Other quantised
+experts keep a dequantising fallback: FP8 on a GPU before sm_89 and NVFP4 have no kernel of
+their own; every call
 dequantises all E experts into x's dtype (fixed shapes, still capturable; transient memory
 of one layer's experts in that dtype) and runs the BF16 / fp32 kernels on them.
 """
@@ -31,11 +33,17 @@ def _fp8_device(index: int) -> bool:
     return torch.cuda.get_device_capability(index) >= (8, 9)
 
 
+# the formats whose experts the kernels read (e4m3 weights, fp32 scales in a layout of
+# `dlrt.kernels.moe_fp8`), each with its scales' checkpoint suffix
+FP8_EXPERTS = {"fp8": "weight_scale_inv", "compressed-tensors-fp8": "weight_scale"}
+
+
 def fp8_blocks(experts) -> bool:
-    """Whether the kernels read the experts as FP8: FP8 in 128 x 128 block scales, on the CPU
-    (the interpreter) or a GPU with FP8 support (sm_89+); else the dequantising fallback."""
+    """Whether the kernels read the experts as FP8: experts of a format of `FP8_EXPERTS`, on
+    the CPU (the interpreter) or a GPU with FP8 support (sm_89+); else the dequantising
+    fallback."""
     fmt = experts.quant_format
-    if fmt is None or fmt.name != "fp8" or not getattr(fmt, "block_rows", False):
+    if fmt is None or fmt.name not in FP8_EXPERTS:
         return False
     dev = experts.w13.device
     return dev.type != "cuda" or _fp8_device(dev.index if dev.index is not None
@@ -86,9 +94,10 @@ class TritonMoE(MoEMethod):
         if fmt is None:
             return fused_experts(x, ex.w13, ex.w2, weights, ids, cfg, activation=act)
         if fp8_blocks(ex):
+            scale = FP8_EXPERTS[fmt.name]
             return fused_experts(x, ex.w13, ex.w2, weights, ids, cfg,
-                                 w13_scale=ex.w13_weight_scale_inv,
-                                 w2_scale=ex.w2_weight_scale_inv, activation=act)
+                                 w13_scale=getattr(ex, f"w13_{scale}"),
+                                 w2_scale=getattr(ex, f"w2_{scale}"), activation=act)
         return fused_experts(x, ex.expert_weight("w13", None, x.dtype),
                              ex.expert_weight("w2", None, x.dtype), weights, ids, cfg,
                              activation=act)

@@ -38,8 +38,10 @@ SiLU-and-mul ops): finer than the checkpoints' per-token (or static per-tensor) 
 coarser; "weight_only" keeps x in the model dtype (the exact product with the dequantised
 weight). A checkpoint without `input_activations` (W8A16) runs weight-only whatever the option.
 On a GPU of sm_89+ a load-time plan times `dlrt.kernels.fp8_gemm`'s tensor-core kernels on
-per-channel scales (W8A8 or weight-only; not its GEMV) against this reference; routed experts
-are dequantised per call on every device (`StackedExperts.expert_weight`).
+per-channel scales (W8A8 or weight-only; not its GEMV) against this reference. Routed experts
+are weight-only: the Triton MoE reads them as FP8 with their per-channel scales
+(`dlrt.kernels.moe_fp8`; sm_89+ or the interpreter), the PyTorch MoE dequantises the experts
+it reads (`StackedExperts.expert_weight`).
 """
 
 from __future__ import annotations
@@ -263,8 +265,8 @@ class CtFp8Format(QuantFormat):
                             "model)", slow=True)
         return PathNote(f"{self.name} weights on compute capability {cc}: projections by the "
                         "FP8 tensor-core kernels on per-channel scales where the load-time "
-                        "plan finds them faster; routed experts of MoE layers are dequantised "
-                        "per call")
+                        "plan finds them faster; routed experts of MoE layers read as FP8 by "
+                        "the Triton MoE (weight-only)")
 
     # -- the activations -----------------------------------------------------------------------
     def set_activations(self, model, activations):

@@ -45,17 +45,16 @@ def _replace(module: nn.Module, weight: str, lead: tuple[int, ...], n: int, k: i
 
 def quantize_module(module: nn.Module, fmt: QuantFormat) -> None:
     """Convert a `LinearBase` or `StackedExperts` (on the meta device) to hold `fmt` (the
-    variant that fits its parts: `QuantFormat.for_parts`).
+    variant that fits its parts: `QuantFormat.for_parts`). Experts stored stacked
+    (`StackedExperts.stacked`) are held as the others: their checkpoint parts are each expert's
+    gate, up and down rows (`dlrt.checkpoint.loader` reads a quantised checkpoint's tensor per
+    expert and part, or quantises those rows of the stacked tensors while loading).
 
     Raises:
-        ValueError: the weight's shape does not fit the format (NVFP4: K not a multiple of 16),
-            or the experts are stored stacked (`StackedExperts.stacked`: no quantised layout
-            of them yet).
+        ValueError: the weight's shape does not fit the format (NVFP4: K not a multiple of 16;
+            `dlrt.checkpoint.quant.quantize_model` names the module in a CheckpointError).
         TypeError: another kind of module.
     """
-    if isinstance(module, StackedExperts) and module.stacked:
-        raise ValueError("experts stored stacked (gate_up_proj [E, 2I, H], DiffusionGemma) "
-                         "cannot be quantised yet")
     if isinstance(module, MergedLinear):
         fmt = fmt.for_parts([[size for _, size in module.parts]])
     elif isinstance(module, LinearBase):
@@ -90,8 +89,9 @@ def quantize_experts(module: StackedExperts, fmt: QuantFormat) -> None:
             for part in parts:
                 for suffix, t in fmt.quantize(part).items():
                     t = expand_rows(t, fmt.expand.get(suffix, 1), part.shape[0])
-                    rows.setdefault(suffix, []).append(t.expand(part.shape[0]) if t.dim() == 0
-                                                       else t)
+                    if t.dim() == 0:  # one scale for the part: on each of its held rows
+                        t = t.expand(fmt.held(suffix, *part.shape)[0])
+                    rows.setdefault(suffix, []).append(t)
             for suffix, ts in rows.items():
                 held.setdefault(param_name(weight, suffix), []).append(torch.cat(ts))
     for name, ts in held.items():

@@ -16,9 +16,10 @@ e4m3(clamp(w / scale, -448, 448)) rounded to nearest even, all in fp32.
 
 Held by a layer: `weight` float8_e4m3fn [n, k] and `weight_scale_inv` float32, either as
 stored, [ceil(n/128), ceil(k/128)] (`FP8_FORMAT`: every part of a merged projection or expert
-stack but the last is a multiple of 128 rows, so the parts' scale rows concatenate; all real
-models), or [n, ceil(k/128)] with each stored scale row repeated for its 128 weight rows
-(`FP8_ROWS_FORMAT`: parts of other sizes, e.g. tiny test models).
+stack but the last is a multiple of 128 rows, so the parts' scale rows concatenate: the real
+SDAR, LLaDA and LLaDA2 models), or [n, ceil(k/128)] with each stored scale row repeated for its
+128 weight rows (`FP8_ROWS_FORMAT`: parts of other sizes: DiffusionGemma's MLPs and experts,
+whose gate and up parts have 2112 and 704 rows, tiny test models).
 """
 
 from __future__ import annotations

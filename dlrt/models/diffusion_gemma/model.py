@@ -20,7 +20,9 @@ Module names equal the checkpoint keys: `model.decoder.*` (every weight both mod
 `model.decoder.self_conditioning.*`, and `model.encoder.language_model.layers.{i}.layer_scalar`
 (the encoder's own layer scalars). The vision tower (`model.encoder.vision_tower.*`,
 `model.encoder.embed_vision.*`) is not built: its tensors are skipped at load
-(`checkpoint_skips`).
+(`checkpoint_skips`). Quantised (`dlrt.checkpoint.quant`), the routers' projections stay in the
+model dtype (`keep_unquantized`); the routed experts, stored stacked, are read per expert and
+part from a quantised checkpoint.
 """
 
 from __future__ import annotations
@@ -108,6 +110,9 @@ class DiffusionGemmaForBlockDiffusion(nn.Module):
 
     # checkpoint tensors of the parts not built here (image input is not served)
     checkpoint_skips = ("model.encoder.vision_tower.", "model.encoder.embed_vision.")
+    # linear layers kept in the model dtype under every quantisation (not-convert entries,
+    # `dlrt.checkpoint.quant.matches`): the routers' projections, as every family's router
+    keep_unquantized = ("router",)
 
     def __init__(self, config: ModelConfig, ops: Ops):
         super().__init__()
