@@ -6,6 +6,8 @@ rounds). The generation region is split into sub-blocks of `block_length` counte
 of the prompt (one block covering the whole generation is pure diffusion); rounds commit only
 inside the current sub-block, and the LM head runs only on its rows. The canvas buffer is padded
 to a multiple of 64 so one captured graph serves nearby lengths; padding is never attended to.
+With `canvas_cache` "prefix" or "dual" (Fast-dLLM's approximate caches) a sub-block re-runs
+the canvas once and its later rounds reuse the cached K/V (`dlrt.runtime.canvas_cache`).
 """
 
 from __future__ import annotations
@@ -80,32 +82,51 @@ class CanvasDecoder(DecoderBase):
         span = prompt_len + -(-params.max_new_tokens // b) * b
         return -(-span // PAD_TO) * PAD_TO
 
+    def _buffer(self, prompt_len: int, params: DecodingParams) -> tuple[int, int]:
+        """(canvas buffer slots, window length; 0: no cache) of a request."""
+        size = self._size(prompt_len, params)
+        if params.canvas_cache == "none":
+            return size, 0
+        from dlrt.runtime.canvas_cache import cached_sizes
+
+        blocks = -(-params.max_new_tokens // params.block_length)
+        return cached_sizes(params.canvas_cache, params.block_length, size, blocks)
+
     def max_positions(self, prompt_len: int, params: DecodingParams) -> int:
-        return self._size(prompt_len, params)
+        return self._buffer(prompt_len, params)[0]
+
+    def _program(self, kind, b: int, span: int, size: int, window: int, cache: str):
+        if cache == "none":
+            return self.cached_program((b, size, kind), lambda: CanvasProgram(
+                self.runner, kind, b, size, self.mask_token_id))
+        from dlrt.runtime.canvas_cache import CachedCanvasProgram
+
+        return self.cached_program((b, size, kind, cache, span, window), lambda: (
+            CachedCanvasProgram(self.runner, kind, b, size, span, window, cache,
+                                self.mask_token_id)))
 
     @torch.inference_mode()
     def decode(self, prompt: list[int], params: DecodingParams) -> Iterator[BlockResult]:
         b, p = params.block_length, len(prompt)
         total = p + params.max_new_tokens
-        size = self._size(p, params)
-        kind = round_kind(params)
-        prog = self.cached_program((b, size, kind),
-                                   lambda: CanvasProgram(self.runner, kind, b, size,
-                                                         self.mask_token_id))
+        span, cache = self._size(p, params), params.canvas_cache
+        size, window = self._buffer(p, params)
+        prog = self._program(round_kind(params), b, span, size, window, cache)
         state = prog.state
         state.set_values(params)
         pad = size - total
         prog.canvas.copy_(torch.tensor(prompt + [self.mask_token_id] * (total - p + pad)))
         prog.canvas_masked.copy_(torch.tensor([False] * p + [True] * (total - p) + [False] * pad))
         prog.lo.fill_(p)
-        state.set_lens(0, total)
+        state.set_lens(0 if cache == "none" else p, total)
         starts = list(range(p, total, b))
+        phase = "first" if cache == "none" else "refresh"
 
         def launch(k: int) -> None:
             length = min(b, total - starts[k])
             if k == 0 or length != b:
                 state.set_request(length, params.denoising_steps, params.sampling.seed)
-            self.executor.run_block(prog, "first")
+            self.executor.run_block(prog, phase)
 
         blocks = run_blocks(self.executor, state, launch, len(starts))
         for k, (tokens, commits, rounds) in enumerate(blocks):
