@@ -20,7 +20,7 @@ import torch
 
 from dlrt.attention.base import AttentionSpan
 from dlrt.decoding.round import RoundKind
-from dlrt.runtime.canvas_decoder import CanvasProgram
+from dlrt.runtime.canvas_program import CanvasProgram
 from dlrt.runtime.runner import ModelRunner
 
 

@@ -16,59 +16,18 @@ from collections.abc import Iterator
 
 import torch
 
-from dlrt.attention.base import AttentionSpan
 from dlrt.decoding.options import DecodingParams
-from dlrt.decoding.round import RoundKind
+from dlrt.runtime.canvas_cache import CachedCanvasProgram, cached_sizes
+from dlrt.runtime.canvas_program import PAD_TO, CanvasProgram
 from dlrt.runtime.decoder import (
     BlockResult,
     DecoderBase,
-    ProgramBase,
     block_result,
     round_kind,
     run_blocks,
 )
-from dlrt.runtime.runner import ModelRunner
 
-PAD_TO = 64
-
-
-class CanvasProgram(ProgramBase):
-    """Sub-block window [lo, lo + B) of a canvas of `size` slots; lens = (0, canvas length)."""
-
-    def __init__(self, runner: ModelRunner, kind: RoundKind, b: int, size: int,
-                 mask_token_id: int):
-        super().__init__("canvas", runner, kind, b, size, mask_token_id=mask_token_id)
-        self.size = size
-        dev = runner.device
-        self.canvas = torch.zeros(size, dtype=torch.int64, device=dev)
-        self.canvas_masked = torch.zeros(size, dtype=torch.bool, device=dev)
-        self.lo = torch.zeros((), dtype=torch.int64, device=dev)
-        self.window = runner.arange(b)
-        self.phases = {"first": self.begin}
-
-    def rows(self) -> torch.Tensor:
-        return self.lo + self.window
-
-    def begin(self) -> None:
-        s = self.state
-        s.masked.copy_(self.canvas_masked.index_select(0, self.rows()))
-        s.start_block()
-        s.update_flag()
-
-    def round(self) -> None:
-        rows = self.rows()
-        logits = self.runner.forward(self.canvas, self.state.lens, None, rows=rows)
-        self.commit(logits, rows, rows, canvas=(self.canvas, self.canvas_masked))
-
-    def buffers(self) -> list[torch.Tensor]:
-        return [*self.state.tensors(), self.canvas, self.canvas_masked, self.lo]
-
-    def spans(self, start: int, kv_len: int, phase: str | None) -> list[AttentionSpan]:
-        return [AttentionSpan(self.size, None, start, kv_len)]
-
-    def end(self) -> None:
-        self.state.tokens.copy_(self.canvas.index_select(0, self.rows()))
-        self.lo.add_(self.b)
+__all__ = ["PAD_TO", "CanvasDecoder", "CanvasProgram"]
 
 
 class CanvasDecoder(DecoderBase):
@@ -87,8 +46,6 @@ class CanvasDecoder(DecoderBase):
         size = self._size(prompt_len, params)
         if params.canvas_cache == "none":
             return size, 0
-        from dlrt.runtime.canvas_cache import cached_sizes
-
         blocks = -(-params.max_new_tokens // params.block_length)
         return cached_sizes(params.canvas_cache, params.block_length, size, blocks)
 
@@ -99,8 +56,6 @@ class CanvasDecoder(DecoderBase):
         if cache == "none":
             return self.cached_program((b, size, kind), lambda: CanvasProgram(
                 self.runner, kind, b, size, self.mask_token_id))
-        from dlrt.runtime.canvas_cache import CachedCanvasProgram
-
         return self.cached_program((b, size, kind, cache, span, window), lambda: (
             CachedCanvasProgram(self.runner, kind, b, size, span, window, cache,
                                 self.mask_token_id)))
