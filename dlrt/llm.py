@@ -19,6 +19,7 @@ from dlrt.decoding.options import (
     DEFAULT_MAX_NEW_TOKENS,
     DecodingOptions,
     DecodingParams,
+    check_canvas_cache,
     check_editing,
     resolve,
 )
@@ -237,7 +238,8 @@ class LLM:
         Raises:
             OptionError: a bad option; a stop id outside the vocabulary; a stop string for a
                 checkpoint without a tokenizer (it could never match); editing_threshold for
-                a family that does not edit (only LLaDA2 does) or a decoder other than block.
+                a family that does not edit (only LLaDA2 does) or a decoder other than block;
+                canvas_cache "prefix" or "dual" with a decoder other than canvas.
         """
         vocab = self.config.vocab_size
         for s in options.stop:
@@ -250,6 +252,7 @@ class LLM:
                          self.eos_token_ids, DEFAULT_MAX_NEW_TOKENS, random.randrange(2**31))
         fam = family(self.config.family)
         check_editing(params, fam.name, fam.supports_editing, self.decoder_name)
+        check_canvas_cache(params, self.decoder_name)
         return params
 
     def stream(self, prompt: Prompt, *, chat: bool = False,
@@ -273,7 +276,8 @@ class LLM:
                 low_threshold, credit_weight, credit_boost, credit_decay, editing_threshold,
                 max_post_steps, temperature, top_k, top_p; for renoising families:
                 max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
-                confidence_threshold; seed, stop, ignore_eos).
+                confidence_threshold; canvas_cache for the LLaDA canvas decoder; seed, stop,
+                ignore_eos).
         Raises:
             OptionError: unknown option or bad value. PromptError: bad or too long prompt.
         """

@@ -29,6 +29,8 @@ DEFAULT_MAX_NEW_TOKENS = 128
 # checks cancellation and its timeout only between blocks.
 MAX_POST_STEPS = 1024
 FP32_MAX = 3.4028234663852886e38  # the largest finite fp32 value (credit_boost is fp32 there)
+# approximate KV caches of the canvas decoder (Fast-dLLM): none (exact), prefix, dual
+CANVAS_CACHES = ("none", "prefix", "dual")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,12 @@ class DecodingOptions:
         confidence_threshold: renoising (uniform-state) decoding, DiffusionGemma's; see
         `dlrt.decoding.renoise_options.RenoiseParams` (ranges, defaults). Families that
         denoise mask tokens do not read them.
+    canvas_cache: the `canvas` decoder's approximate KV cache (Fast-dLLM), one of
+        CANVAS_CACHES: "none" (default; every round re-runs the whole canvas, exact),
+        "prefix" (each sub-block's first round re-runs the canvas and caches its K/V; later
+        rounds forward the sub-block and everything after it against the cached prefix),
+        "dual" (later rounds forward the sub-block alone against the cached prefix and
+        suffix). Faster, not exact.
     seed: >= 0; sampling, `random` and renoising are reproducible for a given seed.
     stop: extra stop token ids (int) or stop strings (str).
     ignore_eos: do not stop at the checkpoint's stop ids (benchmarks).
@@ -88,6 +96,7 @@ class DecodingOptions:
     t_max: float | None = None
     stability_threshold: int | None = None
     confidence_threshold: float | None = None
+    canvas_cache: str | None = None
     seed: int | None = None
     stop: tuple[int | str, ...] = ()
     ignore_eos: bool = False
@@ -124,9 +133,10 @@ class DecodingOptions:
             v = getattr(self, name)
             if v is not None and not _is_number(v):
                 raise OptionError(f"{name} must be a number, got {v!r}")
-        if self.remasking_strategy is not None and not isinstance(self.remasking_strategy, str):
-            raise OptionError(
-                f"remasking_strategy must be a string, got {self.remasking_strategy!r}")
+        for name in ("remasking_strategy", "canvas_cache"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, str):
+                raise OptionError(f"{name} must be a string, got {v!r}")
         for s in self.stop:
             if isinstance(s, bool) or not isinstance(s, (int, str)) or s == "":
                 raise OptionError(f"stop entries must be token ids or non-empty strings, got {s!r}")
@@ -169,6 +179,7 @@ class DecodingParams:
     editing_threshold: float | None = None
     max_post_steps: int = 16
     renoise: RenoiseParams | None = None
+    canvas_cache: str = "none"
 
 
 def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config: dict[str, Any],
@@ -228,6 +239,8 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     temperature = 0.0 if temperature < MIN_TEMPERATURE else temperature  # greedy
     top_k = _sampling(opts.top_k, file, "top_k")
     top_p = _sampling(opts.top_p, file, "top_p")
+    cache = _pick(opts.canvas_cache, "none")
+    _check(cache in CANVAS_CACHES, "canvas_cache", cache, f"must be one of {CANVAS_CACHES}")
     seed = _pick(opts.seed, random_seed)
     _check(0 <= seed < 2**63, "seed", seed, "must be in [0, 2^63)")
     renoise = resolve_renoise({k: getattr(opts, k) for k in RENOISE_OPTIONS},
@@ -246,6 +259,7 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
         editing_threshold=editing,
         max_post_steps=post,
         renoise=renoise if defaults.renoise else None,
+        canvas_cache=cache,
     )
 
 
@@ -264,6 +278,19 @@ def check_editing(params: DecodingParams, family: str, supports_editing: bool,
            "LLaDA2 models edit decided tokens); leave it unset")
     _check(decoder == "block", "editing_threshold", value,
            f"works only with the 'block' decoder, not {decoder!r} (any remasking strategy)")
+
+
+def check_canvas_cache(params: DecodingParams, decoder: str) -> None:
+    """An approximate KV cache (`canvas_cache` other than "none") is the `canvas` decoder's:
+    the other decoders cache exactly already, or denoise no mask token. As in Fast-dLLM, one
+    sub-block over the whole generation is allowed (the cache then holds the prompt).
+
+    Raises:
+        OptionError: canvas_cache "prefix" or "dual" with another decoder (names the option).
+    """
+    value = params.canvas_cache
+    _check(value == "none" or decoder == "canvas", "canvas_cache", value,
+           f"works only with the 'canvas' decoder (LLaDA), not {decoder!r}; leave it unset")
 
 
 def check_ranges(opts: DecodingOptions) -> None:

@@ -59,6 +59,9 @@ _HELP = {
                            "stayed the same for X rounds (default 1)",
     "confidence_threshold": "renoising families: a stable canvas stops once its mean entropy "
                             "is below X nats (default 0.005)",
+    "canvas_cache": "LLaDA canvas decoder's approximate KV cache (Fast-dLLM): none (exact, "
+                    "default), prefix (a sub-block's later rounds reuse the K/V before it), "
+                    "dual (they forward the sub-block alone, reusing the K/V around it)",
     "seed": "sampling seed",
     "stop": "extra stop: a token id (ASCII digits only) or else a string (repeatable)",
     "ignore_eos": "do not stop at end-of-sequence tokens",

@@ -6,6 +6,8 @@ rounds). The generation region is split into sub-blocks of `block_length` counte
 of the prompt (one block covering the whole generation is pure diffusion); rounds commit only
 inside the current sub-block, and the LM head runs only on its rows. The canvas buffer is padded
 to a multiple of 64 so one captured graph serves nearby lengths; padding is never attended to.
+With `canvas_cache` "prefix" or "dual" (Fast-dLLM's approximate caches) a sub-block re-runs
+the canvas once and its later rounds reuse the cached K/V (`dlrt.runtime.canvas_cache`).
 """
 
 from __future__ import annotations
@@ -14,59 +16,18 @@ from collections.abc import Iterator
 
 import torch
 
-from dlrt.attention.base import AttentionSpan
 from dlrt.decoding.options import DecodingParams
-from dlrt.decoding.round import RoundKind
+from dlrt.runtime.canvas_cache import CachedCanvasProgram, cached_sizes
+from dlrt.runtime.canvas_program import PAD_TO, CanvasProgram
 from dlrt.runtime.decoder import (
     BlockResult,
     DecoderBase,
-    ProgramBase,
     block_result,
     round_kind,
     run_blocks,
 )
-from dlrt.runtime.runner import ModelRunner
 
-PAD_TO = 64
-
-
-class CanvasProgram(ProgramBase):
-    """Sub-block window [lo, lo + B) of a canvas of `size` slots; lens = (0, canvas length)."""
-
-    def __init__(self, runner: ModelRunner, kind: RoundKind, b: int, size: int,
-                 mask_token_id: int):
-        super().__init__("canvas", runner, kind, b, size, mask_token_id=mask_token_id)
-        self.size = size
-        dev = runner.device
-        self.canvas = torch.zeros(size, dtype=torch.int64, device=dev)
-        self.canvas_masked = torch.zeros(size, dtype=torch.bool, device=dev)
-        self.lo = torch.zeros((), dtype=torch.int64, device=dev)
-        self.window = runner.arange(b)
-        self.phases = {"first": self.begin}
-
-    def rows(self) -> torch.Tensor:
-        return self.lo + self.window
-
-    def begin(self) -> None:
-        s = self.state
-        s.masked.copy_(self.canvas_masked.index_select(0, self.rows()))
-        s.start_block()
-        s.update_flag()
-
-    def round(self) -> None:
-        rows = self.rows()
-        logits = self.runner.forward(self.canvas, self.state.lens, None, rows=rows)
-        self.commit(logits, rows, rows, canvas=(self.canvas, self.canvas_masked))
-
-    def buffers(self) -> list[torch.Tensor]:
-        return [*self.state.tensors(), self.canvas, self.canvas_masked, self.lo]
-
-    def spans(self, start: int, kv_len: int, phase: str | None) -> list[AttentionSpan]:
-        return [AttentionSpan(self.size, None, start, kv_len)]
-
-    def end(self) -> None:
-        self.state.tokens.copy_(self.canvas.index_select(0, self.rows()))
-        self.lo.add_(self.b)
+__all__ = ["PAD_TO", "CanvasDecoder", "CanvasProgram"]
 
 
 class CanvasDecoder(DecoderBase):
@@ -80,32 +41,47 @@ class CanvasDecoder(DecoderBase):
         span = prompt_len + -(-params.max_new_tokens // b) * b
         return -(-span // PAD_TO) * PAD_TO
 
+    def _buffer(self, prompt_len: int, params: DecodingParams) -> tuple[int, int]:
+        """(canvas buffer slots, window length; 0: no cache) of a request."""
+        size = self._size(prompt_len, params)
+        if params.canvas_cache == "none":
+            return size, 0
+        blocks = -(-params.max_new_tokens // params.block_length)
+        return cached_sizes(params.canvas_cache, params.block_length, size, blocks)
+
     def max_positions(self, prompt_len: int, params: DecodingParams) -> int:
-        return self._size(prompt_len, params)
+        return self._buffer(prompt_len, params)[0]
+
+    def _program(self, kind, b: int, span: int, size: int, window: int, cache: str):
+        if cache == "none":
+            return self.cached_program((b, size, kind), lambda: CanvasProgram(
+                self.runner, kind, b, size, self.mask_token_id))
+        return self.cached_program((b, size, kind, cache, span, window), lambda: (
+            CachedCanvasProgram(self.runner, kind, b, size, span, window, cache,
+                                self.mask_token_id)))
 
     @torch.inference_mode()
     def decode(self, prompt: list[int], params: DecodingParams) -> Iterator[BlockResult]:
         b, p = params.block_length, len(prompt)
         total = p + params.max_new_tokens
-        size = self._size(p, params)
-        kind = round_kind(params)
-        prog = self.cached_program((b, size, kind),
-                                   lambda: CanvasProgram(self.runner, kind, b, size,
-                                                         self.mask_token_id))
+        span, cache = self._size(p, params), params.canvas_cache
+        size, window = self._buffer(p, params)
+        prog = self._program(round_kind(params), b, span, size, window, cache)
         state = prog.state
         state.set_values(params)
         pad = size - total
         prog.canvas.copy_(torch.tensor(prompt + [self.mask_token_id] * (total - p + pad)))
         prog.canvas_masked.copy_(torch.tensor([False] * p + [True] * (total - p) + [False] * pad))
         prog.lo.fill_(p)
-        state.set_lens(0, total)
+        state.set_lens(0 if cache == "none" else p, total)
         starts = list(range(p, total, b))
+        phase = "first" if cache == "none" else "refresh"
 
         def launch(k: int) -> None:
             length = min(b, total - starts[k])
             if k == 0 or length != b:
                 state.set_request(length, params.denoising_steps, params.sampling.seed)
-            self.executor.run_block(prog, "first")
+            self.executor.run_block(prog, phase)
 
         blocks = run_blocks(self.executor, state, launch, len(starts))
         for k, (tokens, commits, rounds) in enumerate(blocks):

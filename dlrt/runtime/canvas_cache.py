@@ -1,0 +1,81 @@
+"""Fast-dLLM's approximate KV caches for the LLaDA canvas (NVlabs/Fast-dLLM `llada/generate.py`,
+`generate_with_prefix_cache` and `generate_with_dual_cache`).
+
+A sub-block's begin phase "refresh" forwards the whole canvas (every position's K/V enter the
+cache) and commits round 0 from it. Its later rounds forward a window starting at the
+sub-block against the cache: "prefix" the sub-block and everything after it (keys before the
+sub-block come from the refresh), "dual" the sub-block alone (keys before and after it come
+from the refresh; its own K/V are replaced each round, Fast-dLLM's `replace_position`). Every
+forward writes its chunk's K/V at the chunk's positions and attends to keys below the canvas
+length, so the window's fresh K/V replace the cached ones where they overlap.
+
+`state.lens` is (sub-block start, canvas length): the window's forward; the refresh forward
+reads (0, canvas length). The window has a fixed length (one captured round serves every
+sub-block): the sub-block length for "dual", the generation's whole sub-blocks for "prefix".
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dlrt.attention.base import AttentionSpan
+from dlrt.decoding.round import RoundKind
+from dlrt.runtime.canvas_program import CanvasProgram
+from dlrt.runtime.runner import ModelRunner
+
+
+class CachedCanvasProgram(CanvasProgram):
+    """A canvas of `size` slots whose first `span` are the canvas proper (the refresh forward;
+    slots past it exist so a window never leaves the buffer) and windows of `window` slots
+    from the sub-block's start; `cache` names the key ("prefix" or "dual")."""
+
+    def __init__(self, runner: ModelRunner, kind: RoundKind, b: int, size: int, span: int,
+                 window: int, cache: str, mask_token_id: int):
+        super().__init__(runner, kind, b, size, mask_token_id)
+        self.key = (f"canvas_{cache}", b, size, span, window, kind)
+        self.span, self.window_len = span, window
+        dev = runner.device
+        self.full_lens = torch.zeros(2, dtype=torch.int32, device=dev)
+        self.keep_kv_len = torch.tensor([0, 1], dtype=torch.int32, device=dev)
+        self.phases = {"refresh": self.refresh}
+
+    def refresh(self) -> None:
+        """Round 0: the whole canvas at (0, canvas length); its K/V fill the cache."""
+        self.begin()
+        self.full_lens.copy_(self.state.lens * self.keep_kv_len)
+        rows = self.rows()
+        logits = self.runner.forward(self.canvas[: self.span], self.full_lens, None, rows=rows)
+        self.commit(logits, rows, rows, canvas=(self.canvas, self.canvas_masked))
+
+    def round(self) -> None:
+        """The window [lo, lo + window) against the cache; the sub-block is its first rows."""
+        s = self.state
+        ids = self.canvas.index_select(0, self.lo + self.runner.arange(self.window_len))
+        logits = self.runner.forward(ids, s.lens, None, rows=slice(0, self.b))  # [B, V]
+        rows = self.rows()
+        self.commit(logits, rows, rows, canvas=(self.canvas, self.canvas_masked))
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [*super().buffers(), self.full_lens]
+
+    def spans(self, start: int, kv_len: int, phase: str | None) -> list[AttentionSpan]:
+        rounds = AttentionSpan(self.window_len, None, start, kv_len)
+        if phase == "refresh":
+            return [AttentionSpan(self.span, None, 0, kv_len), rounds]
+        return [rounds]
+
+    def end(self) -> None:
+        super().end()
+        self.state.lens[0].add_(self.b)
+
+
+def cached_sizes(cache: str, b: int, canvas: int, blocks: int) -> tuple[int, int]:
+    """(buffer slots, window length) of a `cache` canvas of `canvas` slots (the exact canvas
+    size, padding included) and `blocks` sub-blocks of `b`.
+
+    NOTE: a "prefix" window is as long as the first sub-block's (every sub-block of the
+    generation), so later sub-blocks forward slots past the canvas length: their K/V land past
+    it and no query attends to them."""
+    if cache == "dual":
+        return canvas, b
+    return canvas + (blocks - 1) * b, blocks * b
