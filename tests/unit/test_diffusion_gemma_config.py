@@ -345,3 +345,20 @@ def test_quantising_it_is_refused_by_option(tmp_path, quantization):
         make_checkpoint(TINY, tmp_path / "q", dtype="float32", quantization=quantization)
     assert str(err.value).startswith(words)
     assert not (tmp_path / "q").exists()
+
+
+def test_a_canvas_longer_than_the_context_is_refused_at_load(tmp_path):
+    """A request needs a prompt token and a whole canvas: a config whose canvas does not fit
+    its context, or a max_model_len below canvas_length + 1, would refuse every request, so
+    they are refused when the model opens, naming the field and the option."""
+    with pytest.raises(ConfigError, match=r"^config\.json: canvas_length=4096 must be below "
+                                          r"text_config\.max_position_embeddings=4096"):
+        model_config(dict(PRESETS[TINY], canvas_length=4096))
+    assert model_config(dict(PRESETS[TINY], canvas_length=4095)).canvas_length == 4095
+    path = make_checkpoint(TINY, tmp_path / "ckpt", dtype="float32")
+    with pytest.raises(OptionError, match=r"^max_model_len=16 leaves no room for a canvas: a "
+                                          r"request needs a prompt token and canvas_length=16 "
+                                          r"positions; set it to at least 17$"):
+        LLM(str(path), device="cpu", max_model_len=16)
+    assert LLM(str(path), device="cpu", max_model_len=17).generate(
+        [5], max_new_tokens=16, max_denoising_steps=1).finish_reason == "length"
