@@ -34,7 +34,9 @@ def load_tokenizer(path: str | Path):
             warnings.simplefilter("ignore", FutureWarning)  # config fields it would rename
             tokenizer = AutoTokenizer.from_pretrained(str(root), trust_remote_code=False)
     except Exception as e:  # NOTE: transformers and tokenizers raise many unrelated types
-        raise CheckpointError(f"cannot load the tokenizer of {root}: {e}") from e
+        # NOTE: one line (transformers' config validation writes several)
+        raise CheckpointError(f"cannot load the tokenizer of {root}: "
+                              f"{' '.join(str(e).split())}") from e
     finally:
         hf_logging.set_verbosity(level)
     # NOTE: the engine checks a prompt against the model's context (max_model_len); the

@@ -199,6 +199,8 @@ def quantize_model(model: nn.Module, hidden: int, scheme: QuantScheme,
     Raises:
         CheckpointError: the parts of one merged projection or expert stack disagree about
             being converted, or a weight's shape does not fit the format.
+        OptionError: quantising while loading or writing (`scheme.online`) a module the
+            format cannot hold (a weight's shape; experts stored stacked: DiffusionGemma).
     """
     fmt = scheme.fmt
     heads = head_names(model, hidden)
@@ -225,6 +227,9 @@ def quantize_model(model: nn.Module, hidden: int, scheme: QuantScheme,
         try:
             quantize_module(module, fmt)
         except ValueError as e:
+            if scheme.online:  # the option asks for what this model cannot hold
+                raise OptionError(f"quantization={scheme.name!r}: {name}: {e}; this model runs "
+                                  "unquantised (quantization 'none')") from e
             raise CheckpointError(f"{name}: {e}") from e
         done.append(name)
     return done

@@ -260,8 +260,8 @@ class EngineConfig:
         """
         out = self.resolve_device()
         device, dtype = out.torch_device, out.torch_dtype
+        config = read_model_config(folder)
         try:
-            config = model_config(folder.hf_config)
             decoder, defaults = decoder_for(family(config.family),
                                             None if out.decoder == "auto" else out.decoder,
                                             config.block_size)
@@ -300,6 +300,18 @@ class EngineConfig:
                                                                   out.tensor_parallel_size))
         return ResolvedConfig(out, config, defaults,
                               defaults.block_length or DEFAULT_MAX_NEW_TOKENS, eos, scheme)
+
+
+def read_model_config(folder: CheckpointFolder) -> ModelConfig:
+    """dlrt's reading of the folder's `config.json` (`dlrt.models.registry.model_config`).
+
+    Raises:
+        ConfigError: a field dlrt cannot read, named; the message starts with the folder.
+    """
+    try:
+        return model_config(folder.hf_config)
+    except ConfigError as e:
+        raise ConfigError(f"{folder.path}: {e}") from e
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from dlrt.distributed.group import TensorParallel, tensor_parallel_group
 from dlrt.distributed.ranks import Ranks
 from dlrt.distributed.transform import check_sizes, shard_model
 from dlrt.distributed.vocab import VocabShard
-from dlrt.engine.config import EngineConfig, ResolvedConfig
+from dlrt.engine.config import EngineConfig, ResolvedConfig, read_model_config
 from dlrt.engine.cpu_threads import apply_cpu_threads
 from dlrt.errors import OptionError
 from dlrt.models.config import ModelConfig
@@ -100,6 +100,9 @@ class Engine:
 
             path = default_model_path()
         folder = CheckpointFolder.open(path, require_weights=options.load_format != "dummy")
+        # NOTE: config.json first: transformers' AutoTokenizer validates it too (for a
+        # model_type it knows), and its error would blame the tokenizer
+        read_model_config(folder)
         tokenizer = load_tokenizer(folder.path)
         resolved = options.resolve(folder, getattr(tokenizer, "mask_token_id", None))
         return resolved, folder, tokenizer

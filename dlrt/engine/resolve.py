@@ -71,11 +71,22 @@ def torch_device(device: str) -> torch.device:
 
 
 def context_limit(config: ModelConfig, max_model_len: int | None) -> int:
+    """The context in tokens: `max_model_len`, else the config's maximum.
+
+    Raises:
+        OptionError: max_model_len outside [1, the config's maximum], or (a canvas family)
+            below canvas_length + 1, which no request fits.
+    """
     limit = config.max_position_embeddings
     if max_model_len is None:
         return limit
     if not 1 <= max_model_len <= limit:
         raise OptionError(f"max_model_len={max_model_len!r} must be in [1, {limit}]")
+    canvas = config.canvas_length
+    if canvas is not None and max_model_len <= canvas:
+        raise OptionError(f"max_model_len={max_model_len} leaves no room for a canvas: a request "
+                          f"needs a prompt token and canvas_length={canvas} positions; set it to "
+                          f"at least {canvas + 1}")
     return max_model_len
 
 

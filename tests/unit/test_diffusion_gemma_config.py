@@ -291,3 +291,74 @@ def test_a_config_folder_gets_its_text_configs_eos_ids_and_no_tokenizer(tmp_path
     out = make_checkpoint(src, tmp_path / "out", dtype="float32")
     assert json.loads((out / "generation_config.json").read_text()) == {"eos_token_id": [0]}
     assert not [p.name for p in out.iterdir() if p.name.startswith("tokenizer")]
+
+
+@pytest.mark.parametrize("text_changes, top, words", [
+    (dict(layer_types=[SLIDING, FULL, SLIDING]), {},
+     "config.json: text_config.layer_types=['sliding_attention', 'full_attention', "
+     "'sliding_attention'] must list 4 of"),
+    (dict(num_hidden_layers=5), {}, "text_config.layer_types="),
+    (dict(sliding_window="8"), {}, "text_config.sliding_window='8' must be an integer"),
+    ({}, dict(canvas_length=16.5), "config.json: canvas_length=16.5 must be an integer"),
+])
+def test_a_bad_config_is_named_before_the_tokenizer_reads_it(tmp_path, text_changes, top,
+                                                              words):
+    """transformers' AutoTokenizer validates a config.json whose model_type it knows; dlrt
+    reads it first, so the error names the field in one line (not a multi-line message
+    that blames the tokenizer)."""
+    path = make_checkpoint(TINY, tmp_path / "ckpt", dtype="float32")
+    hf = json.loads((path / "config.json").read_text())
+    hf["text_config"].update(text_changes)
+    hf.update(top)
+    (path / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(ConfigError) as err:
+        LLM(str(path), device="cpu")
+    message = str(err.value)
+    assert message.startswith(f"{path}: ") and words in message and "\n" not in message
+    assert "tokenizer" not in message
+
+
+def test_a_tokenizer_error_is_one_line(tmp_path):
+    """A config.json that dlrt reads (sliding_window null: the reference's default) but that
+    transformers refuses while loading the tokenizer: one line naming the field."""
+    path = make_checkpoint(TINY, tmp_path / "ckpt", dtype="float32")
+    hf = json.loads((path / "config.json").read_text())
+    hf["text_config"]["sliding_window"] = None
+    (path / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(CheckpointError, match="cannot load the tokenizer") as err:
+        LLM(str(path), device="cpu")
+    assert "sliding_window" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("quantization", ["fp8", "nvfp4", "compressed-tensors-fp8"])
+def test_quantising_it_is_refused_by_option(tmp_path, quantization):
+    """Its experts are stored stacked, which no format quantises yet: the option is refused
+    by name (OptionError, what to use instead), when loading and when writing a checkpoint."""
+    path = make_checkpoint(TINY, tmp_path / "ckpt", dtype="float32")
+    words = (f"quantization='{quantization}': model.decoder.layers.0.experts: experts stored "
+             "stacked")
+    with pytest.raises(OptionError, match="cannot be quantised yet; this model runs "
+                                          "unquantised") as err:
+        LLM(str(path), device="cpu", quantization=quantization)
+    assert str(err.value).startswith(words)
+    with pytest.raises(OptionError) as err:
+        make_checkpoint(TINY, tmp_path / "q", dtype="float32", quantization=quantization)
+    assert str(err.value).startswith(words)
+    assert not (tmp_path / "q").exists()
+
+
+def test_a_canvas_longer_than_the_context_is_refused_at_load(tmp_path):
+    """A request needs a prompt token and a whole canvas: a config whose canvas does not fit
+    its context, or a max_model_len below canvas_length + 1, would refuse every request, so
+    they are refused when the model opens, naming the field and the option."""
+    with pytest.raises(ConfigError, match=r"^config\.json: canvas_length=4096 must be below "
+                                          r"text_config\.max_position_embeddings=4096"):
+        model_config(dict(PRESETS[TINY], canvas_length=4096))
+    assert model_config(dict(PRESETS[TINY], canvas_length=4095)).canvas_length == 4095
+    path = make_checkpoint(TINY, tmp_path / "ckpt", dtype="float32")
+    with pytest.raises(OptionError, match=r"^max_model_len=16 leaves no room for a canvas: a "
+                                          r"request needs a prompt token and canvas_length=16 "
+                                          r"positions; set it to at least 17$"):
+        LLM(str(path), device="cpu", max_model_len=16)
+    assert LLM(str(path), device="cpu", max_model_len=17).generate(
+        [5], max_new_tokens=16, max_denoising_steps=1).finish_reason == "length"

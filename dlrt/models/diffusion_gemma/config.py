@@ -60,6 +60,12 @@ def diffusion_gemma_config(hf: dict[str, Any], family: str = "diffusion_gemma") 
     if top_k > experts:
         raise f.bad("text_config.top_k_experts", top_k, f"exceeds num_experts={experts}")
     image = f.optional(hf, "image_token_id", 258_880)
+    context = f.as_int("text_config.max_position_embeddings", get("max_position_embeddings"))
+    canvas = f.as_int("canvas_length", f.optional(hf, "canvas_length", 256))
+    if canvas >= context:
+        raise f.bad("canvas_length", canvas, f"must be below text_config.max_position_embeddings="
+                                             f"{context} (a request needs a prompt token and a "
+                                             "whole canvas)")
     return ModelConfig(
         family=family,
         vocab_size=vocab,
@@ -70,8 +76,7 @@ def diffusion_gemma_config(hf: dict[str, Any], family: str = "diffusion_gemma") 
         num_kv_heads=kv,
         head_dim=head_dim,
         rms_norm_eps=f.as_float("text_config.rms_norm_eps", get("rms_norm_eps")),
-        max_position_embeddings=f.as_int("text_config.max_position_embeddings",
-                                         get("max_position_embeddings")),
+        max_position_embeddings=context,
         tie_word_embeddings=True,
         initializer_range=f.as_float("text_config.initializer_range",
                                      get("initializer_range")),
@@ -94,7 +99,7 @@ def diffusion_gemma_config(hf: dict[str, Any], family: str = "diffusion_gemma") 
         final_logit_softcapping=f.as_float("text_config.final_logit_softcapping",
                                            get("final_logit_softcapping")),
         embed_scale=math.sqrt(hidden),
-        canvas_length=f.as_int("canvas_length", f.optional(hf, "canvas_length", 256)),
+        canvas_length=canvas,
         image_token_id=f.as_int("image_token_id", image, minimum=0),
         **rope_fields(t, types, head_dim, global_dim),
     )
