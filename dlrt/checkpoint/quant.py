@@ -200,7 +200,7 @@ def quantize_model(model: nn.Module, hidden: int, scheme: QuantScheme,
         CheckpointError: the parts of one merged projection or expert stack disagree about
             being converted, or a weight's shape does not fit the format.
         OptionError: quantising while loading or writing (`scheme.online`) a module the
-            format cannot hold (a weight's shape; experts stored stacked: DiffusionGemma).
+            format cannot hold (a weight's shape).
     """
     fmt = scheme.fmt
     heads = head_names(model, hidden)

@@ -330,22 +330,6 @@ def test_a_tokenizer_error_is_one_line(tmp_path):
     assert "sliding_window" in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("quantization", ["fp8", "nvfp4", "compressed-tensors-fp8"])
-def test_quantising_it_is_refused_by_option(tmp_path, quantization):
-    """Its experts are stored stacked, which no format quantises yet: the option is refused
-    by name (OptionError, what to use instead), when loading and when writing a checkpoint."""
-    path = make_checkpoint(TINY, tmp_path / "ckpt", dtype="float32")
-    words = (f"quantization='{quantization}': model.decoder.layers.0.experts: experts stored "
-             "stacked")
-    with pytest.raises(OptionError, match="cannot be quantised yet; this model runs "
-                                          "unquantised") as err:
-        LLM(str(path), device="cpu", quantization=quantization)
-    assert str(err.value).startswith(words)
-    with pytest.raises(OptionError) as err:
-        make_checkpoint(TINY, tmp_path / "q", dtype="float32", quantization=quantization)
-    assert str(err.value).startswith(words)
-    assert not (tmp_path / "q").exists()
-
 
 def test_a_canvas_longer_than_the_context_is_refused_at_load(tmp_path):
     """A request needs a prompt token and a whole canvas: a config whose canvas does not fit
