@@ -97,7 +97,8 @@ def make_checkpoint(source: str | Path, out: str | Path, seed: int = 0,
     Args:
         source: a preset name (`dlrt.checkpoint.presets.PRESETS`), the name of a shipped real
             config (`dlrt/data/configs`: SDAR-1.7B-Chat, SDAR-4B-Chat, SDAR-8B-Chat,
-            SDAR-30B-A3B-Chat, LLaDA-8B-Instruct, LLaDA2.0-mini, DiffusionGemma-26B-A4B-it),
+            SDAR-30B-A3B-Chat, LLaDA-8B-Instruct, LLaDA-MoE-7B-A1B-Instruct, LLaDA2.0-mini,
+            DiffusionGemma-26B-A4B-it),
             or a folder with config.json.
         out: destination folder (must not exist unless `overwrite`; even then only an empty
             folder or a checkpoint folder is replaced).

@@ -70,6 +70,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "mask_token_id": 156895, "eos_token_id": 156892, "pad_token_id": 156892,
         "torch_dtype": "bfloat16",
     },
+    "tiny-llada-moe": {  # layers 0 and 2 MoE (8 experts, top 4, not renormalised), 1 dense
+        "architectures": ["LLaDAMoEModelLM"], "model_type": "lladamoe", "vocab_size": 157184,
+        "hidden_size": 64, "dense_intermediate_size": 128, "expert_intermediate_size": 32,
+        "shared_expert_intermediate_size": 0, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_act": "silu",
+        "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 50000,
+        "partial_rotary_factor": 1.0, "rope_scaling": None, "attention_bias": False,
+        "clip_qkv": None, "num_experts": 8, "num_experts_per_tok": 4, "norm_topk_prob": False,
+        "qk_layernorm": True, "moe_layer_freq": [1, 0, 1],
+        "moe_router_enable_expert_bias": False, "moe_router_score_function": "softmax",
+        "routed_scaling_factor": 1, "tie_word_embeddings": False, "pad_token_id": 156892,
+        "eos_token_id": 156892, "mask_token_id": 156895, "torch_dtype": "bfloat16",
+    },
     # 4 layers (sliding, full, sliding, full), window 8, full layers with K = V and their own
     # head size (32) and KV heads (1), 4 experts top-2 beside the dense MLP, canvas 16; the
     # vocabulary and special ids of its tokenizer (PRESET_TOKENIZER)
@@ -102,6 +115,7 @@ PRESET_GENERATION = {
     "tiny-sdar-moe": _SDAR_GEN,
     "tiny-llada": {"eos_token_id": 126081, "pad_token_id": 126081},
     "tiny-llada2": {"eos_token_id": 156892, "pad_token_id": 156892},
+    "tiny-llada-moe": {"eos_token_id": 156892, "pad_token_id": 156892},
     "tiny-diffusion-gemma": {"eos_token_id": [0], "pad_token_id": 2, "bos_token_id": 0},
 }
 # preset -> the folder under dlrt/data whose tokenizer its checkpoint gets (else the family's,

@@ -12,9 +12,10 @@ from dlrt.models.diffusion_gemma import DIFFUSION_GEMMA
 from dlrt.models.family import Family
 from dlrt.models.llada import LLADA
 from dlrt.models.llada2 import LLADA2
+from dlrt.models.llada_moe import LLADA_MOE
 from dlrt.models.sdar import SDAR, SDAR_MOE
 
-FAMILIES: tuple[Family, ...] = (SDAR, SDAR_MOE, LLADA, LLADA2, DIFFUSION_GEMMA)
+FAMILIES: tuple[Family, ...] = (SDAR, SDAR_MOE, LLADA, LLADA_MOE, LLADA2, DIFFUSION_GEMMA)
 
 
 def family(name: str) -> Family:
@@ -24,22 +25,27 @@ def family(name: str) -> Family:
 
 def family_of(hf: dict[str, Any]) -> Family:
     """The family of a raw config dict: by `model_type`, or, when there is none, by
-    `architectures`.
+    `architectures`. A `model_type` that several families serve ("llada": LLaDA and
+    LLaDA-MoE) goes to the one whose architecture the config names, else to the first.
 
     Raises:
         ConfigError: the `model_type` names no supported family (or, with no `model_type`,
             neither do the `architectures`).
     """
     model_type = hf.get("model_type")
-    for fam in FAMILIES:
-        if model_type in fam.model_types:
+    archs = hf.get("architectures") or []
+    served = [fam for fam in FAMILIES if model_type in fam.model_types]
+    for fam in served:
+        if any(arch in fam.architectures for arch in archs):
             return fam
+    if served:
+        return served[0]
     if model_type is None:  # only a config without model_type is read by its architectures
-        for arch in hf.get("architectures") or []:
+        for arch in archs:
             for fam in FAMILIES:
                 if arch in fam.architectures:
                     return fam
-    supported = sorted(t for fam in FAMILIES for t in fam.model_types)
+    supported = sorted({t for fam in FAMILIES for t in fam.model_types})
     raise ConfigError(f"unknown model_type {model_type!r} (architectures "
                       f"{hf.get('architectures')}); supported: {supported}")
 
