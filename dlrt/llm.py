@@ -276,7 +276,8 @@ class LLM:
                 low_threshold, credit_weight, credit_boost, credit_decay, editing_threshold,
                 max_post_steps, temperature, top_k, top_p; for renoising families:
                 max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
-                confidence_threshold; canvas_cache for the LLaDA canvas decoder; seed, stop,
+                confidence_threshold; canvas_cache, vicinity_before, vicinity_after for the
+                LLaDA canvas decoder; seed, stop,
                 ignore_eos).
         Raises:
             OptionError: unknown option or bad value. PromptError: bad or too long prompt.

@@ -31,6 +31,7 @@ MAX_POST_STEPS = 1024
 FP32_MAX = 3.4028234663852886e38  # the largest finite fp32 value (credit_boost is fp32 there)
 # approximate KV caches of the canvas decoder (Fast-dLLM): none (exact), prefix, dual
 CANVAS_CACHES = ("none", "prefix", "dual")
+MAX_VICINITY = 1 << 20  # positions recomputed on each side of a sub-block, at most
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,12 @@ class DecodingOptions:
         rounds forward the sub-block and everything after it against the cached prefix),
         "dual" (later rounds forward the sub-block alone against the cached prefix and
         suffix). Faster, not exact.
+    vicinity_before, vicinity_after: >= 0 (default 0); with canvas_cache "dual", the later
+        rounds also recompute that many positions before / after the sub-block (dInfer's
+        vicinity refresh, prefix_look / after_look): their fresh K/V replace the cached ones;
+        logits and commits stay the sub-block's. `vicinity_before` is clipped to the prompt
+        length (the window never starts before position 0 and keeps one length per request),
+        positions past the canvas are never attended. Non-zero needs canvas_cache "dual".
     seed: >= 0; sampling, `random` and renoising are reproducible for a given seed.
     stop: extra stop token ids (int) or stop strings (str).
     ignore_eos: do not stop at the checkpoint's stop ids (benchmarks).
@@ -97,6 +104,8 @@ class DecodingOptions:
     stability_threshold: int | None = None
     confidence_threshold: float | None = None
     canvas_cache: str | None = None
+    vicinity_before: int | None = None
+    vicinity_after: int | None = None
     seed: int | None = None
     stop: tuple[int | str, ...] = ()
     ignore_eos: bool = False
@@ -121,7 +130,8 @@ class DecodingOptions:
 
     def _check_types(self) -> None:
         ints = ("max_new_tokens", "block_length", "denoising_steps", "top_k", "seed",
-                "max_post_steps", "max_denoising_steps", "stability_threshold")
+                "max_post_steps", "max_denoising_steps", "stability_threshold",
+                "vicinity_before", "vicinity_after")
         floats = ("threshold", "eb_threshold", "low_threshold", "credit_weight", "credit_boost",
                   "credit_decay", "editing_threshold", "temperature", "top_p", "entropy_bound",
                   "t_min", "t_max", "confidence_threshold")
@@ -180,6 +190,8 @@ class DecodingParams:
     max_post_steps: int = 16
     renoise: RenoiseParams | None = None
     canvas_cache: str = "none"
+    vicinity_before: int = 0
+    vicinity_after: int = 0
 
 
 def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config: dict[str, Any],
@@ -197,7 +209,8 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
         OptionError: a value out of range (the message names the option): threshold,
             low_threshold, credit_decay or editing_threshold outside [0, 1], credit_weight
             outside [0, 100], credit_boost outside fp32's [0, 3.4e38], a temperature outside
-            [0, 1e6], a negative max_post_steps, t_max <= t_min, ...; a sampling
+            [0, 1e6], a negative max_post_steps, t_max <= t_min, a non-zero
+            vicinity_before / vicinity_after without canvas_cache "dual", ...; a sampling
             default of `generation_config.json` out of range (the message starts with
             "generation_config.json:"; `CheckpointFolder.check_generation_config` refuses
             such a file when the model loads).
@@ -241,6 +254,12 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     top_p = _sampling(opts.top_p, file, "top_p")
     cache = _pick(opts.canvas_cache, "none")
     _check(cache in CANVAS_CACHES, "canvas_cache", cache, f"must be one of {CANVAS_CACHES}")
+    vicinity = {}
+    for side in ("vicinity_before", "vicinity_after"):
+        v = vicinity[side] = _pick(getattr(opts, side), 0)
+        _check(0 <= v <= MAX_VICINITY, side, v, f"must be in [0, {MAX_VICINITY}]")
+        _check(v == 0 or cache == "dual", side, v,
+               f"works only with canvas_cache='dual', not {cache!r}")
     seed = _pick(opts.seed, random_seed)
     _check(0 <= seed < 2**63, "seed", seed, "must be in [0, 2^63)")
     renoise = resolve_renoise({k: getattr(opts, k) for k in RENOISE_OPTIONS},
@@ -260,6 +279,7 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
         max_post_steps=post,
         renoise=renoise if defaults.renoise else None,
         canvas_cache=cache,
+        **vicinity,
     )
 
 

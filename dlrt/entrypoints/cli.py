@@ -62,6 +62,10 @@ _HELP = {
     "canvas_cache": "LLaDA canvas decoder's approximate KV cache (Fast-dLLM): none (exact, "
                     "default), prefix (a sub-block's later rounds reuse the K/V before it), "
                     "dual (they forward the sub-block alone, reusing the K/V around it)",
+    "vicinity_before": "with --canvas-cache dual: positions before the sub-block that its "
+                       "later rounds recompute too (dInfer's vicinity refresh; default 0)",
+    "vicinity_after": "with --canvas-cache dual: positions after the sub-block that its "
+                      "later rounds recompute too (default 0)",
     "seed": "sampling seed",
     "stop": "extra stop: a token id (ASCII digits only) or else a string (repeatable)",
     "ignore_eos": "do not stop at end-of-sequence tokens",

@@ -9,9 +9,16 @@ from the refresh; its own K/V are replaced each round, Fast-dLLM's `replace_posi
 forward writes its chunk's K/V at the chunk's positions and attends to keys below the canvas
 length, so the window's fresh K/V replace the cached ones where they overlap.
 
-`state.lens` is (sub-block start, canvas length): the window's forward; the refresh forward
-reads (0, canvas length). The window has a fixed length (one captured round serves every
-sub-block): the sub-block length for "dual", the generation's whole sub-blocks for "prefix".
+"dual" with a vicinity (dInfer's `VicinityCacheIteration`, prefix_look / after_look) widens the
+window by `before` positions before the sub-block and `after` after it: their K/V are
+recomputed each round too, the logits and commits stay the sub-block's rows. `before` is
+clipped to the prompt length by the decoder (the window never starts before position 0);
+positions past the canvas length land in the buffer's tail and no query attends to them.
+
+`state.lens` is (window start = sub-block start - before, canvas length): the window's
+forward; the refresh forward reads (0, canvas length). The window has a fixed length (one
+captured round serves every sub-block): before + the sub-block length + after for "dual",
+the generation's whole sub-blocks for "prefix".
 """
 
 from __future__ import annotations
@@ -27,13 +34,14 @@ from dlrt.runtime.runner import ModelRunner
 class CachedCanvasProgram(CanvasProgram):
     """A canvas of `size` slots whose first `span` are the canvas proper (the refresh forward;
     slots past it exist so a window never leaves the buffer) and windows of `window` slots
-    from the sub-block's start; `cache` names the key ("prefix" or "dual")."""
+    from `before` slots ahead of the sub-block's start (the sub-block is the window's rows
+    before..before + B); `cache` names the key ("prefix" or "dual")."""
 
     def __init__(self, runner: ModelRunner, kind: RoundKind, b: int, size: int, span: int,
-                 window: int, cache: str, mask_token_id: int):
+                 window: int, cache: str, mask_token_id: int, before: int = 0):
         super().__init__(runner, kind, b, size, mask_token_id)
-        self.key = (f"canvas_{cache}", b, size, span, window, kind)
-        self.span, self.window_len = span, window
+        self.key = (f"canvas_{cache}", b, size, span, window, before, kind)
+        self.span, self.window_len, self.before = span, window, before
         dev = runner.device
         self.full_lens = torch.zeros(2, dtype=torch.int32, device=dev)
         self.keep_kv_len = torch.tensor([0, 1], dtype=torch.int32, device=dev)
@@ -48,10 +56,13 @@ class CachedCanvasProgram(CanvasProgram):
         self.commit(logits, rows, rows, canvas=(self.canvas, self.canvas_masked))
 
     def round(self) -> None:
-        """The window [lo, lo + window) against the cache; the sub-block is its first rows."""
+        """The window [lo - before, lo - before + window) against the cache; the sub-block is
+        its rows before..before + B."""
         s = self.state
-        ids = self.canvas.index_select(0, self.lo + self.runner.arange(self.window_len))
-        logits = self.runner.forward(ids, s.lens, None, rows=slice(0, self.b))  # [B, V]
+        first = self.lo - self.before
+        ids = self.canvas.index_select(0, first + self.runner.arange(self.window_len))
+        rows = slice(self.before, self.before + self.b)
+        logits = self.runner.forward(ids, s.lens, None, rows=rows)  # [B, V]
         rows = self.rows()
         self.commit(logits, rows, rows, canvas=(self.canvas, self.canvas_masked))
 
@@ -69,13 +80,16 @@ class CachedCanvasProgram(CanvasProgram):
         self.state.lens[0].add_(self.b)
 
 
-def cached_sizes(cache: str, b: int, canvas: int, blocks: int) -> tuple[int, int]:
+def cached_sizes(cache: str, b: int, canvas: int, blocks: int, before: int = 0,
+                 after: int = 0) -> tuple[int, int]:
     """(buffer slots, window length) of a `cache` canvas of `canvas` slots (the exact canvas
-    size, padding included) and `blocks` sub-blocks of `b`.
+    size, padding included) and `blocks` sub-blocks of `b`; "dual" windows also hold
+    `before` / `after` positions around the sub-block (the last sub-block's reach past the
+    canvas).
 
     NOTE: a "prefix" window is as long as the first sub-block's (every sub-block of the
     generation), so later sub-blocks forward slots past the canvas length: their K/V land past
     it and no query attends to them."""
     if cache == "dual":
-        return canvas, b
+        return canvas + after, before + b + after
     return canvas + (blocks - 1) * b, blocks * b

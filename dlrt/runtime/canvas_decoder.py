@@ -7,7 +7,9 @@ of the prompt (one block covering the whole generation is pure diffusion); round
 inside the current sub-block, and the LM head runs only on its rows. The canvas buffer is padded
 to a multiple of 64 so one captured graph serves nearby lengths; padding is never attended to.
 With `canvas_cache` "prefix" or "dual" (Fast-dLLM's approximate caches) a sub-block re-runs
-the canvas once and its later rounds reuse the cached K/V (`dlrt.runtime.canvas_cache`).
+the canvas once and its later rounds reuse the cached K/V (`dlrt.runtime.canvas_cache`);
+"dual" with `vicinity_before` / `vicinity_after` recomputes that many positions around the
+sub-block too (dInfer's vicinity refresh).
 """
 
 from __future__ import annotations
@@ -41,24 +43,32 @@ class CanvasDecoder(DecoderBase):
         span = prompt_len + -(-params.max_new_tokens // b) * b
         return -(-span // PAD_TO) * PAD_TO
 
+    @staticmethod
+    def _before(prompt_len: int, params: DecodingParams) -> int:
+        """The window's positions before the sub-block: vicinity_before, clipped to the
+        prompt (the first sub-block's window then starts at position 0)."""
+        return min(params.vicinity_before, prompt_len)
+
     def _buffer(self, prompt_len: int, params: DecodingParams) -> tuple[int, int]:
         """(canvas buffer slots, window length; 0: no cache) of a request."""
         size = self._size(prompt_len, params)
         if params.canvas_cache == "none":
             return size, 0
         blocks = -(-params.max_new_tokens // params.block_length)
-        return cached_sizes(params.canvas_cache, params.block_length, size, blocks)
+        return cached_sizes(params.canvas_cache, params.block_length, size, blocks,
+                            self._before(prompt_len, params), params.vicinity_after)
 
     def max_positions(self, prompt_len: int, params: DecodingParams) -> int:
         return self._buffer(prompt_len, params)[0]
 
-    def _program(self, kind, b: int, span: int, size: int, window: int, cache: str):
+    def _program(self, kind, b: int, span: int, size: int, window: int, cache: str,
+                 before: int):
         if cache == "none":
             return self.cached_program((b, size, kind), lambda: CanvasProgram(
                 self.runner, kind, b, size, self.mask_token_id))
-        return self.cached_program((b, size, kind, cache, span, window), lambda: (
+        return self.cached_program((b, size, kind, cache, span, window, before), lambda: (
             CachedCanvasProgram(self.runner, kind, b, size, span, window, cache,
-                                self.mask_token_id)))
+                                self.mask_token_id, before)))
 
     @torch.inference_mode()
     def decode(self, prompt: list[int], params: DecodingParams) -> Iterator[BlockResult]:
@@ -66,14 +76,15 @@ class CanvasDecoder(DecoderBase):
         total = p + params.max_new_tokens
         span, cache = self._size(p, params), params.canvas_cache
         size, window = self._buffer(p, params)
-        prog = self._program(round_kind(params), b, span, size, window, cache)
+        before = self._before(p, params) if cache == "dual" else 0
+        prog = self._program(round_kind(params), b, span, size, window, cache, before)
         state = prog.state
         state.set_values(params)
         pad = size - total
         prog.canvas.copy_(torch.tensor(prompt + [self.mask_token_id] * (total - p + pad)))
         prog.canvas_masked.copy_(torch.tensor([False] * p + [True] * (total - p) + [False] * pad))
         prog.lo.fill_(p)
-        state.set_lens(0 if cache == "none" else p, total)
+        state.set_lens(0 if cache == "none" else p - before, total)
         starts = list(range(p, total, b))
         phase = "first" if cache == "none" else "refresh"
 

@@ -2,7 +2,7 @@
 
 The three modes run the same tensor code on the same static buffers; these tests check it end
 to end: every strategy, SDAR dense and MoE, LLaDA canvas (also with its prefix and dual KV
-caches) and dLLM-Var, contexts from 0 to
+caches, the dual one with a vicinity) and dLLM-Var, contexts from 0 to
 thousands of tokens, prompts on and off a block boundary, greedy and seeded sampling; LLaDA2
 with and without editing.
 The lm_head is sharpened (x50) so threshold strategies commit varying numbers per round.
@@ -102,19 +102,21 @@ def test_llada_canvas_modes_identical(tiny_llada, strategy, block_length):
                             threshold=0.3, seed=2))
 
 
-@pytest.mark.parametrize("canvas_cache", ["prefix", "dual"])
+@pytest.mark.parametrize("canvas_cache,vicinity", [("prefix", (0, 0)), ("dual", (0, 0)),
+                                                   ("dual", (4, 4)), ("dual", (0, 3))])
 @pytest.mark.parametrize("backend", ["triton", "flashinfer"])
 @pytest.mark.parametrize("strategy,temperature", [("low_confidence_static", 0),
                                                   ("threshold", 0), ("threshold", 0.7)])
 @pytest.mark.parametrize("prompt_len", [21, 36, 1500])
-def test_llada_canvas_cache_modes_identical(tiny_llada, canvas_cache, backend, strategy,
-                                            temperature, prompt_len):
+def test_llada_canvas_cache_modes_identical(tiny_llada, canvas_cache, vicinity, backend,
+                                            strategy, temperature, prompt_len):
     llm = _llm(tiny_llada, attention_backend=backend, max_model_len=4096)
     prompt = [(7 * i + 3) % 126000 for i in range(prompt_len)]
     _assert_same(_run_modes(llm, prompt, max_new_tokens=28, block_length=8,
                             denoising_steps=4, temperature=temperature,
                             remasking_strategy=strategy, threshold=0.3, seed=2,
-                            canvas_cache=canvas_cache))
+                            canvas_cache=canvas_cache, vicinity_before=vicinity[0],
+                            vicinity_after=vicinity[1]))
 
 
 @pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "threshold", "sequential",
