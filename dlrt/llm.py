@@ -21,6 +21,7 @@ from dlrt.decoding.options import (
     DecodingParams,
     check_canvas_cache,
     check_editing,
+    check_smoothing,
     resolve,
 )
 from dlrt.distributed.calls import Calls, OutOfStep, Request, on_rank
@@ -253,6 +254,7 @@ class LLM:
         fam = family(self.config.family)
         check_editing(params, fam.name, fam.supports_editing, self.decoder_name)
         check_canvas_cache(params, self.decoder_name)
+        check_smoothing(params, self.decoder_name)
         return params
 
     def stream(self, prompt: Prompt, *, chat: bool = False,
@@ -276,7 +278,8 @@ class LLM:
                 low_threshold, credit_weight, credit_boost, credit_decay, editing_threshold,
                 max_post_steps, temperature, top_k, top_p; for renoising families:
                 max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
-                confidence_threshold; canvas_cache, vicinity_before, vicinity_after for the
+                confidence_threshold; canvas_cache, vicinity_before, vicinity_after, smoothing,
+                cont_weight, cont_weight_init, cont_weight_growth, threshold_decay for the
                 LLaDA canvas decoder; seed, stop,
                 ignore_eos).
         Raises:

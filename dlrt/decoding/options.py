@@ -77,6 +77,14 @@ class DecodingOptions:
         logits and commits stay the sub-block's. `vicinity_before` is clipped to the prompt
         length (the window never starts before position 0 and keeps one length per request),
         positions past the canvas are never attended. Non-zero needs canvas_cache "dual".
+    smoothing: dInfer's iteration smoothing (`IterationSmooth`; the `canvas` decoder,
+        canvas_cache "none", remasking_strategy "threshold"): a masked position enters the
+        next forward as its mask embedding plus w * softmax(logits) @ E of the previous
+        forward, w = min(cont_weight_init + cont_weight_growth * i, cont_weight), and a
+        round commits with the bar max(1 - threshold_decay * i, threshold), i the request's
+        rounds run before it (across sub-blocks). Default False.
+    cont_weight, cont_weight_init, cont_weight_growth: finite numbers >= 0 (defaults 0.3,
+        0.15, 0.02); threshold_decay: in [0, 1] (default 0.02). Setting one needs smoothing.
     seed: >= 0; sampling, `random` and renoising are reproducible for a given seed.
     stop: extra stop token ids (int) or stop strings (str).
     ignore_eos: do not stop at the checkpoint's stop ids (benchmarks).
@@ -106,6 +114,11 @@ class DecodingOptions:
     canvas_cache: str | None = None
     vicinity_before: int | None = None
     vicinity_after: int | None = None
+    smoothing: bool = False
+    cont_weight: float | None = None
+    cont_weight_init: float | None = None
+    cont_weight_growth: float | None = None
+    threshold_decay: float | None = None
     seed: int | None = None
     stop: tuple[int | str, ...] = ()
     ignore_eos: bool = False
@@ -134,7 +147,7 @@ class DecodingOptions:
                 "vicinity_before", "vicinity_after")
         floats = ("threshold", "eb_threshold", "low_threshold", "credit_weight", "credit_boost",
                   "credit_decay", "editing_threshold", "temperature", "top_p", "entropy_bound",
-                  "t_min", "t_max", "confidence_threshold")
+                  "t_min", "t_max", "confidence_threshold", *SMOOTHING)
         for name in ints:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
@@ -150,8 +163,9 @@ class DecodingOptions:
         for s in self.stop:
             if isinstance(s, bool) or not isinstance(s, (int, str)) or s == "":
                 raise OptionError(f"stop entries must be token ids or non-empty strings, got {s!r}")
-        if not isinstance(self.ignore_eos, bool):
-            raise OptionError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "smoothing"):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)
@@ -174,6 +188,21 @@ class DecoderDefaults:
     renoise: bool = False
 
 
+# dInfer's `IterationSmooth` defaults, by option name
+SMOOTHING = {"cont_weight": 0.3, "cont_weight_init": 0.15, "cont_weight_growth": 0.02,
+             "threshold_decay": 0.02}
+
+
+@dataclass(frozen=True)
+class Smoothing:
+    """Iteration smoothing's values (see `DecodingOptions.smoothing`)."""
+
+    cont_weight: float
+    cont_weight_init: float
+    cont_weight_growth: float
+    threshold_decay: float
+
+
 @dataclass(frozen=True)
 class DecodingParams:
     """Resolved, validated options of one request (`editing_threshold` None: no edits;
@@ -192,6 +221,7 @@ class DecodingParams:
     canvas_cache: str = "none"
     vicinity_before: int = 0
     vicinity_after: int = 0
+    smoothing: Smoothing | None = None
 
 
 def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config: dict[str, Any],
@@ -260,6 +290,7 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
         _check(0 <= v <= MAX_VICINITY, side, v, f"must be in [0, {MAX_VICINITY}]")
         _check(v == 0 or cache == "dual", side, v,
                f"works only with canvas_cache='dual', not {cache!r}")
+    smoothing = _smoothing(opts, cache, name)
     seed = _pick(opts.seed, random_seed)
     _check(0 <= seed < 2**63, "seed", seed, "must be in [0, 2^63)")
     renoise = resolve_renoise({k: getattr(opts, k) for k in RENOISE_OPTIONS},
@@ -280,7 +311,42 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
         renoise=renoise if defaults.renoise else None,
         canvas_cache=cache,
         **vicinity,
+        smoothing=smoothing,
     )
+
+
+def _smoothing(opts: DecodingOptions, cache: str, strategy: str) -> Smoothing | None:
+    """The request's iteration smoothing (None: off), its values checked.
+
+    Raises:
+        OptionError: a smoothing value out of range, one set without smoothing, or smoothing
+            with a canvas cache or another strategy than "threshold" (names the option).
+    """
+    values = {}
+    for name, default in SMOOTHING.items():
+        given = getattr(opts, name)
+        _check(given is None or opts.smoothing, name, given, "works only with smoothing=True")
+        v = values[name] = float(_pick(given, default))
+        top = 1.0 if name == "threshold_decay" else FP32_MAX
+        _check(0.0 <= v <= top, name, v, f"must be a number in [0, {top:.4g}]")
+    if not opts.smoothing:
+        return None
+    _check(cache == "none", "smoothing", True,
+           f"works only with canvas_cache='none', not {cache!r} (smoothing over the "
+           "approximate caches is not built)")
+    _check(strategy == "threshold", "smoothing", True,
+           f"works only with remasking_strategy='threshold', not {strategy!r}")
+    return Smoothing(**values)
+
+
+def check_smoothing(params: DecodingParams, decoder: str) -> None:
+    """Iteration smoothing is the `canvas` decoder's (LLaDA without a cache).
+
+    Raises:
+        OptionError: smoothing with another decoder (names the option).
+    """
+    _check(params.smoothing is None or decoder == "canvas", "smoothing", True,
+           f"works only with the 'canvas' decoder (LLaDA), not {decoder!r}; leave it unset")
 
 
 def check_editing(params: DecodingParams, family: str, supports_editing: bool,

@@ -66,6 +66,14 @@ _HELP = {
                        "later rounds recompute too (dInfer's vicinity refresh; default 0)",
     "vicinity_after": "with --canvas-cache dual: positions after the sub-block that its "
                       "later rounds recompute too (default 0)",
+    "smoothing": "LLaDA canvas decoder, no cache, threshold strategy: dInfer's iteration "
+                 "smoothing (masked positions also enter the next forward as the previous "
+                 "forward's probability-weighted embedding; the bar decays from 1)",
+    "cont_weight": "with --smoothing: the largest weight of that embedding (default 0.3)",
+    "cont_weight_init": "with --smoothing: its weight in the first round (default 0.15)",
+    "cont_weight_growth": "with --smoothing: its weight's growth per round (default 0.02)",
+    "threshold_decay": "with --smoothing: the bar's decay per round from 1 down to "
+                       "--threshold, in [0, 1] (default 0.02)",
     "seed": "sampling seed",
     "stop": "extra stop: a token id (ASCII digits only) or else a string (repeatable)",
     "ignore_eos": "do not stop at end-of-sequence tokens",

@@ -9,7 +9,9 @@ to a multiple of 64 so one captured graph serves nearby lengths; padding is neve
 With `canvas_cache` "prefix" or "dual" (Fast-dLLM's approximate caches) a sub-block re-runs
 the canvas once and its later rounds reuse the cached K/V (`dlrt.runtime.canvas_cache`);
 "dual" with `vicinity_before` / `vicinity_after` recomputes that many positions around the
-sub-block too (dInfer's vicinity refresh).
+sub-block too (dInfer's vicinity refresh). With `smoothing` (no cache) masked positions also
+enter a round's forward as the previous round's probability-weighted embedding, carried across
+sub-blocks (dInfer's iteration smoothing, `CanvasProgram`).
 """
 
 from __future__ import annotations
@@ -62,10 +64,10 @@ class CanvasDecoder(DecoderBase):
         return self._buffer(prompt_len, params)[0]
 
     def _program(self, kind, b: int, span: int, size: int, window: int, cache: str,
-                 before: int):
+                 before: int, smooth: bool = False):
         if cache == "none":
-            return self.cached_program((b, size, kind), lambda: CanvasProgram(
-                self.runner, kind, b, size, self.mask_token_id))
+            return self.cached_program((b, size, kind, smooth), lambda: CanvasProgram(
+                self.runner, kind, b, size, self.mask_token_id, smooth))
         return self.cached_program((b, size, kind, cache, span, window, before), lambda: (
             CachedCanvasProgram(self.runner, kind, b, size, span, window, cache,
                                 self.mask_token_id, before)))
@@ -77,9 +79,12 @@ class CanvasDecoder(DecoderBase):
         span, cache = self._size(p, params), params.canvas_cache
         size, window = self._buffer(p, params)
         before = self._before(p, params) if cache == "dual" else 0
-        prog = self._program(round_kind(params), b, span, size, window, cache, before)
+        smooth = params.smoothing is not None
+        prog = self._program(round_kind(params), b, span, size, window, cache, before, smooth)
         state = prog.state
         state.set_values(params)
+        if smooth:
+            prog.set_smoothing(params.strategy.threshold, params.smoothing)
         pad = size - total
         prog.canvas.copy_(torch.tensor(prompt + [self.mask_token_id] * (total - p + pad)))
         prog.canvas_masked.copy_(torch.tensor([False] * p + [True] * (total - p) + [False] * pad))

@@ -60,7 +60,9 @@ class LLaDAModel(nn.Module):
 
 
 class LLaDAModelLM(nn.Module):
-    """forward(input_ids [N], positions [N], ctx) -> hidden [N, H]; logits(hidden) -> [n, V]."""
+    """forward(input_ids [N], positions [N], ctx, embeds_add [N, H] or None) -> hidden [N, H];
+    logits(hidden) -> [n, V]. `embeds_add` (the model dtype) is added to the token embeddings
+    (iteration smoothing's probability-weighted embeddings)."""
 
     def __init__(self, config: ModelConfig, ops: Ops):
         super().__init__()
@@ -68,9 +70,11 @@ class LLaDAModelLM(nn.Module):
         self.model = LLaDAModel(config, ops)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                ctx: ForwardContext) -> torch.Tensor:
+                ctx: ForwardContext, embeds_add: torch.Tensor | None = None) -> torch.Tensor:
         t = self.model.transformer
         x, residual = t.wte(input_ids), None
+        if embeds_add is not None:
+            x = x + embeds_add
         rope = self.model.rotary_emb.cos_sin(positions)
         for block in t.blocks:
             x, residual = block(x, residual, rope, self.model.rotary_emb, ctx)
