@@ -200,9 +200,10 @@ def _bench_serve(args: argparse.Namespace) -> int:
 
 
 def _bench_step(args: argparse.Namespace) -> int:
-    from dlrt.bench import step
+    from dlrt.bench import canvas_step, step
 
-    return step.main(args, engine_kwargs(args), decoding_kwargs(args))
+    bench = canvas_step if args.prompt_lengths else step
+    return bench.main(args, engine_kwargs(args), decoding_kwargs(args))
 
 
 def _bench_kernels(args: argparse.Namespace) -> int:
@@ -407,8 +408,15 @@ def build_parser() -> argparse.ArgumentParser:
     st = bench.add_parser("step", help="round latency per context: device loop, replay, host "
                                        "loop, eager, HBM floor")
     add_engine_flags(st, skip=("execution_mode",))
-    st.add_argument("--context", default="0,1024,4096,16384",
-                    help="comma-separated context lengths")
+    where = st.add_mutually_exclusive_group()
+    where.add_argument("--context", default="0,1024,4096,16384",
+                       help="comma-separated context lengths")
+    where.add_argument("--prompt-lengths", type=_positive_ints, default=None,
+                       help="the canvas decoder (LLaDA): comma-separated prompt lengths, the "
+                            "canvas each prompt plus --max-new-tokens; per length the exact "
+                            "round, with --smoothing the smoothed one, with --canvas-cache its "
+                            "refresh and window rounds, each against its own HBM floor and "
+                            "over the exact round")
     st.add_argument("--rounds", type=int, default=100, help="rounds per timing")
     add_out_flag(st)
     add_decoding_flags(st)
