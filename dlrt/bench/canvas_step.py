@@ -14,14 +14,17 @@ rounds of its first sub-block (positions P..P+B), with the request's remasking s
            positions around it too
 
 Every row has its own HBM floor (`canvas_floor_bytes`) and its ratio to it, and `speedup`:
-the exact row's time at the same P over its own. Each row builds the program a request of
-that P runs (the decoder's sizes, `canvas_slots`: one captured round serves every sub-block,
-so each sub-block's window forwards as many positions as the first's) and fills the canvas
-with seeded random ids, the generation's positions marked masked, so MoE rows route as
-distinct tokens do (the floor counts the experts distinct rows can touch); each timed round
-starts from that canvas again. Timing as `dlrt.bench.step`'s: the device loop (one graph whose
-WHILE node repeats the round R times) and the eager round on CUDA, the eager round only
-elsewhere (`timed: "eager"`).
+the exact row's time at the same P over its own. The floor counts the positions a round must
+forward (`CanvasRound.tokens`: the canvas's T, a window's positions within it); the programs
+forward whole buffers (T rounded up to whole sub-blocks and to a multiple of 64; a prefix
+window as long as the generation's sub-blocks), whose extra positions count against the
+ratio. Each row builds the program a request of that P runs (the decoder's sizes,
+`canvas_slots`: one captured round serves every sub-block, so each sub-block's window
+forwards as many positions as the first's) and fills the canvas with seeded random ids, the
+generation's positions marked masked, so MoE rows route as distinct tokens do (the floor
+counts the experts distinct rows can touch); each timed round starts from that canvas again.
+Timing as `dlrt.bench.step`'s: the device loop (one graph whose WHILE node repeats the round R
+times) and the eager round on CUDA, the eager round only elsewhere (`timed: "eager"`).
 """
 
 from __future__ import annotations
