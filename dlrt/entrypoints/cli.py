@@ -80,12 +80,16 @@ _HELP = {
 }
 
 
-def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per `DecodingOptions` field; all default to None (= the model's default)."""
+def add_decoding_flags(parser: argparse.ArgumentParser,
+                       only: tuple[str, ...] | None = None) -> None:
+    """One flag per `DecodingOptions` field (`only`: those fields); all default to None (= the
+    model's default)."""
     from dlrt.decoding.options import DecodingOptions
 
     hints = typing.get_type_hints(DecodingOptions)
     for f in dataclasses.fields(DecodingOptions):
+        if only is not None and f.name not in only:
+            continue
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]
         if hint is bool:
@@ -97,17 +101,21 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, type=kind, default=None, help=_HELP[f.name])
 
 
-def decoding_kwargs(args: argparse.Namespace) -> dict:
-    """The decoding options given on the command line, their ranges checked (before any model
-    is loaded; the error names the flag)."""
+def decoding_kwargs(args: argparse.Namespace, only: tuple[str, ...] | None = None,
+                    check: bool = True) -> dict:
+    """The decoding options given on the command line (`only`: those of these fields), their
+    ranges checked unless `check` is False (before any model is loaded; the error names the
+    flag)."""
     from dlrt.decoding.options import DecodingOptions, as_flag_error, check_ranges
 
-    kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(DecodingOptions)}
-    if kw["stop"]:
+    kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(DecodingOptions)
+          if only is None or f.name in only}
+    if kw.get("stop"):
         kw["stop"] = [int(s) if re.fullmatch("[0-9]+", s) else s for s in kw["stop"]]
     kw = {k: v for k, v in kw.items() if v is not None}
     try:
-        check_ranges(DecodingOptions.from_kwargs(kw))
+        if check:
+            check_ranges(DecodingOptions.from_kwargs(kw))
     except OptionError as e:
         raise as_flag_error(e) from e
     return kw
@@ -190,7 +198,9 @@ def _bench_humaneval(args: argparse.Namespace) -> int:
 def _bench_quality(args: argparse.Namespace) -> int:
     from dlrt.bench import quality
 
-    return quality.main(args, engine_kwargs(args))
+    # NOTE: checked with each setting's strategy (`quality.with_options`)
+    options = decoding_kwargs(args, only=quality.REQUEST_OPTIONS, check=False)
+    return quality.main(args, engine_kwargs(args), options)
 
 
 def _bench_serve(args: argparse.Namespace) -> int:
@@ -200,9 +210,10 @@ def _bench_serve(args: argparse.Namespace) -> int:
 
 
 def _bench_step(args: argparse.Namespace) -> int:
-    from dlrt.bench import step
+    from dlrt.bench import canvas_step, step
 
-    return step.main(args, engine_kwargs(args), decoding_kwargs(args))
+    bench = canvas_step if args.prompt_lengths else step
+    return bench.main(args, engine_kwargs(args), decoding_kwargs(args))
 
 
 def _bench_kernels(args: argparse.Namespace) -> int:
@@ -407,8 +418,15 @@ def build_parser() -> argparse.ArgumentParser:
     st = bench.add_parser("step", help="round latency per context: device loop, replay, host "
                                        "loop, eager, HBM floor")
     add_engine_flags(st, skip=("execution_mode",))
-    st.add_argument("--context", default="0,1024,4096,16384",
-                    help="comma-separated context lengths")
+    where = st.add_mutually_exclusive_group()
+    where.add_argument("--context", default="0,1024,4096,16384",
+                       help="comma-separated context lengths")
+    where.add_argument("--prompt-lengths", type=_positive_ints, default=None,
+                       help="the canvas decoder (LLaDA): comma-separated prompt lengths, the "
+                            "canvas each prompt plus --max-new-tokens; per length the exact "
+                            "round, with --smoothing the smoothed one, with --canvas-cache its "
+                            "refresh and window rounds, each against its own HBM floor and "
+                            "over the exact round")
     st.add_argument("--rounds", type=int, default=100, help="rounds per timing")
     add_out_flag(st)
     add_decoding_flags(st)
@@ -450,6 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a record of an unfinished run (of the same model, device and "
                          "samples): run the settings it lacks and write them into it")
     bq.add_argument("--quiet", action="store_true", help="no progress bar")
+    from dlrt.bench.quality import REQUEST_OPTIONS
+
+    add_decoding_flags(bq, only=REQUEST_OPTIONS)  # given to every setting's requests
     add_out_flag(bq)
     bq.set_defaults(func=_bench_quality)
 
