@@ -393,8 +393,9 @@ def fill(params: dict[str, nn.Parameter], f, specs: list[WeightSpec], where: str
          done=lambda n: None) -> None:
     """Copy the tensors of `specs` from `f` into their parameters (`place`), checking each
     one's shape first, and the dtype of those copied as read; online specs are quantised
-    from their sources, each source once. `f` reads tensors as an open safetensors file does: `get_slice(name)` (with
-    `get_shape()` and indexing) and `get_tensor(name)`; `where` names it in errors.
+    from their sources, each source once. `f` reads tensors as an open safetensors file
+    does: `get_slice(name)` (with `get_shape()` and indexing) and `get_tensor(name)`;
+    `where` names it in errors.
 
     Raises:
         CheckpointError: a tensor of the wrong shape or dtype (`shape_problem`,
