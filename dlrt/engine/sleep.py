@@ -9,8 +9,9 @@ cache's K and V are freed. Then the weights:
   level 1: each parameter's storage is copied to CPU memory (pinned for a CUDA parameter, so
       waking copies at full speed; plain memory otherwise) and `param.data` points at the
       copy; the `nn.Parameter` objects stay (tied ones stay one);
-  level 2: dropped: `param.data` becomes a zero-stride view of one element, which keeps the
-      shape and dtype for checking the weights that bring them back (`restore_weights`).
+  level 2: dropped: `param.data` becomes a zero-stride view of one element in CPU memory,
+      which keeps the shape and dtype for checking the weights that bring them back
+      (`restore_weights`: storage on the parameter's own device again).
 
 Buffers (RoPE frequencies, scalars) go to CPU memory at both levels. Last, the cyclic garbage
 is collected (programs hold their own bound methods) and the allocator's cached blocks go back
@@ -60,8 +61,9 @@ def _unique_params(model: nn.Module) -> list[nn.Parameter]:
 
 
 def _dropped(p: torch.Tensor) -> torch.Tensor:
-    """A tensor of p's shape and dtype on p's device that holds one element."""
-    return torch.empty((), dtype=p.dtype, device=p.device).expand(p.shape)
+    """A tensor of p's shape and dtype that holds one element, in CPU memory (no device
+    memory at all)."""
+    return torch.empty((), dtype=p.dtype).expand(p.shape)
 
 
 def release_device(engine) -> None:
