@@ -87,21 +87,22 @@ def test_update_equals_a_fresh_engine(pair, preset):
     assert tokens(llm) == want_a
 
 
-@pytest.mark.parametrize("source", ["tensors", "folder"])
-def test_fp8_online_update_is_requantised(pair, source):
-    """quantization="fp8" (quantised while loading): the high-precision tensors of seed 1 are
-    quantised by the format (the held FP8 codes and scales change) and the tokens equal a
-    fresh fp8 engine of seed 1."""
+@pytest.mark.parametrize("quantization,source", [
+    ("fp8", "tensors"), ("fp8", "folder"), ("nvfp4", "tensors"),
+    ("compressed-tensors-fp8", "tensors")])
+def test_online_quantised_update_is_requantised(pair, quantization, source):
+    """Quantised while loading (FP8 block-scaled, NVFP4, compressed-tensors FP8): the
+    high-precision tensors of seed 1 are quantised by the format (the held codes and scales
+    equal a fresh engine's bit for bit) and the tokens equal a fresh engine of seed 1."""
     a, b = pair("tiny-sdar-moe")
-    llm = LLM(a, dtype="float32", quantization="fp8")
-    fresh = LLM(b, dtype="float32", quantization="fp8")
+    llm = LLM(a, dtype="float32", quantization=quantization)
+    fresh = LLM(b, dtype="float32", quantization=quantization)
     want_a, want_b = tokens(llm), tokens(fresh)
     assert want_a != want_b
     llm.update_weights(tensors(b) if source == "tensors" else b)
     assert tokens(llm) == want_b
     held, ref = dict(llm.model.named_parameters()), dict(fresh.model.named_parameters())
-    quantised = [n for n, p in held.items() if p.dtype == torch.float8_e4m3fn]
-    assert quantised and any("scale" in n for n in held)
+    assert any("experts.w13_weight_scale" in n for n in held)
     for n in held:
         assert torch.equal(held[n].view(torch.uint8), ref[n].view(torch.uint8)), n
 
@@ -303,3 +304,25 @@ def test_another_family_folder_is_refused(sdar, pair):
     with pytest.raises(WeightsError, match="names the model does not have"):
         llm.update_weights(pair("tiny-llada")[1])
     assert_untouched(llm, before)
+
+
+def test_fp8_kv_cache_takes_the_scales(pair):
+    """An FP8 KV cache takes the weights' k_scale / v_scale (every layer) in place; scales of
+    some layers only are refused with the rest."""
+    a, b = pair("tiny-sdar")
+    llm = LLM(a, dtype="float32", kv_cache_dtype="fp8")
+    layers = llm.config.num_layers
+    k_scale = llm.kv_cache.k_scale
+    assert k_scale.tolist() == [1.0] * layers
+    w = tensors(b)
+    scales = {f"model.layers.{i}.self_attn.{s}": torch.tensor(2.0 + i)
+              for i in range(layers) for s in ("k_scale", "v_scale")}
+    before = snapshot(llm)
+    with pytest.raises(WeightsError, match="lacks"):
+        llm.update_weights({**w, "model.layers.0.self_attn.k_scale": torch.tensor(3.0)})
+    assert_untouched(llm, before)
+    assert llm.kv_cache.k_scale.tolist() == [1.0] * layers
+    llm.update_weights({**w, **scales})
+    assert llm.kv_cache.k_scale is k_scale  # the same memory, new values
+    assert llm.kv_cache.k_scale.tolist() == llm.kv_cache.v_scale.tolist() == \
+        [2.0 + i for i in range(layers)]
