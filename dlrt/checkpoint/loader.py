@@ -292,7 +292,7 @@ def load_safetensors(model: nn.Module, folder: CheckpointFolder, online: bool = 
         log.info("ignored %d static activation scale(s) (input_scale): activations stay in the "
                  "model dtype or are quantised at run time (fp8_activations)", len(activation))
     kv = {k for k in unused if is_kv_scale(k)}  # the KV cache's (`checkpoint.kv_scales`)
-    others = _other_ranks_experts(model, unused)  # expert parallel: other ranks read them
+    others = other_ranks_experts(model, unused)  # expert parallel: other ranks read them
     skips = tuple(getattr(model, "checkpoint_skips", ()))
     skipped = {k for k in unused if skips and k.startswith(skips)}
     if skipped:
@@ -304,7 +304,7 @@ def load_safetensors(model: nn.Module, folder: CheckpointFolder, online: bool = 
                     len(left), sorted(left)[:3])
 
 
-def _other_ranks_experts(model: nn.Module, keys: set[str]) -> set[str]:
+def other_ranks_experts(model: nn.Module, keys: set[str]) -> set[str]:
     """The keys among `keys` of experts that other ranks hold (expert parallelism)."""
     prefixes = tuple(f"{name}.{e}." for name, m in model.named_modules()
                      if isinstance(m, StackedExperts) for e in range(m.total_experts)

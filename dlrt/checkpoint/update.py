@@ -43,9 +43,9 @@ from dlrt.checkpoint.folder import CheckpointFolder
 from dlrt.checkpoint.kv_scales import is_kv_scale, kv_scales_from
 from dlrt.checkpoint.loader import (
     WeightSpec,
-    _other_ranks_experts,
     dtype_problem,
     fill,
+    other_ranks_experts,
     shape_problem,
     weight_specs,
 )
@@ -182,13 +182,13 @@ def open_source(weights: Any) -> TensorSource:
     tensors: dict[str, torch.Tensor] = {}
     twice = []
     for item in items:
-        if not (isinstance(item, tuple) and len(item) == 2):
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
             raise WeightsError(f"weights: expected (name, tensor) pairs, got {item!r:.80}")
         name, t = item
         if not isinstance(name, str) or not isinstance(t, torch.Tensor):
             raise WeightsError(f"weights: {name!r:.80} -> {type(t).__name__}: names are str "
                                "and values torch.Tensor")
-        if name in tensors and tensors[name] is not t:
+        if name in tensors:
             twice.append(name)
         tensors[name] = t.detach()
     if twice:
@@ -288,7 +288,7 @@ def plan_update(model: nn.Module, source: TensorSource, strict: bool = True,
     skips = tuple(getattr(model, "checkpoint_skips", ()))
     accepted |= {n for n in given if is_kv_scale(n) or n.endswith(".input_scale")
                  or (skips and n.startswith(skips))}
-    accepted |= _other_ranks_experts(model, given)
+    accepted |= other_ranks_experts(model, given)
     for group in source.shared():
         if group & accepted:
             accepted |= group

@@ -85,7 +85,9 @@ def fall_asleep(engine, level: int) -> Sleep:
     release_device(engine)
     params = [(p, p.device) for p in _unique_params(engine.model)]
     copies = None
-    with torch.no_grad():
+    # NOTE: plain tensors even when called inside torch.inference_mode(): an inference
+    # tensor could not be updated in place outside it later
+    with torch.no_grad(), torch.inference_mode(False):
         if level == 1:
             copies = []
             for p, device in params:
@@ -111,14 +113,17 @@ def restore_weights(sleep: Sleep) -> None:
     """Give every parameter storage on its device again (values not set: an update fills
     them); the CPU copies of level 1 are dropped."""
     sleep.copies = None
-    for p, device in sleep.params:
-        p.data = torch.empty(p.shape, dtype=p.dtype, device=device)
+    with torch.inference_mode(False):
+        for p, device in sleep.params:
+            p.data = torch.empty(p.shape, dtype=p.dtype, device=device)
 
 
 def drop_weights(sleep: Sleep) -> None:
-    """Back to level 2's dropped weights (an update that brought them back failed)."""
-    for p, _ in sleep.params:
-        p.data = _dropped(p)
+    """Drop the weights (level 2's state): when an update that brought them back failed, or
+    before a folder's weights replace the CPU copies of level 1."""
+    with torch.inference_mode(False):
+        for p, _ in sleep.params:
+            p.data = _dropped(p)
     sleep.level, sleep.copies, sleep.weights_back = 2, None, False
 
 
@@ -126,15 +131,15 @@ def wake(engine, sleep: Sleep) -> None:
     """Bring the weights (level 1: from their CPU copies; level 2: already back), the buffers
     and the KV cache back, and rebuild the persistent round."""
     assert sleep.weights_held, "the weights of level 2 come back through an update first"
-    with torch.no_grad():
+    with torch.no_grad(), torch.inference_mode(False):
         if sleep.copies is not None:
             for (p, device), held in zip(sleep.params, sleep.copies, strict=True):
                 p.data = held.to(device, non_blocking=True)
             sleep.copies = None
         for module, name, device in sleep.buffers:
             module._buffers[name] = module._buffers[name].to(device)
-    engine.runner.cache.restore()
-    engine.runner.restore()
+        engine.runner.cache.restore()
+        engine.runner.restore()
     device = engine.config.torch_device
     if device.type == "cuda":
         torch.cuda.synchronize(device)

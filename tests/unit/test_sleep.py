@@ -166,3 +166,18 @@ def test_sleep_ends_an_open_stream(sdar):
     llm.wake_up()
     assert list(stream) == []
     assert tokens(llm) == before
+
+
+def test_sleep_and_wake_inside_inference_mode(tiny_llada):
+    """Called inside torch.inference_mode(), sleep and wake still give the parameters plain
+    tensors, which a later update outside it copies into in place."""
+    llm = LLM(tiny_llada, dtype="float32")
+    before = tokens(llm)
+    with torch.inference_mode():
+        llm.sleep(1)
+        llm.wake_up()
+        llm.sleep(2)
+        llm.wake_up(tiny_llada)
+    assert not any(p.is_inference() for p in llm.model.parameters())
+    llm.update_weights(tiny_llada)
+    assert tokens(llm) == before
