@@ -78,10 +78,11 @@ class LLM:
     returns. Every other rank serves rank 0's calls until rank 0's LLM closes and then ends
     its process (exit status 0; non-zero with a one-line message when rank 0 is gone or the
     ranks fall out of step). Rank 0's `generate` / `stream` (checked there first: the other
-    ranks never see a bad request), `set_execution_mode`, `collective_rpc` and `close` run on
-    every rank. After each block every rank reports its status: a failure on any rank ends
-    the request on every rank (rank 0's caller gets the rank's own error, or `RankError`
-    naming the rank that failed; the others log it) and the next request starts in step.
+    ranks never see a bad request), `set_execution_mode`, `collective_rpc`, `sleep`, `wake_up`,
+    `update_weights` and `close` run on every rank. After each block every rank reports its
+    status: a failure on any rank ends the request on every rank (rank 0's caller gets the
+    rank's own error, or `RankError` naming the rank that failed; the others log it) and the
+    next request starts in step.
     One LLM per torchrun job. `close()` (also: the end of a `with LLM(...) as llm:` block,
     and for an LLM still open, its collection or the end of the process) releases the ranks'
     buffers in rank order and leaves the process group.
@@ -123,7 +124,8 @@ class LLM:
         """Close on every rank (rank 0 tells the others; they end their processes after):
         release the ranks' buffers (the peer-to-peer all-reduce's, in rank order) and leave
         the process group. Later `close` calls do nothing. After it, the calls that run the
-        model (`generate`, `stream`, `set_execution_mode`, `collective_rpc`) raise DlrtError;
+        model (`generate`, `stream`, `set_execution_mode`, `collective_rpc`, `sleep`, `wake_up`,
+        `update_weights`) raise DlrtError;
         those that read only the host (`check`, `encode`, `resolve`, `max_new_tokens_fit`,
         the attributes) still answer.
         """
