@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrt.attention.registry import check_backend
+from dlrt.checkpoint.update import portable
 from dlrt.decoding.ignored import warn_ignored
 from dlrt.decoding.options import (
     DEFAULT_MAX_NEW_TOKENS,
@@ -28,6 +29,7 @@ from dlrt.distributed.calls import Calls, OutOfStep, Request, on_rank
 from dlrt.distributed.ranks import Ranks, process_rank, world_size
 from dlrt.engine.config import EngineConfig
 from dlrt.engine.engine import Engine
+from dlrt.engine.lifecycle import check_level
 from dlrt.errors import DlrtError, OptionError, PromptError
 from dlrt.models.registry import family
 from dlrt.outputs import BlockOutput, GenerationResult
@@ -35,7 +37,8 @@ from dlrt.runtime.executor import check_mode
 from dlrt.stops import find_stop_string, stop_holdback, trim
 from dlrt.tokenizer import Prompt, TextStream, encode_prompt
 
-FOLLOWED = frozenset({"_follow_request", "_set_execution_mode", "_collective_rpc"})
+FOLLOWED = frozenset({"_follow_request", "_set_execution_mode", "_collective_rpc", "_sleep",
+                      "_wake_up", "_update_weights"})
 _MADE_UNDER_TORCHRUN: list[bool] = []  # [True] once this torchrun process made its LLM
 
 log = logging.getLogger(__name__)
@@ -75,10 +78,11 @@ class LLM:
     returns. Every other rank serves rank 0's calls until rank 0's LLM closes and then ends
     its process (exit status 0; non-zero with a one-line message when rank 0 is gone or the
     ranks fall out of step). Rank 0's `generate` / `stream` (checked there first: the other
-    ranks never see a bad request), `set_execution_mode`, `collective_rpc` and `close` run on
-    every rank. After each block every rank reports its status: a failure on any rank ends
-    the request on every rank (rank 0's caller gets the rank's own error, or `RankError`
-    naming the rank that failed; the others log it) and the next request starts in step.
+    ranks never see a bad request), `set_execution_mode`, `collective_rpc`, `sleep`, `wake_up`,
+    `update_weights` and `close` run on every rank. After each block every rank reports its
+    status: a failure on any rank ends the request on every rank (rank 0's caller gets the
+    rank's own error, or `RankError` naming the rank that failed; the others log it) and the
+    next request starts in step.
     One LLM per torchrun job. `close()` (also: the end of a `with LLM(...) as llm:` block,
     and for an LLM still open, its collection or the end of the process) releases the ranks'
     buffers in rank order and leaves the process group.
@@ -120,7 +124,8 @@ class LLM:
         """Close on every rank (rank 0 tells the others; they end their processes after):
         release the ranks' buffers (the peer-to-peer all-reduce's, in rank order) and leave
         the process group. Later `close` calls do nothing. After it, the calls that run the
-        model (`generate`, `stream`, `set_execution_mode`, `collective_rpc`) raise DlrtError;
+        model (`generate`, `stream`, `set_execution_mode`, `collective_rpc`, `sleep`, `wake_up`,
+        `update_weights`) raise DlrtError;
         those that read only the host (`check`, `encode`, `resolve`, `max_new_tokens_fit`,
         the attributes) still answer.
         """
@@ -136,7 +141,12 @@ class LLM:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _check_open(self) -> None:
+    def _check_open(self, what: str) -> None:
+        """Raises DlrtError when closed, AsleepError naming `what` while asleep."""
+        self._check_not_closed()
+        self.engine.check_awake(what)
+
+    def _check_not_closed(self) -> None:
         if not self._close.alive:
             raise DlrtError("this LLM is closed")
 
@@ -184,7 +194,7 @@ class LLM:
             OptionError: a mode this device or attention backend cannot run, or device_loop
                 with tensor parallelism over NCCL.
         """
-        self._check_open()
+        self._check_open("set_execution_mode")
         if self._calls.sharing:
             self._check_mode(mode)  # before the other ranks hear of it
         self._calls.call("_set_execution_mode", mode)
@@ -215,7 +225,7 @@ class LLM:
             OptionError: `fn` or its arguments cannot be sent (a lambda, a local function).
             RankError: `fn` failed on another rank (named); its own error on this rank.
         """
-        self._check_open()
+        self._check_open("collective_rpc")
         try:
             pickle.dumps((fn, args, kwargs) if self._calls.sharing else fn)
         except Exception as e:
@@ -228,6 +238,109 @@ class LLM:
     def _collective_rpc(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Any]:
         what = f"collective_rpc({getattr(fn, '__qualname__', fn)})"
         return self._calls.collective(what, fn, self, *args, **kwargs)
+
+    # -- RL loops: sleep, wake and in-place weight updates (vLLM's names) ------------------
+    @property
+    def is_sleeping(self) -> bool:
+        """Whether `sleep` put this LLM to sleep (until `wake_up`)."""
+        return self.engine.sleep_level > 0
+
+    def sleep(self, level: int = 1) -> None:
+        """Give the device memory back while the LLM is idle (every rank together): the KV
+        cache, the captured graphs, every program's buffers and workspace are freed; level 1
+        moves the weights to CPU memory (pinned on a CUDA machine), level 2 drops them
+        (`dlrt.engine.sleep`). Until `wake_up`, the calls that run the model (`generate`,
+        `stream`, `set_execution_mode`, `collective_rpc`) raise AsleepError; `update_weights`
+        brings dropped weights back (level 2; the LLM sleeps on); `close` closes.
+
+        Raises:
+            OptionError: a level other than 1 or 2. AsleepError: already asleep.
+            DlrtError: the LLM is closed.
+        """
+        self._check_not_closed()
+        check_level(level)
+        self.engine.check_awake(f"sleep(level={level})")
+        self._calls.call("_sleep", level)
+        self._sleep(level)
+
+    def _sleep(self, level: int) -> None:
+        self._calls.collective(f"sleep(level={level})", self.engine.sleep, level)
+
+    def wake_up(self, path: str | Path | None = None) -> None:
+        """Take the device memory back (every rank together): the weights return from CPU
+        memory, the KV cache is allocated again, and graphs are captured again on first use;
+        generation then gives the tokens it gave before sleeping. `path`: a checkpoint folder
+        (safetensors) whose weights the LLM wakes with (strict, as `update_weights(path)`):
+        needed after `sleep(level=2)` unless `update_weights` brought weights back. Awake:
+        nothing to wake (a `path`'s weights are loaded).
+
+        Raises:
+            AsleepError: no `path` while the weights of level 2 are dropped.
+            WeightsError: the folder's weights do not fit (nothing changed: the LLM sleeps
+                on), or a copy failed (named).
+            CheckpointError: an unreadable folder. DlrtError: the LLM is closed.
+        """
+        self._check_not_closed()
+        if path is None:
+            self.engine.plan_wake(None)  # (checked before the other ranks hear of it)
+        self._calls.call("_wake_up", None if path is None else str(path))
+        self._wake_up(path)
+
+    def _wake_up(self, path: str | Path | None) -> None:
+        pending = []
+        try:
+            self._calls.collective("wake_up (checking the weights)",
+                                   lambda: pending.append(self.engine.plan_wake(path)))
+            self._calls.collective("wake_up", self.engine.wake_up, pending[0])
+        finally:
+            for update in pending:
+                if update is not None:
+                    update.close()
+
+    def update_weights(self, weights: Any, strict: bool = True) -> None:
+        """Copy new weights into the model in place (`param.data.copy_`), so captured graphs
+        stay valid and the next request uses them with no recapture (`dlrt.checkpoint.update`).
+
+        Args:
+            weights: by the names of the family's Hugging Face checkpoint, as a trainer's
+                `state_dict()` has them: a mapping or an iterable of (name, tensor), a
+                `torch.nn.Module` of the family (e.g. a transformers model: its
+                `state_dict()`), or a checkpoint folder (safetensors only). Any
+                floating-point dtype is cast to the parameter's; quantised layers re-quantise
+                the high-precision weight with their format's quantiser (a quantised
+                folder's stored tensors are read as stored). Merged projections, stacked
+                experts (per expert, or transformers' fused `gate_up_proj` / `down_proj`),
+                tied parameters (any of their names) and tensor-parallel slices (each rank
+                takes its own slice of the full tensors) are handled as the loader handles
+                them. Under torchrun rank 0's weights reach every rank over the control
+                channel (host memory; a folder: only its path).
+            strict: every weight must be given (else those not given keep their values;
+                after `sleep(level=2)` every weight must be given anyway).
+        Raises:
+            WeightsError: unknown names, missing names (strict), wrong shapes, dtypes that
+                cannot be cast (integer, bool, complex; float8 for an unquantised layer),
+                all listed; nothing is updated on any rank. A copy that fails after the
+                checks (an unreadable file) says the weights are partly updated.
+            AsleepError: asleep at level 1 (wake first, or `wake_up(path)`).
+            CheckpointError: an unreadable folder. DlrtError: the LLM is closed.
+        """
+        self._check_not_closed()
+        self.engine.check_updatable()
+        if self._calls.sharing:
+            weights = portable(weights)  # what every rank receives, rank 0 included
+        self._calls.call("_update_weights", weights, strict)
+        self._update_weights(weights, strict)
+
+    def _update_weights(self, weights: Any, strict: bool) -> None:
+        pending = []
+        try:
+            self._calls.collective("update_weights (checking the weights)",
+                                   lambda: pending.append(self.engine.plan_update(weights,
+                                                                                  strict)))
+            self._calls.collective("update_weights", self.engine.apply_update, pending[0])
+        finally:
+            for update in pending:
+                update.close()
 
     def encode(self, prompt: Prompt, chat: bool = False) -> list[int]:
         """Token ids of a prompt (see `dlrt.tokenizer.encode_prompt`)."""
@@ -356,7 +469,7 @@ class LLM:
     def _stream(self, prompt: Prompt, chat: bool, options: dict[str, Any],
                 stats: dict[str, Any], defaults: dict[str, Any] | None = None
                 ) -> Iterator[BlockOutput]:
-        self._check_open()
+        self._check_open("generate or stream")
         ids, params = self.check(prompt, chat=chat, **{**(defaults or {}), **options})
         warn_ignored(DecodingOptions.from_kwargs(options), params)  # (never the defaults)
         # NOTE: rank 0 sends the checked request (its seed included) to the other ranks.

@@ -216,6 +216,12 @@ def _bench_step(args: argparse.Namespace) -> int:
     return bench.main(args, engine_kwargs(args), decoding_kwargs(args))
 
 
+def _bench_memory(args: argparse.Namespace) -> int:
+    from dlrt.bench import memory
+
+    return memory.main(args, engine_kwargs(args), decoding_kwargs(args))
+
+
 def _bench_kernels(args: argparse.Namespace) -> int:
     from dlrt.bench import kernels
 
@@ -431,6 +437,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_out_flag(st)
     add_decoding_flags(st)
     st.set_defaults(func=_bench_step)
+
+    bm = bench.add_parser("memory", help="memory held awake, after sleep(1) and after "
+                                         "sleep(2); sleep and wake times; tokens after each "
+                                         "wake against those before")
+    add_engine_flags(bm)
+    add_out_flag(bm)
+    add_decoding_flags(bm)
+    bm.set_defaults(func=_bench_memory)
 
     bk = bench.add_parser("kernels", help="fused small ops vs PyTorch and torch.compile, "
                                           "projections' bandwidth, at a model's shapes")

@@ -177,6 +177,12 @@ class DecoderBase:
             self._programs[key] = make()
         return self._programs[key]
 
+    def release(self) -> None:
+        """Drop every program, with its state buffers and captured graphs (`LLM.sleep`);
+        they are made again when a request needs them."""
+        while self._programs:
+            self.executor.forget(self._programs.popitem(last=False)[1])
+
     @property
     def programs(self) -> list[Program]:
         """The programs kept now, least recently used first."""
