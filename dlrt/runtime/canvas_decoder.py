@@ -84,7 +84,7 @@ class CanvasDecoder(DecoderBase):
         state = prog.state
         state.set_values(params)
         if smooth:
-            prog.set_smoothing(params.strategy.threshold, params.smoothing)
+            prog.smoothing.set_request(params.strategy.threshold, params.smoothing)
         pad = size - total
         prog.canvas.copy_(torch.tensor(prompt + [self.mask_token_id] * (total - p + pad)))
         prog.canvas_masked.copy_(torch.tensor([False] * p + [True] * (total - p) + [False] * pad))
