@@ -240,7 +240,9 @@ class LLM:
             OptionError: a bad option; a stop id outside the vocabulary; a stop string for a
                 checkpoint without a tokenizer (it could never match); editing_threshold for
                 a family that does not edit (only LLaDA2 does) or a decoder other than block;
-                canvas_cache "prefix" or "dual" with a decoder other than canvas.
+                canvas_cache "prefix" or "dual" with a decoder other than canvas; smoothing
+                with a decoder other than canvas or a strategy outside
+                `SMOOTHING_STRATEGIES`.
         """
         vocab = self.config.vocab_size
         for s in options.stop:
