@@ -78,8 +78,8 @@ class DecodingOptions:
         length (the window never starts before position 0 and keeps one length per request),
         positions past the canvas are never attended. Non-zero needs canvas_cache "dual".
     smoothing: dInfer's iteration smoothing (`IterationSmooth`, over a canvas cache its
-        `IterSmoothWithVicinityCache`; the `canvas` decoder with any canvas_cache;
-        remasking_strategy one of SMOOTHING_STRATEGIES): a
+        `IterSmoothWithVicinityCache`; the `canvas` decoder with any canvas_cache, and the
+        `block` decoder without editing; remasking_strategy one of SMOOTHING_STRATEGIES): a
         masked position enters a forward as its mask embedding plus
         w * softmax(logits) @ E of the last forward that saw it, w = min(cont_weight_init
         + cont_weight_growth * i, cont_weight), and a forward commits with the bar
@@ -338,19 +338,23 @@ def _smoothing(opts: DecodingOptions) -> Smoothing | None:
 
 
 def check_smoothing(params: DecodingParams, decoder: str) -> None:
-    """Iteration smoothing is the `canvas` decoder's (with or without a canvas cache), with a
-    strategy of SMOOTHING_STRATEGIES.
+    """Iteration smoothing is the `canvas` decoder's (with or without a canvas cache) and the
+    `block` decoder's without editing, with a strategy of SMOOTHING_STRATEGIES.
 
     Raises:
-        OptionError: smoothing with another decoder or strategy (names the option).
+        OptionError: smoothing with another decoder, strategy, or with editing_threshold
+            (names the option).
     """
     if params.smoothing is None:
         return
-    _check(decoder == "canvas", "smoothing", True,
-           f"works only with the 'canvas' decoder (LLaDA), not {decoder!r}; leave it unset")
+    _check(decoder in ("canvas", "block"), "smoothing", True,
+           f"works only with the 'canvas' and 'block' decoders, not {decoder!r}; leave it "
+           "unset")
     name = params.strategy.name
     _check(name in SMOOTHING_STRATEGIES, "smoothing", True,
            f"works only with remasking_strategy in {SMOOTHING_STRATEGIES}, not {name!r}")
+    _check(params.editing_threshold is None, "smoothing", True,
+           "works only without token editing (editing_threshold); leave one of them unset")
 
 
 def check_editing(params: DecodingParams, family: str, supports_editing: bool,

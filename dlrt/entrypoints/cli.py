@@ -66,8 +66,8 @@ _HELP = {
                        "later rounds recompute too (dInfer's vicinity refresh; default 0)",
     "vicinity_after": "with --canvas-cache dual: positions after the sub-block that its "
                       "later rounds recompute too (default 0)",
-    "smoothing": "LLaDA canvas decoder (any --canvas-cache); threshold, credit or "
-                 "hierarchical strategy: dInfer's iteration smoothing "
+    "smoothing": "canvas decoder (any --canvas-cache) or block decoder (no editing); "
+                 "threshold, credit or hierarchical strategy: dInfer's iteration smoothing "
                  "(masked positions also enter the next forward as the previous forward's "
                  "probability-weighted embedding; the bar decays from 1)",
     "cont_weight": "with --smoothing: the largest weight of that embedding (default 0.3)",

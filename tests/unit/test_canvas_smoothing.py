@@ -146,7 +146,7 @@ def test_refused_combinations_are_named(llm, tiny_llada):
             llm.generate([1, 2], max_new_tokens=4, remasking_strategy=strategy, smoothing=True)
     var = LLM(tiny_llada, dtype="float32", device="cpu", decoder="dllm_var")
     with pytest.raises(OptionError, match=r"^smoothing=True works only with the 'canvas' "
-                                          r"decoder"):
+                                          r"and 'block' decoders, not 'dllm_var'"):
         var.generate([1, 2], max_new_tokens=4, remasking_strategy="threshold", smoothing=True)
 
 
