@@ -353,7 +353,9 @@ class LLM:
             OptionError: a bad option; a stop id outside the vocabulary; a stop string for a
                 checkpoint without a tokenizer (it could never match); editing_threshold for
                 a family that does not edit (only LLaDA2 does) or a decoder other than block;
-                canvas_cache "prefix" or "dual" with a decoder other than canvas.
+                canvas_cache "prefix" or "dual" with a decoder other than canvas; smoothing
+                with a decoder other than canvas or block, a strategy outside
+                `SMOOTHING_STRATEGIES`, or editing.
         """
         vocab = self.config.vocab_size
         for s in options.stop:
@@ -391,9 +393,9 @@ class LLM:
                 low_threshold, credit_weight, credit_boost, credit_decay, editing_threshold,
                 max_post_steps, temperature, top_k, top_p; for renoising families:
                 max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
-                confidence_threshold; canvas_cache, vicinity_before, vicinity_after, smoothing,
-                cont_weight, cont_weight_init, cont_weight_growth, threshold_decay for the
-                LLaDA canvas decoder; seed, stop,
+                confidence_threshold; canvas_cache, vicinity_before, vicinity_after for the
+                LLaDA canvas decoder; smoothing, cont_weight, cont_weight_init,
+                cont_weight_growth, threshold_decay for it and the block decoder; seed, stop,
                 ignore_eos).
         Raises:
             OptionError: unknown option or bad value. PromptError: bad or too long prompt.

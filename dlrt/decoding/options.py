@@ -77,12 +77,14 @@ class DecodingOptions:
         logits and commits stay the sub-block's. `vicinity_before` is clipped to the prompt
         length (the window never starts before position 0 and keeps one length per request),
         positions past the canvas are never attended. Non-zero needs canvas_cache "dual".
-    smoothing: dInfer's iteration smoothing (`IterationSmooth`; the `canvas` decoder,
-        canvas_cache "none", remasking_strategy "threshold"): a masked position enters the
-        next forward as its mask embedding plus w * softmax(logits) @ E of the previous
-        forward, w = min(cont_weight_init + cont_weight_growth * i, cont_weight), and a
-        round commits with the bar max(1 - threshold_decay * i, threshold), i the request's
-        rounds run before it (across sub-blocks). Default False.
+    smoothing: dInfer's iteration smoothing (`IterationSmooth`, over a canvas cache its
+        `IterSmoothWithVicinityCache`; the `canvas` decoder with any canvas_cache, and the
+        `block` decoder without editing; remasking_strategy one of SMOOTHING_STRATEGIES): a
+        masked position enters a forward as its mask embedding plus
+        w * softmax(logits) @ E of the last forward that saw it, w = min(cont_weight_init
+        + cont_weight_growth * i, cont_weight), and a forward commits with the bar
+        max(1 - threshold_decay * i, threshold), i the request's forwards run before it
+        (across blocks). Default False.
     cont_weight, cont_weight_init, cont_weight_growth: finite numbers >= 0 (defaults 0.3,
         0.15, 0.02); threshold_decay: in [0, 1] (default 0.02). Setting one needs smoothing.
     seed: >= 0; sampling, `random` and renoising are reproducible for a given seed.
@@ -191,6 +193,9 @@ class DecoderDefaults:
 # dInfer's `IterationSmooth` defaults, by option name
 SMOOTHING = {"cont_weight": 0.3, "cont_weight_init": 0.15, "cont_weight_growth": 0.02,
              "threshold_decay": 0.02}
+# the strategies smoothing commits with: dInfer's decoders that take its per-round bar
+# (`ThresholdParallelDecoder`, `CreditThresholdParallelDecoder`, `HierarchyDecoder`)
+SMOOTHING_STRATEGIES = ("threshold", "credit", "hierarchical")
 
 
 @dataclass(frozen=True)
@@ -290,7 +295,7 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
         _check(0 <= v <= MAX_VICINITY, side, v, f"must be in [0, {MAX_VICINITY}]")
         _check(v == 0 or cache == "dual", side, v,
                f"works only with canvas_cache='dual', not {cache!r}")
-    smoothing = _smoothing(opts, cache, name)
+    smoothing = _smoothing(opts)
     seed = _pick(opts.seed, random_seed)
     _check(0 <= seed < 2**63, "seed", seed, "must be in [0, 2^63)")
     renoise = resolve_renoise({k: getattr(opts, k) for k in RENOISE_OPTIONS},
@@ -315,12 +320,12 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     )
 
 
-def _smoothing(opts: DecodingOptions, cache: str, strategy: str) -> Smoothing | None:
+def _smoothing(opts: DecodingOptions) -> Smoothing | None:
     """The request's iteration smoothing (None: off), its values checked.
 
     Raises:
-        OptionError: a smoothing value out of range, one set without smoothing, or smoothing
-            with a canvas cache or another strategy than "threshold" (names the option).
+        OptionError: a smoothing value out of range, or one set without smoothing (names
+            the option).
     """
     values = {}
     for name, default in SMOOTHING.items():
@@ -329,24 +334,27 @@ def _smoothing(opts: DecodingOptions, cache: str, strategy: str) -> Smoothing | 
         v = values[name] = float(_pick(given, default))
         top = 1.0 if name == "threshold_decay" else FP32_MAX
         _check(0.0 <= v <= top, name, v, f"must be a number in [0, {top:.4g}]")
-    if not opts.smoothing:
-        return None
-    _check(cache == "none", "smoothing", True,
-           f"works only with canvas_cache='none', not {cache!r} (smoothing over the "
-           "approximate caches is not built)")
-    _check(strategy == "threshold", "smoothing", True,
-           f"works only with remasking_strategy='threshold', not {strategy!r}")
-    return Smoothing(**values)
+    return Smoothing(**values) if opts.smoothing else None
 
 
 def check_smoothing(params: DecodingParams, decoder: str) -> None:
-    """Iteration smoothing is the `canvas` decoder's (LLaDA without a cache).
+    """Iteration smoothing is the `canvas` decoder's (with or without a canvas cache) and the
+    `block` decoder's without editing, with a strategy of SMOOTHING_STRATEGIES.
 
     Raises:
-        OptionError: smoothing with another decoder (names the option).
+        OptionError: smoothing with another decoder, strategy, or with editing_threshold
+            (names the option).
     """
-    _check(params.smoothing is None or decoder == "canvas", "smoothing", True,
-           f"works only with the 'canvas' decoder (LLaDA), not {decoder!r}; leave it unset")
+    if params.smoothing is None:
+        return
+    _check(decoder in ("canvas", "block"), "smoothing", True,
+           f"works only with the 'canvas' and 'block' decoders, not {decoder!r}; leave it "
+           "unset")
+    name = params.strategy.name
+    _check(name in SMOOTHING_STRATEGIES, "smoothing", True,
+           f"works only with remasking_strategy in {SMOOTHING_STRATEGIES}, not {name!r}")
+    _check(params.editing_threshold is None, "smoothing", True,
+           "works only without token editing (editing_threshold); leave one of them unset")
 
 
 def check_editing(params: DecodingParams, family: str, supports_editing: bool,

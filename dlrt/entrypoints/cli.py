@@ -66,9 +66,10 @@ _HELP = {
                        "later rounds recompute too (dInfer's vicinity refresh; default 0)",
     "vicinity_after": "with --canvas-cache dual: positions after the sub-block that its "
                       "later rounds recompute too (default 0)",
-    "smoothing": "LLaDA canvas decoder, no cache, threshold strategy: dInfer's iteration "
-                 "smoothing (masked positions also enter the next forward as the previous "
-                 "forward's probability-weighted embedding; the bar decays from 1)",
+    "smoothing": "canvas decoder (any --canvas-cache) or block decoder (no editing); "
+                 "threshold, credit or hierarchical strategy: dInfer's iteration smoothing "
+                 "(masked positions also enter the next forward as the previous forward's "
+                 "probability-weighted embedding; the bar decays from 1)",
     "cont_weight": "with --smoothing: the largest weight of that embedding (default 0.3)",
     "cont_weight_init": "with --smoothing: its weight in the first round (default 0.15)",
     "cont_weight_growth": "with --smoothing: its weight's growth per round (default 0.02)",

@@ -140,6 +140,19 @@ def test_generate_matches_llm(server, client, llm, kind, sampling):
     check_against(rows, ref)
 
 
+def test_generate_with_smoothing_matches_llm(server, client, llm):
+    """Iteration smoothing on the block decoder, carried by the request body."""
+    options = dict(max_new_tokens=16, temperature=0, smoothing=True, cont_weight=100.0,
+                   cont_weight_init=100.0, remasking_strategy="threshold", threshold=0.2)
+    ref = llm.generate("The capital of France is", **options)
+    rows = stream_generate(client, server.url, {"prompt": "The capital of France is",
+                                                **options})
+    check_against(rows, ref)
+    plain = llm.generate("The capital of France is", max_new_tokens=16, temperature=0,
+                         remasking_strategy="threshold", threshold=0.2)
+    assert plain.token_ids != ref.token_ids  # the body's weights reached the decoder
+
+
 # --- 2. the OpenAI client ------------------------------------------------------------------
 
 def test_openai_models(server, oai, no_queue_server, client, tiny_sdar):
