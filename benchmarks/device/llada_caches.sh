@@ -2,8 +2,8 @@
 # LLaDA's canvas caches on one GPU, dummy weights, BF16, the device loop: `dlrt bench step
 # --prompt-lengths` (per prompt length the exact round, then the run's rounds: a cache's refresh
 # and window, or the smoothed exact round; each against its own HBM floor and over the exact
-# round), one process per run: dual, prefix, dual with a vicinity, iteration smoothing (a model
-# without soft embeddings prints its refusal), per model; ends with one table
+# round), one process per run: dual, prefix, dual with a vicinity, dual with iteration smoothing
+# (the exact and smoothed exact rounds, the smoothed refresh and window), per model; ends with one table
 # (llada_caches_table.py). Runs stop being started once $BUDGET_S seconds (default 420) are
 # spent; each may take $STEP_TIMEOUT seconds (default 240) at most.
 # Usage: bash benchmarks/device/llada_caches.sh [--prompts LIST] [--max-new-tokens N] \
@@ -40,7 +40,7 @@ declare -A flags=(
   [dual]="--canvas-cache dual"
   [prefix]="--canvas-cache prefix"
   [dual-vicinity]="--canvas-cache dual --vicinity-before $vicinity --vicinity-after $vicinity"
-  [smoothing]="--smoothing"
+  [smoothing]="--canvas-cache dual --smoothing"
 )
 for m in "${models[@]}"; do
   for r in dual prefix dual-vicinity smoothing; do

@@ -34,19 +34,16 @@ def rows(found: list[tuple[str, str, dict]]) -> list[dict]:
     for model, run, rec in found:
         timed = rec["summary"]["timed"]
         for prompt in rec["prompt_lengths"]:
-            by = {}
-            for r in rec["rows"]:
-                if r["prompt"] == prompt:
-                    kind = "smoothed" if r["smoothing"] else r["round"]
-                    by[kind] = r
-            exact = by["exact"]
-            last = by.get("window") or by.get("smoothed") or exact
-            refresh = by.get("refresh", {})
+            by = {(r["round"], r["smoothing"]): r for r in rec["rows"] if r["prompt"] == prompt}
+            exact = by[("exact", False)]
+            last = (by.get(("window", True)) or by.get(("window", False))
+                    or by.get(("exact", True)) or exact)
+            refresh = by.get(("refresh", True)) or by.get(("refresh", False)) or {}
             out.append(dict(
                 model=model, prompt=prompt, run=run, timed=timed,
                 exact_us=exact[f"{timed}_us"], exact_ratio=exact["ratio_to_floor"],
                 refresh_us=refresh.get(f"{timed}_us"), refresh_ratio=refresh.get("ratio_to_floor"),
-                round="smoothed" if last.get("smoothing") else last["round"],
+                round=last["round"] + ("/smoothed" if last.get("smoothing") else ""),
                 round_us=last[f"{timed}_us"], round_ratio=last["ratio_to_floor"],
                 speedup=last["speedup"], cache=last["cache"], vicinity=last["vicinity"]))
     return out

@@ -30,7 +30,6 @@ times) and the eager round on CUDA, the eager round only elsewhere (`timed: "eag
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -99,7 +98,8 @@ def canvas_slots(prompt: int, gen: int, b: int, cache: str, before: int = 0,
 
 def canvas_rounds(prompt: int, params) -> list[CanvasRound]:
     """The rows of one prompt length for a request's `DecodingParams`: the exact round, with
-    smoothing the smoothed exact round, with a cache its refresh and window rounds."""
+    smoothing the smoothed exact round, with a cache its refresh and window rounds (smoothed
+    with smoothing: their LM head on every row they forward past the vicinity before)."""
     total, b = prompt + params.max_new_tokens, params.block_length
     block = min(b, params.max_new_tokens)
     out = [CanvasRound(prompt, total, "none", "exact", 0, total, total, block, block)]
@@ -110,12 +110,13 @@ def canvas_rounds(prompt: int, params) -> list[CanvasRound]:
     if cache == "none":
         return out
     before, after = min(params.vicinity_before, prompt), params.vicinity_after
-    out.append(CanvasRound(prompt, total, cache, "refresh", 0, total, total, block, block,
-                           before, after))
+    smooth = params.smoothing is not None
+    out.append(CanvasRound(prompt, total, cache, "refresh", 0, total, total,
+                           total if smooth else block, block, before, after, smooth))
     start = prompt - before
     tokens = total - start if cache == "prefix" else min(before + block + after, total - start)
-    out.append(CanvasRound(prompt, total, cache, "window", start, tokens, total, block, block,
-                           before, after))
+    out.append(CanvasRound(prompt, total, cache, "window", start, tokens, total,
+                           tokens - before if smooth else block, block, before, after, smooth))
     return out
 
 
@@ -172,7 +173,7 @@ class _CanvasBench:
             self.p = CanvasProgram(llm.runner, kind, b, span, mask, rnd.smoothing)
         else:
             self.p = CachedCanvasProgram(llm.runner, kind, b, size, span, window, rnd.cache,
-                                         mask, before)
+                                         mask, before, rnd.smoothing)
         dev, s = llm.device, self.p.state
         gen = torch.Generator(device=dev).manual_seed(0)
         self.canvas = torch.randint(0, llm.config.vocab_size, (size,), generator=gen,
@@ -182,7 +183,7 @@ class _CanvasBench:
         self.masked[p:rnd.canvas] = True
         s.set_values(params)
         if rnd.smoothing:
-            self.p.set_smoothing(params.strategy.threshold, params.smoothing)
+            self.p.smoothing.set_request(params.strategy.threshold, params.smoothing)
         s.set_lens(0 if rnd.cache == "none" else p - before, rnd.canvas)
         s.set_request(rnd.block, params.denoising_steps, params.sampling.seed)
         self.counter = torch.zeros((), dtype=torch.int64, device=dev)
@@ -219,7 +220,7 @@ class _CanvasBench:
         s.masked.copy_(self.p.canvas_masked.index_select(0, self.p.rows()))
         s.round.zero_()
         if self.rnd.smoothing:
-            self.p.rounds_run.zero_()
+            self.p.smoothing.rounds_run.zero_()
 
     def begin(self) -> None:
         self.counter.zero_()
@@ -307,26 +308,19 @@ def run(llm, params, prompts: list[int], rounds: int) -> tuple[list[dict], dict[
 def check_request(llm_kwargs: dict[str, Any], options: dict[str, Any],
                   prompts: list[int]) -> int:
     """The positions the largest prompt's programs need (the LLM's `max_model_len`), after
-    checking, before any weight loads, that the model's decoder is the canvas decoder, that
-    a smoothing request's model takes soft embeddings and that the largest buffer fits.
+    checking, before any weight loads, that the model's decoder is the canvas decoder and
+    that the largest buffer fits.
 
     Raises:
-        OptionError: naming --prompt-lengths (another decoder; too long for the model) or
-            --smoothing (a model without soft embeddings).
+        OptionError: naming --prompt-lengths (another decoder; too long for the model).
     """
     from dlrt.decoding.options import DEFAULT_MAX_NEW_TOKENS
-    from dlrt.models.registry import family
 
     resolved = resolved_engine(llm_kwargs)
     decoder = resolved.engine.decoder
     if decoder != "canvas":
         raise OptionError(f"--prompt-lengths: times the 'canvas' decoder's rounds (LLaDA); "
                           f"this model's decoder is {decoder!r}: give --context")
-    model = family(resolved.model.family).model
-    if options.get("smoothing") and \
-            "embeds_add" not in inspect.signature(model.forward).parameters:
-        raise OptionError(f"--smoothing: the {resolved.model.family} model takes no soft "
-                          "embeddings (its forward has no embeds_add); leave it unset")
     gen = options.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS
     b = options.get("block_length") or resolved.decoder_defaults.block_length or gen
     cache = options.get("canvas_cache") or "none"

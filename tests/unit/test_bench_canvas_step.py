@@ -191,7 +191,11 @@ def step(model, tmp_path, *flags):
     (["--canvas-cache", "prefix"],
      [("none", "exact", False), ("prefix", "refresh", False), ("prefix", "window", False)]),
     (["--smoothing", "--remasking-strategy", "threshold"],
-     [("none", "exact", False), ("none", "exact", True)])])
+     [("none", "exact", False), ("none", "exact", True)]),
+    (["--canvas-cache", "dual", "--vicinity-before", "2", "--smoothing",
+      "--remasking-strategy", "threshold"],
+     [("none", "exact", False), ("none", "exact", True), ("dual", "refresh", True),
+      ("dual", "window", True)])])
 def test_the_rows_of_a_tiny_llada_run(tiny_llada, tmp_path, capsys, flags, rounds):
     """Per prompt length the rows of the request, each its eager round against its floor (the
     parts' bytes over the run's copy bandwidth) and over the exact row of its prompt."""
@@ -216,7 +220,12 @@ def test_the_rows_of_a_tiny_llada_run(tiny_llada, tmp_path, capsys, flags, round
             per_key = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4  # fp32
             assert r["kv_write_bytes"] == r["tokens"] * per_key
     windows = [r for r in rec["rows"] if r["round"] == "window"]
-    if "dual" in flags:
+    if "dual" in flags and "--smoothing" in flags:  # the LM head past the vicinity before
+        assert [(w["tokens"], w["lm_rows"]) for w in windows] == [(10, 8), (10, 8)]
+        refresh = [r for r in rec["rows"] if r["round"] == "refresh"]
+        assert [r["lm_rows"] for r in refresh] == [46, 70]
+        assert all(r["soft_bytes"] > 0 for r in windows + refresh)
+    elif "dual" in flags:
         assert [(w["start"], w["tokens"]) for w in windows] == [(14, 13), (38, 13)]
     if "prefix" in flags:
         assert [(w["start"], w["tokens"]) for w in windows] == [(16, 30), (40, 30)]
@@ -238,7 +247,7 @@ def refused(argv, capsys) -> str:
     return err
 
 
-def test_the_refusals(tiny_sdar, tiny_llada, tiny_llada_moe, capsys):
+def test_the_refusals(tiny_sdar, tiny_llada, capsys):
     cpu = ["--device", "cpu", "--load-format", "dummy"]
     err = refused(["bench", "step", "--model", str(tiny_sdar), *cpu, "--prompt-lengths", "16"],
                   capsys)
@@ -253,17 +262,10 @@ def test_the_refusals(tiny_sdar, tiny_llada, tiny_llada_moe, capsys):
                        *flags], capsys)
         assert f"error: {flags[0]}: bench step times the canvas caches and smoothing per " \
                "prompt length" in err and "--prompt-lengths" in err
-    err = refused(["bench", "step", "--model", str(tiny_llada_moe), *cpu, "--prompt-lengths",
-                   "16", "--smoothing", "--remasking-strategy", "threshold"], capsys)
-    assert "--smoothing: the llada_moe model takes no soft embeddings" in err
     err = refused(["bench", "step", "--model", str(tiny_llada), *cpu, "--prompt-lengths",
                    "16,4000", "--max-new-tokens", "256"], capsys)
     assert "--prompt-lengths: a prompt of 4000 and 256 new tokens need 4288 positions, " \
            "beyond the model's 4096" in err
-    err = refused(["bench", "step", "--model", str(tiny_llada), *cpu, "--prompt-lengths", "16",
-                   "--canvas-cache", "dual", "--smoothing", "--remasking-strategy",
-                   "threshold"], capsys)
-    assert "smoothing" in err and "canvas_cache" in err
     for flags in (["--prompt-lengths", "16", "--context", "64"], ["--prompt-lengths", "16,0"]):
         with pytest.raises(SystemExit) as parser_exit:  # the parser's own error line
             main(["bench", "step", "--model", str(tiny_llada), *flags])

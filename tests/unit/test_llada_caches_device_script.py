@@ -1,8 +1,8 @@
 """`benchmarks/device/llada_caches.sh` on the CPU: bash parses it, and it runs end to end on the
 tiny LLaDA and LLaDA-MoE presets (dummy weights, eager, `-- --device cpu`, the models named by
 $LLADA_MODELS) from a plain layout like the device machine's (`benchmarks/` and
-`.devtools/models/`): one bench step record per model and run, the smoothing refusal of the
-model without soft embeddings, and the final table with its target lines."""
+`.devtools/models/`): one bench step record per model and run (smoothing over the dual cache
+too), and the final table with its target lines."""
 
 import json
 import os
@@ -41,32 +41,26 @@ def test_it_runs_on_the_cpu_with_the_tiny_presets(tiny_llada, tmp_path_factory, 
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
     runs = {"dual": ["exact", "refresh", "window"], "prefix": ["exact", "refresh", "window"],
-            "dual-vicinity": ["exact", "refresh", "window"], "smoothing": ["exact", "exact"]}
+            "dual-vicinity": ["exact", "refresh", "window"],
+            "smoothing": ["exact", "exact", "refresh", "window"]}
     for model in ("tiny-llada", "tiny-llada-moe"):
         for name, rounds in runs.items():
-            found = list((out / "step" / model / name).glob(f"step-{model}-*.json"))
-            if model == "tiny-llada-moe" and name == "smoothing":
-                assert not found
-                continue
-            (path,) = found
+            (path,) = (out / "step" / model / name).glob(f"step-{model}-*.json")
             rec = json.loads(path.read_text())
             assert [r["round"] for r in rec["rows"]] == rounds
+            assert [r["smoothing"] for r in rec["rows"]][1:] == [name == "smoothing"] * \
+                (len(rounds) - 1)
             assert rec["dtype"] == "torch.bfloat16" and rec["summary"]["timed"] == "eager"
             assert rec["options"]["remasking_strategy"] == "threshold"
             if name == "dual-vicinity":
                 assert rec["rows"][-1]["vicinity"] == "2/2"
-    assert any(line.startswith("tiny-llada-moe smoothing: not measured (rc 2): error: "
-                               "--smoothing: the llada_moe model takes no soft embeddings")
-               for line in lines), lines
     header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["model", "prompt",
                                                                           "run"])
-    table = [line.split() for line in lines[header + 1:header + 8]]
-    assert [row[:3] for row in table] == [
-        ["tiny-llada", "20", "dual"], ["tiny-llada", "20", "dual-vicinity"],
-        ["tiny-llada", "20", "prefix"], ["tiny-llada", "20", "smoothing"],
-        ["tiny-llada-moe", "20", "dual"], ["tiny-llada-moe", "20", "dual-vicinity"],
-        ["tiny-llada-moe", "20", "prefix"]]
-    assert [row[8] for row in table] == ["window"] * 3 + ["smoothed"] + ["window"] * 3
+    table = [line.split() for line in lines[header + 1:header + 9]]
+    runs = ["dual", "dual-vicinity", "prefix", "smoothing"]
+    assert [row[:3] for row in table] == [[m, "20", r] for m in ("tiny-llada", "tiny-llada-moe")
+                                          for r in runs]
+    assert [row[8] for row in table] == (["window"] * 3 + ["window/smoothed"]) * 2
     targets = [line for line in lines if "the dual window round is" in line]
     assert [t.split(":")[0] for t in targets] == ["tiny-llada prompt 20",
                                                   "tiny-llada-moe prompt 20"]
