@@ -43,6 +43,25 @@ def _run(llm, prompt, **options):
     return out["eager"]
 
 
+@pytest.fixture(scope="module")
+def sdar(tiny_sdar):
+    return _llm(tiny_sdar, max_model_len=4096)
+
+
+@pytest.fixture(scope="module")
+def llada(tiny_llada):
+    """A sharpened tiny LLaDA per decoder, made on first use."""
+    made = {}
+
+    def get(decoder: str) -> LLM:
+        if decoder not in made:
+            made[decoder] = _llm(tiny_llada, decoder=decoder, attention_backend="triton",
+                                 max_model_len=4096)
+        return made[decoder]
+
+    return get
+
+
 @pytest.mark.parametrize("options", [
     dict(temperature=0, remasking_strategy="low_confidence_dynamic", threshold=0.3),
     dict(temperature=0.8, top_k=50, top_p=0.9, seed=3, remasking_strategy="threshold",
@@ -50,10 +69,9 @@ def _run(llm, prompt, **options):
     dict(temperature=0.7, seed=1, remasking_strategy="credit", threshold=0.3),
 ])
 @pytest.mark.parametrize("prompt_len", [6, 1500])
-def test_sdar_modes_identical(tiny_sdar, options, prompt_len):
-    llm = _llm(tiny_sdar, max_model_len=4096)
+def test_sdar_modes_identical(sdar, options, prompt_len):
     prompt = [(7 * i + 11) % 150000 for i in range(prompt_len)]
-    _run(llm, prompt, max_new_tokens=24, ignore_eos=True, **options)
+    _run(sdar, prompt, max_new_tokens=24, ignore_eos=True, **options)
 
 
 @pytest.mark.parametrize("decoder,options", [
@@ -64,10 +82,9 @@ def test_sdar_modes_identical(tiny_sdar, options, prompt_len):
                       threshold=0.3)),
 ])
 @pytest.mark.parametrize("temperature", [0, 0.7])
-def test_llada_modes_identical(tiny_llada, decoder, options, temperature):
-    llm = _llm(tiny_llada, decoder=decoder, attention_backend="triton", max_model_len=4096)
-    _run(llm, list(range(300, 321)), max_new_tokens=24, temperature=temperature, seed=2,
-         ignore_eos=True, **options)
+def test_llada_modes_identical(llada, decoder, options, temperature):
+    _run(llada(decoder), list(range(300, 321)), max_new_tokens=24, temperature=temperature,
+         seed=2, ignore_eos=True, **options)
 
 
 def test_llada2_editing_modes_identical(tiny_llada2):
