@@ -396,7 +396,7 @@ class LLM:
                 confidence_threshold; canvas_cache, vicinity_before, vicinity_after for the
                 LLaDA canvas decoder; smoothing, cont_weight, cont_weight_init,
                 cont_weight_growth, threshold_decay for it and the block decoder; seed, stop,
-                ignore_eos).
+                ignore_eos; logprobs, top_logprobs).
         Raises:
             OptionError: unknown option or bad value. PromptError: bad or too long prompt.
         """
@@ -410,7 +410,8 @@ class LLM:
             prompt_token_ids=stats["prompt"], denoise_steps=[b.rounds for b in blocks],
             commit_rounds=[r for b in blocks for r in b.commit_rounds],
             finish_reason=last.finish_reason, stop_reason=last.stop_reason,
-            request_tps=len(tokens) / max(stats["total_s"], 1e-9), timings=stats["timings"])
+            request_tps=len(tokens) / max(stats["total_s"], 1e-9), timings=stats["timings"],
+            logprobs=None if last.logprobs is None else [x for b in blocks for x in b.logprobs])
 
     def check_input(self, ids: list[int]) -> None:
         """Refuse prompt ids the model as built cannot take (`Family.check_prompt`).
@@ -531,7 +532,8 @@ class LLM:
                         tpf=len(out) / max(rounds, 1)))
                 try:
                     yield BlockOutput(index, new, delta, block.rounds,
-                                      block.commit_rounds[: len(new)], finish, why)
+                                      block.commit_rounds[: len(new)], finish, why,
+                                      block.logprobs and block.logprobs[: len(new)])
                 except GeneratorExit:  # the consumer closed the stream: every rank stops
                     request.end_block(False)
                     raise

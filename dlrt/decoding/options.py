@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlrt.decoding.logprobs import MAX_TOP_LOGPROBS
 from dlrt.decoding.renoise_options import NAMES as RENOISE_OPTIONS
 from dlrt.decoding.renoise_options import RenoiseParams, resolve_renoise
 from dlrt.decoding.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE, SamplingSpec
@@ -90,6 +91,11 @@ class DecodingOptions:
     seed: >= 0; sampling, `random` and renoising are reproducible for a given seed.
     stop: extra stop token ids (int) or stop strings (str).
     ignore_eos: do not stop at the checkpoint's stop ids (benchmarks).
+    logprobs: return each generated token's log-probability under the distribution its round
+        drew it from (`dlrt.decoding.logprobs`; rounds of their own kind, which compute it on
+        the device). Default False.
+    top_logprobs: 0..MAX_TOP_LOGPROBS (20), the most likely tokens of that distribution
+        returned beside each token (default 0); needs logprobs.
     """
 
     max_new_tokens: int | None = None
@@ -124,6 +130,8 @@ class DecodingOptions:
     seed: int | None = None
     stop: tuple[int | str, ...] = ()
     ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int | None = None
 
     @staticmethod
     def from_kwargs(kwargs: dict[str, Any]) -> DecodingOptions:
@@ -146,7 +154,7 @@ class DecodingOptions:
     def _check_types(self) -> None:
         ints = ("max_new_tokens", "block_length", "denoising_steps", "top_k", "seed",
                 "max_post_steps", "max_denoising_steps", "stability_threshold",
-                "vicinity_before", "vicinity_after")
+                "vicinity_before", "vicinity_after", "top_logprobs")
         floats = ("threshold", "eb_threshold", "low_threshold", "credit_weight", "credit_boost",
                   "credit_decay", "editing_threshold", "temperature", "top_p", "entropy_bound",
                   "t_min", "t_max", "confidence_threshold", *SMOOTHING)
@@ -165,7 +173,7 @@ class DecodingOptions:
         for s in self.stop:
             if isinstance(s, bool) or not isinstance(s, (int, str)) or s == "":
                 raise OptionError(f"stop entries must be token ids or non-empty strings, got {s!r}")
-        for name in ("ignore_eos", "smoothing"):
+        for name in ("ignore_eos", "smoothing", "logprobs"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
@@ -211,7 +219,8 @@ class Smoothing:
 @dataclass(frozen=True)
 class DecodingParams:
     """Resolved, validated options of one request (`editing_threshold` None: no edits;
-    `renoise` None: the family denoises mask tokens, see `DecoderDefaults.renoise`)."""
+    `renoise` None: the family denoises mask tokens, see `DecoderDefaults.renoise`;
+    `logprobs`: record them, with `top_logprobs` alternatives per token)."""
 
     max_new_tokens: int
     block_length: int
@@ -227,6 +236,8 @@ class DecodingParams:
     vicinity_before: int = 0
     vicinity_after: int = 0
     smoothing: Smoothing | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
 
 
 def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config: dict[str, Any],
@@ -245,7 +256,8 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
             low_threshold, credit_decay or editing_threshold outside [0, 1], credit_weight
             outside [0, 100], credit_boost outside fp32's [0, 3.4e38], a temperature outside
             [0, 1e6], a negative max_post_steps, t_max <= t_min, a non-zero
-            vicinity_before / vicinity_after without canvas_cache "dual", ...; a sampling
+            vicinity_before / vicinity_after without canvas_cache "dual", top_logprobs
+            outside [0, 20] or without logprobs, ...; a sampling
             default of `generation_config.json` out of range (the message starts with
             "generation_config.json:"; `CheckpointFolder.check_generation_config` refuses
             such a file when the model loads).
@@ -298,6 +310,11 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
     smoothing = _smoothing(opts)
     seed = _pick(opts.seed, random_seed)
     _check(0 <= seed < 2**63, "seed", seed, "must be in [0, 2^63)")
+    top_logprobs = _pick(opts.top_logprobs, 0)
+    _check(0 <= top_logprobs <= MAX_TOP_LOGPROBS, "top_logprobs", top_logprobs,
+           f"must be in [0, {MAX_TOP_LOGPROBS}]")
+    _check(opts.top_logprobs is None or opts.logprobs, "top_logprobs", top_logprobs,
+           "needs logprobs=True")
     renoise = resolve_renoise({k: getattr(opts, k) for k in RENOISE_OPTIONS},
                               gen if defaults.renoise else {}, joint=defaults.renoise)
     stop_ids = {s for s in opts.stop if isinstance(s, int)}
@@ -317,6 +334,8 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
         canvas_cache=cache,
         **vicinity,
         smoothing=smoothing,
+        logprobs=opts.logprobs,
+        top_logprobs=top_logprobs,
     )
 
 

@@ -78,6 +78,10 @@ _HELP = {
     "seed": "sampling seed",
     "stop": "extra stop: a token id (ASCII digits only) or else a string (repeatable)",
     "ignore_eos": "do not stop at end-of-sequence tokens",
+    "logprobs": "with --json: each generated token's log-probability under the distribution "
+                "its round drew it from",
+    "top_logprobs": "with --logprobs: that many most likely tokens beside each, in [0, 20] "
+                    "(default 0)",
 }
 
 

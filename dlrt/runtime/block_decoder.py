@@ -155,6 +155,6 @@ class BlockDecoder(DecoderBase):
             self.executor.run_block(prog, "first" if k == 0 else "folded")
 
         blocks = run_blocks(self.executor, state, launch, n_blocks)
-        for k, (tokens, commits, rounds) in enumerate(blocks):
-            yield block_result(tokens, commits, rounds, skip=len(fixed) if k == 0 else 0,
+        for k, readback in enumerate(blocks):
+            yield block_result(readback, params.top_logprobs, skip=len(fixed) if k == 0 else 0,
                                extra_forwards=-(-start // step) if k == 0 else 0)

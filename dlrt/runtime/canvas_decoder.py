@@ -102,5 +102,5 @@ class CanvasDecoder(DecoderBase):
             self.executor.run_block(prog, phase)
 
         blocks = run_blocks(self.executor, state, launch, len(starts))
-        for k, (tokens, commits, rounds) in enumerate(blocks):
-            yield block_result(tokens, commits, rounds, keep=min(b, total - starts[k]))
+        for k, readback in enumerate(blocks):
+            yield block_result(readback, params.top_logprobs, keep=min(b, total - starts[k]))

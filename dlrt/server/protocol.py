@@ -67,7 +67,8 @@ GenerateRequest = create_model(
     input_ids=(list[StrictInt] | None, None), chat=(StrictBool, False),
     **_decoding_fields())
 
-_OPENAI_EXTRAS = _decoding_fields(skip=("max_new_tokens", "temperature", "top_p", "seed", "stop"))
+_OPENAI_EXTRAS = _decoding_fields(skip=("max_new_tokens", "temperature", "top_p", "seed", "stop",
+                                         "logprobs", "top_logprobs"))
 
 
 class StreamOptions(BaseModel):
@@ -91,16 +92,18 @@ class _OpenAIBase(BaseModel):
     user: StrictStr | None = None
     presence_penalty: Literal[0, 0.0] | None = None
     frequency_penalty: Literal[0, 0.0] | None = None
-    logprobs: Literal[False] | None = None
 
 
+# logprobs: chat takes a boolean and top_logprobs (0..20); completions an int, the number of
+# alternatives (the legacy API's `logprobs`)
 ChatRequest = create_model(
     "ChatRequest", __base__=_OpenAIBase, messages=(list[Message], Field(min_length=1)),
-    max_completion_tokens=(StrictInt | None, None), **_OPENAI_EXTRAS)
+    max_completion_tokens=(StrictInt | None, None), logprobs=(StrictBool | None, None),
+    top_logprobs=(StrictInt | None, None), **_OPENAI_EXTRAS)
 CompletionRequest = create_model(
     "CompletionRequest", __base__=_OpenAIBase,
     prompt=(StrictStr | list[StrictInt] | list[StrictStr], ...), echo=(Literal[False], False),
-    **_OPENAI_EXTRAS)
+    logprobs=(StrictInt | None, None), **_OPENAI_EXTRAS)
 
 
 class TokenizeRequest(BaseModel):
@@ -173,9 +176,14 @@ def chat_call(body) -> Call:
 
 
 def completion_call(body) -> Call:
+    """A /v1/completions body; its `logprobs` (an int) asks for logprobs with that many
+    alternatives (top_logprobs)."""
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
             raise PromptError("prompt: one prompt per request (a list of one string)")
         prompt = prompt[0]
-    return prompt, False, *_options(body, {"max_tokens": "max_new_tokens"})
+    opts, fields = _options(body, {"max_tokens": "max_new_tokens", "logprobs": "top_logprobs"})
+    if "top_logprobs" in opts:
+        opts["logprobs"], fields["logprobs"] = True, "logprobs"
+    return prompt, False, opts, fields

@@ -1,7 +1,10 @@
 """The OpenAI-compatible endpoints: `GET /v1/models`, `POST /v1/chat/completions` and
 `POST /v1/completions`, each a whole answer or, with `"stream": true`, server-sent events
 (`stream_options.include_usage` adds a last chunk with the usage, as the OpenAI API sends it).
-Their answers are text: a checkpoint without a tokenizer gets a 400."""
+Their answers are text: a checkpoint without a tokenizer gets a 400. With logprobs (chat:
+`logprobs: true` and `top_logprobs`; completions: `logprobs: k`) each choice, and each streamed
+chunk for the tokens it adds, carries `logprobs` in the OpenAI API's shape
+(`dlrt.server.logprobs`); else `logprobs` is null."""
 
 from __future__ import annotations
 
@@ -16,10 +19,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
+from dlrt.outputs import TokenLogprob
 from dlrt.server import protocol
 from dlrt.server.body import read_body
 from dlrt.server.errors import HTTPError, error_response
 from dlrt.server.events import Event, start
+from dlrt.server.logprobs import TokenText
 from dlrt.server.prepare import check_model, prepare
 from dlrt.server.state import server_state
 
@@ -57,7 +62,8 @@ async def _complete(request: Request, model: type[BaseModel],
         raise HTTPError(400, "stream_options: only with stream: true", "stream_options")
     events = await start(state, prepare(state, call, body, endpoint))
     answer = _Answer(state.model_name, chat=endpoint == "chat", include_usage=(
-        body.stream_options is not None and body.stream_options.include_usage))
+        body.stream_options is not None and body.stream_options.include_usage),
+        text=TokenText(state.llm.tokenizer))
     if not body.stream:
         return await _whole(request, events, answer)
     return StreamingResponse(_sse(events, answer), media_type="text/event-stream")
@@ -65,12 +71,15 @@ async def _complete(request: Request, model: type[BaseModel],
 
 @dataclass
 class _Answer:
-    """The shapes of one answer: a whole completion, or its streamed chunks."""
+    """The shapes of one answer: a whole completion, or its streamed chunks (`offset`: the
+    completions' text_offset reached so far)."""
 
     model_name: str
     chat: bool
     include_usage: bool
+    text: TokenText
     rid: str = field(init=False)
+    offset: int = field(init=False, default=0)
 
     def __post_init__(self):
         self.rid = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -79,22 +88,36 @@ class _Answer:
     def object(self) -> str:
         return "chat.completion" if self.chat else "text_completion"
 
-    def whole(self, content: str, final: dict[str, Any]) -> dict[str, Any]:
+    def logprobs(self, items: list[TokenLogprob] | None) -> dict[str, Any] | None:
+        """A choice's `logprobs` for the tokens `items` (None: not asked for)."""
+        if items is None:
+            return None
+        if self.chat:
+            return self.text.chat(items)
+        out = self.text.completion(items, self.offset)
+        self.offset += sum(len(t) for t in out["tokens"])
+        return out
+
+    def whole(self, content: str, final: dict[str, Any],
+              logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
         choice = ({"index": 0, "message": {"role": "assistant", "content": content}}
-                  if self.chat else {"index": 0, "text": content, "logprobs": None})
+                  if self.chat else {"index": 0, "text": content})
+        choice["logprobs"] = self.logprobs(logprobs)
         choice["finish_reason"] = final["finish_reason"]
         return {"id": self.rid, "object": self.object, "created": int(time.time()),
                 "model": self.model_name, "choices": [choice], "usage": _usage(final)}
 
     def chunk(self, delta: str | None, finish=None, role: bool = False,
-              usage: dict[str, int] | None = None, choices: bool = True) -> str:
+              usage: dict[str, int] | None = None, choices: bool = True,
+              logprobs: list[TokenLogprob] | None = None) -> str:
         if self.chat:
             d = {"role": "assistant", "content": ""} if role else (
                 {} if delta is None else {"content": delta})
-            choice = {"index": 0, "delta": d, "finish_reason": finish}
+            choice = {"index": 0, "delta": d, "logprobs": self.logprobs(logprobs),
+                      "finish_reason": finish}
         else:
             choice = {"index": 0, "text": delta or "", "finish_reason": finish,
-                      "logprobs": None}
+                      "logprobs": self.logprobs(logprobs)}
         row = {"id": self.rid, "object": self.object + (".chunk" if self.chat else ""),
                "created": int(time.time()), "model": self.model_name,
                "choices": [choice] if choices else []}
@@ -104,7 +127,7 @@ class _Answer:
 
 
 async def _whole(request: Request, events: AsyncIterator[Event], answer: _Answer):
-    text, final = [], None
+    text, final, logprobs = [], None, None
     async for kind, payload in events:
         if await request.is_disconnected():
             # NOTE: closing the event stream cancels the generation at the next block.
@@ -112,11 +135,14 @@ async def _whole(request: Request, events: AsyncIterator[Event], answer: _Answer
             return error_response(499, "client closed the request")
         if kind == "block":
             text.append(payload.text)
+            if payload.logprobs is not None:
+                logprobs = [] if logprobs is None else logprobs
+                logprobs += payload.logprobs
         elif kind == "final":
             final = payload
         else:
             return error_response(500, f"generation failed: {payload}")
-    return answer.whole("".join(text), final)
+    return answer.whole("".join(text), final, logprobs)
 
 
 async def _sse(events: AsyncIterator[Event], answer: _Answer) -> AsyncIterator[str]:
@@ -124,8 +150,10 @@ async def _sse(events: AsyncIterator[Event], answer: _Answer) -> AsyncIterator[s
         yield answer.chunk(None, role=True)
     async for kind, payload in events:
         if kind == "block":
-            if payload.text:
-                yield answer.chunk(payload.text)
+            # NOTE: a block whose text is held back (part of a character) still sends its
+            # tokens' logprobs
+            if payload.text or payload.logprobs:
+                yield answer.chunk(payload.text, logprobs=payload.logprobs)
         elif kind == "final" and answer.include_usage:  # as the OpenAI API sends it
             yield answer.chunk(None, finish=payload["finish_reason"])
             yield answer.chunk(None, usage=_usage(payload), choices=False)
