@@ -1,4 +1,4 @@
-"""The `dlrt` command line: generate, make-checkpoint, serve, bench.
+"""The `dlrt` command line: generate, make-checkpoint, serve, bench, eval.
 
 Decoding flags are derived from `DecodingOptions` (each default written once, there).
 """
