@@ -183,3 +183,17 @@ def test_refusals(llada, tiny_diffusion_gemma):
     gemma = LLM(tiny_diffusion_gemma, device="cpu")
     with pytest.raises(OptionError, match="no mask token"):
         LikelihoodEstimator(gemma)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_on_cuda_the_same_masks_give_the_cpu_s_numbers(family, request):
+    """The draws come from a CPU generator: on CUDA (fp32, Triton kernels and attention, the
+    engine's graph mode loaded beside) the estimate and is_greedy are the CPU's, to fp32
+    rounding."""
+    cpu = request.getfixturevalue(family)
+    gpu = LLM(cpu.folder.path, device="cuda", dtype="float32", attention_backend="triton")
+    context, continuation = [5, 17, 42, 99, 7, 64], [300, 12, 81, 8, 250]
+    want = LikelihoodEstimator(cpu, mc_num=32, seed=1).loglikelihood(context, continuation)
+    got = LikelihoodEstimator(gpu, mc_num=32, seed=1).loglikelihood(context, continuation)
+    assert got[0] == pytest.approx(want[0], rel=1e-4, abs=1e-3) and got[1] == want[1]
