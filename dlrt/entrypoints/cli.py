@@ -1,4 +1,4 @@
-"""The `dlrt` command line: generate, make-checkpoint, serve, bench.
+"""The `dlrt` command line: generate, make-checkpoint, serve, bench, eval.
 
 Decoding flags are derived from `DecodingOptions` (each default written once, there).
 """
@@ -237,6 +237,12 @@ def _bench_accuracy(args: argparse.Namespace) -> int:
     from dlrt.bench import accuracy
 
     return accuracy.main(args, engine_kwargs(args))
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from dlrt.eval import cli
+
+    return cli.main(args.harness_args)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -510,6 +516,12 @@ def build_parser() -> argparse.ArgumentParser:
         if "--quiet" not in command._option_string_actions:
             command.add_argument("--quiet", action="store_true",
                                  help="no progress bars (they show only on a terminal)")
+    ev = sub.add_parser("eval", add_help=False, prefix_chars="\0",
+                        help="lm-evaluation-harness with the dlrt model: `dlrt eval --model dlrt "
+                             "--model_args pretrained=PATH --tasks ...` takes lm_eval's "
+                             "arguments (`dlrt eval --help` lists them)")
+    ev.add_argument("harness_args", nargs=argparse.REMAINDER)
+    ev.set_defaults(func=_eval)
     return parser
 
 
