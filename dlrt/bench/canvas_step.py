@@ -233,7 +233,7 @@ class _CanvasBench:
         self.flag.copy_((self.counter < self.rounds).int().reshape(1))
 
     def end(self) -> None:
-        pass
+        self.counter.add_(0)  # NOTE: not an empty capture (an empty graph releases its pool)
 
 
 def _time(llm, bench: _CanvasBench, rounds: int, pool) -> dict[str, float | None]:
@@ -274,8 +274,8 @@ def run(llm, params, prompts: list[int], rounds: int) -> tuple[list[dict], dict[
     timed = "device_loop" if llm.device.type == "cuda" else "eager"
     kv_item = llm.kv_cache.k[0].element_size()
     tp = llm.engine_config.tensor_parallel_size
-    pool = torch.cuda.graph_pool_handle() if llm.device.type == "cuda" else None
-    stream = torch.cuda.Stream() if pool is not None else None
+    cuda = llm.device.type == "cuda"
+    stream = torch.cuda.Stream() if cuda else None
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     with torch.inference_mode(), (torch.cuda.stream(stream) if stream
@@ -283,6 +283,8 @@ def run(llm, params, prompts: list[int], rounds: int) -> tuple[list[dict], dict[
         for prompt in prompts:
             baseline = None
             for rnd in canvas_rounds(prompt, params):
+                # NOTE: a pool per row: a pool whose graphs were all released cannot be reused
+                pool = torch.cuda.graph_pool_handle() if cuda else None
                 us = _time(llm, _CanvasBench(llm, params, rnd, rounds), rounds, pool)
                 parts = canvas_floor_bytes(llm.model, llm.config, rnd, kv_item, llm.dtype, tp)
                 nbytes, t = parts.pop("total"), us[f"{timed}_us"]

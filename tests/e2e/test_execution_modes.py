@@ -11,10 +11,14 @@ The lm_head is sharpened (x50) so threshold strategies commit varying numbers pe
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from dlrt import LLM
+from dlrt.checkpoint.make import make_checkpoint
+from dlrt.checkpoint.presets import preset
 
 pytestmark = pytest.mark.gpu
 
@@ -44,6 +48,22 @@ def _assert_same(out):
     ref = out["eager"]
     for mode in MODES:
         assert out[mode] == ref, (mode, out[mode], ref)
+
+
+def head128(tmp_path_factory, name: str, **fields) -> str:
+    """A preset with its config `fields` changed (FlashInfer builds head sizes 64/128/256;
+    the tiny presets have 16 or 32), fp32."""
+    config, gen = preset(name)
+    config.update(fields)
+    src = tmp_path_factory.mktemp(f"{name}-src")
+    (src / "config.json").write_text(json.dumps(config))
+    (src / "generation_config.json").write_text(json.dumps(gen))
+    return str(make_checkpoint(src, tmp_path_factory.mktemp(name) / "ckpt", dtype="float32"))
+
+
+@pytest.fixture(scope="module")
+def llada128(tmp_path_factory):
+    return head128(tmp_path_factory, "tiny-llada", d_model=512, n_heads=4, n_kv_heads=4)
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +129,10 @@ def test_llada_canvas_modes_identical(tiny_llada, strategy, block_length):
 @pytest.mark.parametrize("strategy,temperature", [("low_confidence_static", 0),
                                                   ("threshold", 0), ("threshold", 0.7)])
 @pytest.mark.parametrize("prompt_len", [21, 36, 1500])
-def test_llada_canvas_cache_modes_identical(tiny_llada, canvas_cache, vicinity, backend,
+def test_llada_canvas_cache_modes_identical(tiny_llada, llada128, canvas_cache, vicinity, backend,
                                             strategy, temperature, prompt_len):
-    llm = _llm(tiny_llada, attention_backend=backend, max_model_len=4096)
+    llm = _llm(tiny_llada if backend == "triton" else llada128, attention_backend=backend,
+               max_model_len=4096)
     prompt = [(7 * i + 3) % 126000 for i in range(prompt_len)]
     _assert_same(_run_modes(llm, prompt, max_new_tokens=28, block_length=8,
                             denoising_steps=4, temperature=temperature,
@@ -129,9 +150,10 @@ SMOOTHING = dict(smoothing=True, cont_weight=0.4, cont_weight_growth=0.05, thres
 @pytest.mark.parametrize("strategy,temperature", [("threshold", 0), ("credit", 0),
                                                   ("hierarchical", 0), ("threshold", 0.7)])
 @pytest.mark.parametrize("prompt_len", [21, 1500])
-def test_llada_canvas_smoothing_modes_identical(tiny_llada, canvas_cache, vicinity, backend,
-                                                strategy, temperature, prompt_len):
-    llm = _llm(tiny_llada, attention_backend=backend, max_model_len=4096)
+def test_llada_canvas_smoothing_modes_identical(tiny_llada, llada128, canvas_cache, vicinity,
+                                                backend, strategy, temperature, prompt_len):
+    llm = _llm(tiny_llada if backend == "triton" else llada128, attention_backend=backend,
+               max_model_len=4096)
     prompt = [(7 * i + 3) % 126000 for i in range(prompt_len)]
     _assert_same(_run_modes(llm, prompt, max_new_tokens=28, block_length=8,
                             denoising_steps=8, temperature=temperature,

@@ -14,15 +14,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lm_eval
 import pytest
-from lm_eval.tasks import TaskManager
 
-from dlrt.decoding.options import DecodingOptions
-from dlrt.errors import OptionError, PromptError
-from dlrt.eval.harness import DlrtLM
-from dlrt.eval.likelihood import LikelihoodEstimator
-from dlrt.eval.model_args import known_names, parse_model_args
+lm_eval = pytest.importorskip("lm_eval")  # the eval extra (in the test extra)
+from lm_eval.tasks import TaskManager  # noqa: E402
+
+from dlrt.decoding.options import DecodingOptions  # noqa: E402
+from dlrt.errors import OptionError, PromptError  # noqa: E402
+from dlrt.eval.harness import DlrtLM  # noqa: E402
+from dlrt.eval.likelihood import LikelihoodEstimator  # noqa: E402
+from dlrt.eval.model_args import known_names, parse_model_args  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 GEN = [{"prompt": "def add(a, b):\n    ", "answer": "return a + b"},
