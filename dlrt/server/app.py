@@ -1,7 +1,9 @@
 """The FastAPI application: NDJSON `/generate`, OpenAI-compatible `/v1/chat/completions`,
-`/v1/completions`, `/v1/models`, vLLM's `/tokenize` and `/detokenize`, Prometheus `/metrics`,
-and `/health` (the handlers: `routes/`, over the `ServerState` on `app.state.dlrt`). With an
-API key every endpoint but `/health` needs `Authorization: Bearer KEY`.
+`/v1/completions`, `/v1/models` and `/v1/models/{id}`, vLLM's `/tokenize` and `/detokenize`,
+Prometheus `/metrics`, and `/health` (the handlers: `routes/`, over the `ServerState` on
+`app.state.dlrt`). With an API key every endpoint but `/health` needs `Authorization: Bearer
+KEY`. Every error is a JSON body in the OpenAI error shape (`errors`): FastAPI's own 404, 405
+and 422 too.
 
 Bad input never reaches the model and never gets a 5xx: the body is read with a size limit,
 decoded as UTF-8 JSON, validated strictly (`body`), and checked by `LLM.check` (options,
@@ -15,10 +17,18 @@ import time
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dlrt.errors import OptionError
 from dlrt.server.auth import RequireKey
-from dlrt.server.errors import HTTPError, error_response, http_error_handler
+from dlrt.server.errors import (
+    HTTPError,
+    error_response,
+    http_error_handler,
+    starlette_error_handler,
+    validation_error_handler,
+)
 from dlrt.server.metrics import CountResponses, Metrics
 from dlrt.server.routes import generate, health, openai, tokens
 from dlrt.server.state import ServerState
@@ -44,6 +54,8 @@ def create_app(llm, worker: Worker, model_name: str, defaults: dict[str, Any] | 
                                  defaults=dict(defaults or {}), max_body_bytes=max_body_bytes,
                                  metrics=Metrics(worker), created=int(time.time()))
     app.add_exception_handler(HTTPError, http_error_handler)
+    app.add_exception_handler(StarletteHTTPException, starlette_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
     routers = [routes.router for routes in (health, openai, tokens, generate)]
     for router in routers:
         app.include_router(router)

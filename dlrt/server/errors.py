@@ -1,9 +1,13 @@
 """HTTP errors in the OpenAI error shape: `{"error": {"message", "type", "param", "code"}}`
-(type "invalid_request_error" for a 4xx, "server_error" for a 5xx)."""
+(type "invalid_request_error" for a 4xx, "server_error" for a 5xx). FastAPI's own errors (an
+unknown path: 404, a method the path does not take: 405, a route parameter that does not
+validate: 422) get the same shape."""
 
 from __future__ import annotations
 
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
 class HTTPError(Exception):
@@ -25,3 +29,25 @@ def error_response(status: int, message: str, param: str | None = None,
 async def http_error_handler(_request, e: HTTPError) -> JSONResponse:
     """The app's exception handler for `HTTPError`."""
     return error_response(e.status, e.message, e.param, e.headers)
+
+
+async def starlette_error_handler(request, e: StarletteHTTPException) -> JSONResponse:
+    """The app's exception handler for FastAPI's own HTTP errors (404, 405, ...)."""
+    method, path = request.method, request.url.path
+    if e.status_code == 404:
+        message = f"{method} {path}: no such endpoint"
+    elif e.status_code == 405:
+        allowed = (e.headers or {}).get("Allow") or (e.headers or {}).get("allow")
+        message = f"{method} is not allowed on {path}" + (
+            f" (allowed: {allowed})" if allowed else "")
+    else:
+        message = str(e.detail)
+    return error_response(e.status_code, message, headers=e.headers)
+
+
+async def validation_error_handler(request, e: RequestValidationError) -> JSONResponse:
+    """The app's exception handler for a route parameter that does not validate (422)."""
+    first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
+    param = ".".join(str(x) for x in first["loc"][1:]) or None
+    message = f"{param}: {first['msg']}" if param else first["msg"]
+    return error_response(422, message, param)
