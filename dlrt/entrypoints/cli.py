@@ -389,8 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "layout, groups of 16); default none")
     mk.set_defaults(func=_make_checkpoint)
 
-    sv = sub.add_parser("serve", help="HTTP server: NDJSON /generate and OpenAI-compatible "
-                                      "endpoints (torchrun for several ranks)")
+    sv = sub.add_parser("serve", help="HTTP server: NDJSON /generate, OpenAI-compatible "
+                                      "endpoints and Anthropic's /v1/messages (torchrun for "
+                                      "several ranks)")
     add_engine_flags(sv)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=_port, default=18080)
@@ -406,8 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "naming another model get 404 (default: the --model folder's name; "
                          "dlrt-default for the embedded default model)")
     sv.add_argument("--api-key", default=None, metavar="KEY",
-                    help="ask for 'Authorization: Bearer KEY' on every endpoint but /health "
-                         "(401 otherwise); default $DLRT_API_KEY, unset: no key")
+                    help="ask for 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every "
+                         "endpoint but /health (401 otherwise); default $DLRT_API_KEY, unset: "
+                         "no key")
     add_decoding_flags(sv)
     sv.set_defaults(func=_serve)
 

@@ -70,3 +70,50 @@ def test_refuse_waiting_keeps_the_worker_open_until_the_running_request_ends():
         await worker.close()
 
     asyncio.run(scenario())
+
+
+class CountingLLM:
+    """`stream` yields two one-token blocks, the second the last; records each call's
+    options."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    def stream(self, prompt_ids, **options):
+        self.calls.append(options)
+        yield BlockOutput(0, [1], "a", 1, [0], None, None)
+        yield BlockOutput(1, [2], "b", 1, [0], "length", None)
+
+
+def test_a_job_of_several_runs_streams_each_run_with_its_options_in_one_turn():
+    llm = CountingLLM()
+
+    async def scenario():
+        worker = Worker(llm, max_queue=0)  # none may wait: the runs share one turn
+        job = Job("n", [1], {"temperature": 1.0}, runs=({"seed": 5}, {"seed": 6}, {"seed": 7}))
+        events = [event async for event in worker.run(job)]
+        assert [kind for kind, _ in events] == ["block", "block", "final"] * 3
+        finals = [payload for kind, payload in events if kind == "final"]
+        assert [f["completion_tokens"] for f in finals] == [2, 2, 2]
+        assert [c["seed"] for c in llm.calls] == [5, 6, 7]
+        assert all(c["temperature"] == 1.0 for c in llm.calls)
+        await worker.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_job_ends_each_run_left_without_running_it():
+    llm = EndlessLLM()
+
+    async def scenario():
+        worker = Worker(llm)
+        events = worker.run(Job("n", [1], {}, runs=({"seed": 1}, {"seed": 2})))
+        await events.__anext__()
+        worker.refuse_waiting()
+        rest = [event async for event in events]
+        finals = [payload for kind, payload in rest if kind == "final"]
+        assert [f["finish_reason"] for f in finals] == ["cancelled", "cancelled"]
+        assert finals[1]["completion_tokens"] == 0
+        await worker.close()
+
+    asyncio.run(scenario())
