@@ -88,11 +88,11 @@ def test_unsupported_shapes_are_named():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+@pytest.mark.parametrize("arch", ["sm_90"])
 def test_source_compiles(tmp_path, arch):
     """No warnings, no local-memory spills, and the static shared memory ptxas reports within
     what the host reserves beside the dynamic part (STATIC_SHARED), for all six kernels
-    (bf16 / fp32, block rows up to 4, 8, 16)."""
+    (bf16 / fp32, block rows up to 4, 8, 16), on Hopper (sm_80 builds: test_csrc_build)."""
     from dlrt.runtime.persistent.kernel import STATIC_SHARED
 
     out = tmp_path / "round.cubin"
