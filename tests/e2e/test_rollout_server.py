@@ -146,3 +146,28 @@ def test_bad_logprob_fields_are_400s_naming_them(client, path, body, param, word
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and words in err["message"], err
+
+
+def test_n_choices_carry_their_own_logprobs(llm, oai):
+    """n sampled choices (seeds s, s + 1): each choice's logprobs are its own run's, whole and
+    streamed; the completions' text_offset starts again at 0 for each choice."""
+    opts = dict(max_new_tokens=8, temperature=0.9, ignore_eos=True)
+    want = [llm.generate("def f(x):", seed=5 + i, logprobs=True, **opts) for i in range(2)]
+    r = oai.chat.completions.create(model="tiny", messages=CHAT, n=2, seed=5, max_tokens=8,
+                                    temperature=0.9, logprobs=True,
+                                    extra_body=dict(ignore_eos=True))
+    chats = [llm.generate(CHAT, seed=5 + i, logprobs=True, **opts) for i in range(2)]
+    for choice, w in zip(r.choices, chats, strict=True):
+        assert [c.logprob for c in choice.logprobs.content] == [x.logprob for x in w.logprobs]
+    c = oai.completions.create(model="tiny", prompt="def f(x):", n=2, seed=5, max_tokens=8,
+                               temperature=0.9, logprobs=1, extra_body=dict(ignore_eos=True))
+    for choice, w in zip(c.choices, want, strict=True):
+        assert choice.logprobs.token_logprobs == [x.logprob for x in w.logprobs]
+        assert choice.logprobs.text_offset[0] == 0
+    chunks = list(oai.completions.create(model="tiny", prompt="def f(x):", n=2, seed=5,
+                                         max_tokens=8, temperature=0.9, logprobs=1,
+                                         stream=True, extra_body=dict(ignore_eos=True)))
+    for i, w in enumerate(want):
+        got = [lp for ch in chunks for x in ch.choices if x.index == i and x.logprobs
+               for lp in x.logprobs.token_logprobs]
+        assert got == [x.logprob for x in w.logprobs]
