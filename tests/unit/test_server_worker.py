@@ -70,3 +70,33 @@ def test_refuse_waiting_keeps_the_worker_open_until_the_running_request_ends():
         await worker.close()
 
     asyncio.run(scenario())
+
+
+def test_each_group_runs_a_request_at_once_and_a_waiting_one_takes_the_first_freed():
+    """With two data-parallel groups two requests run at once (one per group); a third
+    waits (a fourth is refused: `max_queue` 1) and runs on the group freed first."""
+    from types import SimpleNamespace
+
+    from dlrt.server.worker import QueueFull
+
+    llm = SimpleNamespace(groups=[EndlessLLM(), EndlessLLM()], lost=None)
+
+    async def scenario():
+        worker = Worker(llm, max_queue=1)
+        jobs = [Job(name, [1], {}) for name in "abc"]
+        a, b = worker.run(jobs[0]), worker.run(jobs[1])
+        assert (await a.__anext__())[0] == (await b.__anext__())[0] == "block"
+        assert (worker.running, worker.group_running) == (2, [1, 1])
+        assert [j.group for j in jobs[:2]] == [0, 1]
+        waiting = asyncio.ensure_future(worker.run(jobs[2]).__anext__())
+        while worker.waiting < 1:
+            await asyncio.sleep(0.01)
+        with pytest.raises(QueueFull):
+            await worker.run(Job("d", [1], {})).__anext__()
+        await b.aclose()  # b's client leaves: group 1 is freed once its thread stops
+        assert (await waiting)[0] == "block" and jobs[2].group == 1
+        assert worker.group_running == [1, 1] and worker.waiting == 0
+        await worker.close()
+        assert (worker.running, worker.group_running) == (0, [0, 0])
+
+    asyncio.run(scenario())
