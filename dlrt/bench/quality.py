@@ -26,7 +26,11 @@ values; greedy, temperature 0) on one loaded model:
 - speed: `tpf` (new tokens per denoising round, both sets together), `rounds_per_block`, and
   `tps` (new tokens per second of generate calls, in the LLM's execution mode). Each row
   first runs one untimed request of two blocks with its options, so that graph capture and
-  compilation for a new block length or strategy are not timed.
+  compilation for a new block length or strategy are not timed. With data parallelism
+  (`--data-parallel-size`) the held-out samples and HumanEval prompts of a row are shared
+  among the groups as `LLM.generate` shares a list (longest first, by prompt tokens + new
+  tokens), each group warming up and timing its own share: `group_tps` is each group's new
+  tokens over its seconds, `tps` all new tokens over the longest group's seconds.
 
 Before the first setting it times one held-out and one HumanEval request of it and prints
 about how long the run takes; after each setting, the time left. The JSON record is rewritten
@@ -71,7 +75,7 @@ SETTINGS: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 STOPS = ("\ndef ", "\nclass ", "\nif ", "\nprint(", "\n#")
 COLUMNS = ["block", "setting", "token_accuracy", "first_line_exact", "parses", "empty", "tpf",
-           "rounds_per_block", "tps"]
+           "rounds_per_block", "tps"]  # + group_tps with data parallelism
 
 
 def settings(names: str | None) -> list[tuple[str, dict[str, Any]]]:
@@ -232,9 +236,49 @@ def _generate(llm, prompt, options: dict[str, Any], stats: dict[str, float]):
 
 def score(llm, block: int, options: dict[str, Any], samples, prompts: list[str],
           new_tokens: int, humaneval_tokens: int) -> dict[str, Any]:
-    """One row of the table: quality on both sets and the speed of the generate calls."""
-    stats = dict(seconds=0.0, tokens=0, rounds=0, blocks=0)
+    """One row of the table: quality on both sets and the speed of the generate calls (with
+    data parallelism, each group running its share: `tally`)."""
+    groups = getattr(llm, "data_parallel_size", 1)
+    args = (block, options, samples, prompts, new_tokens, humaneval_tokens)
+    if groups == 1:
+        parts = [tally(llm, *args)]
+    else:
+        every = llm.collective_rpc(tally, *args)
+        parts = every[::len(every) // groups]  # each group's first rank
+    sums = {k: sum(p[k] for p in parts) for k in parts[0]}
+    seconds = max(p["seconds"] for p in parts)
+    row = dict(
+        token_accuracy=sums["correct"] / max(len(samples) * new_tokens, 1),
+        first_line_exact=sums["lines"] / max(len(samples), 1),
+        parses=sums["ok"] / len(prompts) if prompts else None,
+        empty=sums["empty"] / len(prompts) if prompts else None,
+        tpf=sums["tokens"] / max(sums["rounds"], 1),
+        rounds_per_block=sums["rounds"] / max(sums["blocks"], 1),
+        tps=sums["tokens"] / max(seconds, 1e-9),
+        heldout_samples=len(samples), humaneval_prompts=len(prompts),
+        new_tokens=sums["tokens"], rounds=sums["rounds"])
+    if groups > 1:
+        row["group_tps"] = [round(p["tokens"] / max(p["seconds"], 1e-9), 3) for p in parts]
+    return row
+
+
+def tally(llm, block: int, options: dict[str, Any], samples, prompts: list[str],
+          new_tokens: int, humaneval_tokens: int) -> dict[str, Any]:
+    """`score`'s counts over this rank's data-parallel group's share of `samples` and
+    `prompts` (every one without data parallelism; on every rank under `collective_rpc`):
+    correct tokens, exact first lines, parsing and empty completions, and the speed stats."""
+    groups = getattr(llm, "data_parallel_size", 1)
     base = dict(options, block_length=block, temperature=0.0)
+    if groups > 1:  # each set shared as `LLM.generate` shares a list
+        g = llm.data_parallel_rank
+        mine = llm.share([prefix for prefix, _ in samples], **base,
+                         max_new_tokens=new_tokens, ignore_eos=True)[g]
+        samples = [samples[i] for i in mine]
+        # (the prompts' shares in the other group order: the groups' totals even out)
+        mine = llm.share([prompt_cut(llm.tokenizer, p) for p in prompts], **base,
+                         max_new_tokens=humaneval_tokens, stop=list(STOPS))[groups - 1 - g]
+        prompts = [prompts[i] for i in mine]
+    stats = dict(seconds=0.0, tokens=0, rounds=0, blocks=0)
     warm = samples[0][0] if samples else prompts[0] if prompts else None
     if warm is not None:  # untimed: captures and compiles for this block and strategy
         _generate(llm, warm, dict(base, max_new_tokens=2 * block, ignore_eos=True),
@@ -253,16 +297,7 @@ def score(llm, block: int, options: dict[str, Any], samples, prompts: list[str],
         wrote = bool(until_stop(r.text).strip())
         ok += wrote and parses(prompt, r.text)
         empty += not wrote
-    return dict(
-        token_accuracy=correct / max(len(samples) * new_tokens, 1),
-        first_line_exact=lines / max(len(samples), 1),
-        parses=ok / len(prompts) if prompts else None,
-        empty=empty / len(prompts) if prompts else None,
-        tpf=stats["tokens"] / max(stats["rounds"], 1),
-        rounds_per_block=stats["rounds"] / max(stats["blocks"], 1),
-        tps=stats["tokens"] / max(stats["seconds"], 1e-9),
-        heldout_samples=len(samples), humaneval_prompts=len(prompts),
-        new_tokens=stats["tokens"], rounds=stats["rounds"])
+    return dict(correct=correct, lines=lines, ok=ok, empty=empty, **stats)
 
 
 def run(llm, blocks: list[int], chosen: list[tuple[str, dict[str, Any]]], samples,
@@ -390,7 +425,7 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
               f"(--resume {path} runs the rest)", file=sys.stderr, flush=True)
         return 130
     update_record(path, rows=rows, complete=True)
-    print(table(rows, COLUMNS))
+    print(table(rows, COLUMNS + (["group_tps"] if llm.data_parallel_size > 1 else [])))
     print(f"wrote {path}")
     png = path.with_suffix(".png")
     heading = title(model.name, sorted({r["block"] for r in rows}), len(samples),

@@ -503,3 +503,50 @@ def test_an_unreadable_resume_record_is_refused_before_the_model_loads(tmp_path,
     assert main(_two_settings("unused", tmp_path, "--resume", str(path))) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: --resume: {path} is not a bench quality record"), err
+
+
+def test_score_shares_a_row_among_data_parallel_groups():
+    """With two data-parallel groups each sample and prompt runs once, on one group, each
+    group warming up (untimed) on its own share; the row counts both shares, its TPS is all
+    tokens over the slower group's seconds, and each group's TPS is given."""
+    from types import SimpleNamespace
+
+    ran: list[tuple[int, object, int]] = []  # (group, prompt, max_new_tokens)
+
+    class Rank:
+        device = SimpleNamespace(type="cpu")
+        tokenizer = SimpleNamespace(decode=lambda ids: "x" * len(ids))
+        data_parallel_size = 2
+
+        def __init__(self, group):
+            self.data_parallel_rank = group
+
+        def share(self, prompts, **options):  # every other one, as a stand-in
+            return [list(range(g, len(prompts), 2)) for g in range(2)]
+
+        def generate(self, prompt, **options):
+            n = options["max_new_tokens"]
+            ran.append((self.data_parallel_rank, prompt, n))
+            return SimpleNamespace(token_ids=[5] * n, denoise_steps=[1] * (n // 2),
+                                   text="    return 1\n")
+
+    class Groups(Rank):
+        def __init__(self):
+            super().__init__(0)
+            self.ranks = [Rank(0), Rank(1)]
+
+        def collective_rpc(self, fn, *args):
+            return [fn(rank, *args) for rank in self.ranks]
+
+    samples = [([1] * k, [5] * 6) for k in (3, 9, 5, 7)]
+    prompts = ["def f():\n", "def longer_name(a, b):\n"]
+    row = quality.score(Groups(), 4, {}, samples, prompts, new_tokens=6, humaneval_tokens=12)
+    warm = [g for g, _, n in ran if n == 8]  # two blocks of 4, untimed
+    assert warm == [0, 1]
+    counted = [(g, p) for g, p, n in ran if n != 8]
+    assert sorted(str(p) for _, p in counted) == sorted(str(p) for p in
+                                                       [s for s, _ in samples] + prompts)
+    assert {g for g, _ in counted} == {0, 1}  # both groups ran a share
+    assert row["new_tokens"] == 4 * 6 + 2 * 12 and row["token_accuracy"] == 1.0
+    assert row["rounds"] == 4 * 3 + 2 * 6 and row["parses"] == 1.0
+    assert len(row["group_tps"]) == 2 and row["heldout_samples"] == 4
