@@ -77,9 +77,6 @@ class RemoteGroup:
         """Why this group can run no more requests (its link failed), or None."""
         return self.calls.lost
 
-    def _where(self) -> str:
-        return f"data-parallel group {self.index} (rank {self.leader})"
-
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """The leader's `name(*args, **kwargs)` (one of `CALLED`): its value, or its exception
         raised here."""
@@ -123,8 +120,8 @@ class RemoteGroup:
                     self.calls.exchange(BlockStatus(None, False), BlockStatus, Streamed)
 
     def close(self) -> None:
-        """Tell the leader to close its LLM (its group closes with it), then stop the link's
-        thread. A link that failed is not told."""
+        """Stop the link's thread (once its work is done), then tell the leader to close its
+        LLM (its group closes with it) and leave the link. A link that failed is not told."""
         self._pool.shutdown(wait=True)
         with self._lock:
             self.calls.close(lambda: None)
