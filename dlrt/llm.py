@@ -90,8 +90,8 @@ class LLM:
     engine led by its first rank (`dlrt.distributed.data_parallel`). Rank 0's calls above run
     on its own group; `generate` with a list of prompts shares them among the groups
     (`share`), `collective_rpc`, `set_execution_mode` and `close` reach every group, and
-    `groups` are what `dlrt serve` hands requests to. A group that fails a request reports it
-    for that request only and goes on.
+    `dlrt serve` hands requests to this LLM and its `other_groups`. A group that fails a
+    request reports it for that request only and goes on.
     """
 
     def __init__(self, model: str | Path | None = None, **options: Any):
@@ -193,12 +193,12 @@ class LLM:
         return self._dp.index
 
     @property
-    def groups(self) -> list[Any]:
-        """What a server hands requests to, in group order: this LLM (its own group) and, on
-        rank 0 with data parallelism, a handle on each other group
+    def other_groups(self) -> list[Any]:
+        """On rank 0 with data parallelism, a handle on each other group, in group order
         (`dlrt.distributed.links.RemoteGroup`: `stream`, `generate`, `lost`), whose leader
-        runs the call on its group."""
-        return [self, *self._dp.remotes]
+        runs the call on its group; else none. A server hands requests to this LLM (its own
+        group) and to them."""
+        return list(self._dp.remotes)
 
     @property
     def _hands_out(self) -> bool:

@@ -1,5 +1,5 @@
 """One request at a time per group: a bounded FIFO queue in front of a generation thread per
-data-parallel group (`LLM.groups`; one without data parallelism).
+data-parallel group (the LLM's own and its `other_groups`; one without data parallelism).
 
 `Worker.run(job)` starts at once on an idle group (the one idle longest) when no request
 waits; otherwise it waits for its turn, or is refused with `QueueFull` when `max_queue` requests
@@ -59,9 +59,9 @@ class Job:
 
 
 class Worker:
-    """The queue and the generation threads of `llm`'s groups (`llm.groups`, else `llm`
-    alone); `running` / `waiting`: requests running / waiting, `group_running[g]`: group g's
-    running request (0 or 1)."""
+    """The queue and the generation threads of `llm` (its own group) and of its
+    `other_groups`, if any; `running` / `waiting`: requests running / waiting;
+    `group_running[g]`: group g's running request (0 or 1)."""
 
     def __init__(self, llm, max_queue: int = 16, timeout_s: float = 600.0):
         if max_queue < 0:
@@ -69,7 +69,7 @@ class Worker:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s} must be > 0")
         self.llm = llm
-        self.groups = list(getattr(llm, "groups", None) or [llm])
+        self.groups = [llm, *getattr(llm, "other_groups", ())]
         self.max_queue = max_queue
         self.timeout_s = timeout_s
         self.waiting = 0

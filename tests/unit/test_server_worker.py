@@ -75,11 +75,10 @@ def test_refuse_waiting_keeps_the_worker_open_until_the_running_request_ends():
 def test_each_group_runs_a_request_at_once_and_a_waiting_one_takes_the_first_freed():
     """With two data-parallel groups two requests run at once (one per group); a third
     waits (a fourth is refused: `max_queue` 1) and runs on the group freed first."""
-    from types import SimpleNamespace
-
     from dlrt.server.worker import QueueFull
 
-    llm = SimpleNamespace(groups=[EndlessLLM(), EndlessLLM()], lost=None)
+    llm = EndlessLLM()
+    llm.other_groups, llm.lost = [EndlessLLM()], None
 
     async def scenario():
         worker = Worker(llm, max_queue=1)
