@@ -30,3 +30,15 @@ class NumericalError(DlrtError):
 class RankError(DlrtError):
     """Under torchrun: another rank failed a call that every rank runs (the message names the
     rank and its error), or the ranks cannot go on together."""
+
+
+class AsleepError(DlrtError):
+    """The call needs an awake engine and this one is asleep (`LLM.sleep`): the message names
+    the level and how to wake it (`wake_up`, or for weights dropped by level 2 a checkpoint
+    folder or `update_weights` first)."""
+
+
+class WeightsError(DlrtError, ValueError):
+    """Weights given to `LLM.update_weights` (or `wake_up(path)`) do not fit the model: the
+    message lists the unknown names, the missing ones, the wrong shapes and the dtypes that
+    cannot be cast, and says whether anything was updated."""

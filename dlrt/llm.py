@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrt.attention.registry import check_backend
+from dlrt.checkpoint.update import portable
 from dlrt.decoding.ignored import warn_ignored
 from dlrt.decoding.options import (
     DEFAULT_MAX_NEW_TOKENS,
@@ -31,6 +32,7 @@ from dlrt.distributed.links import lead
 from dlrt.distributed.ranks import Ranks, process_rank, world_size
 from dlrt.engine.config import EngineConfig
 from dlrt.engine.engine import Engine
+from dlrt.engine.lifecycle import check_level
 from dlrt.errors import DlrtError, OptionError, PromptError
 from dlrt.models.registry import family
 from dlrt.outputs import BlockOutput, GenerationResult
@@ -38,7 +40,8 @@ from dlrt.runtime.executor import check_mode
 from dlrt.stops import find_stop_string, stop_holdback, trim
 from dlrt.tokenizer import Prompt, TextStream, encode_prompt, is_prompt_list
 
-FOLLOWED = frozenset({"_follow_request", "_set_execution_mode", "_collective_rpc"})
+FOLLOWED = frozenset({"_follow_request", "_set_execution_mode", "_collective_rpc", "_sleep",
+                      "_wake_up", "_update_weights"})
 _MADE_UNDER_TORCHRUN: list[bool] = []  # [True] once this torchrun process made its LLM
 
 log = logging.getLogger(__name__)
@@ -78,10 +81,11 @@ class LLM:
     returns. Every other rank serves rank 0's calls until rank 0's LLM closes and then ends
     its process (exit status 0; non-zero with a one-line message when rank 0 is gone or the
     ranks fall out of step). Rank 0's `generate` / `stream` (checked there first: the other
-    ranks never see a bad request), `set_execution_mode`, `collective_rpc` and `close` run on
-    every rank. After each block every rank reports its status: a failure on any rank ends
-    the request on every rank (rank 0's caller gets the rank's own error, or `RankError`
-    naming the rank that failed; the others log it) and the next request starts in step.
+    ranks never see a bad request), `set_execution_mode`, `collective_rpc`, `sleep`, `wake_up`,
+    `update_weights` and `close` run on every rank. After each block every rank reports its
+    status: a failure on any rank ends the request on every rank (rank 0's caller gets the
+    rank's own error, or `RankError` naming the rank that failed; the others log it) and the
+    next request starts in step.
     One LLM per torchrun job. `close()` (also: the end of a `with LLM(...) as llm:` block,
     and for an LLM still open, its collection or the end of the process) releases the ranks'
     buffers in rank order and leaves the process group.
@@ -89,9 +93,10 @@ class LLM:
     With `data_parallel_size` D the job's ranks form D groups of consecutive ranks, each a whole
     engine led by its first rank (`dlrt.distributed.data_parallel`). Rank 0's calls above run
     on its own group; `generate` with a list of prompts shares them among the groups
-    (`share`), `collective_rpc`, `set_execution_mode` and `close` reach every group, and
-    `dlrt serve` hands requests to this LLM and its `other_groups`. A group that fails a
-    request reports it for that request only and goes on.
+    (`share`), `collective_rpc`, `set_execution_mode`, `sleep`, `wake_up`, `update_weights`
+    and `close` reach every group (each group checks and applies them on its own ranks; the
+    first group's error is raised), and `dlrt serve` hands requests to this LLM and its
+    `other_groups`. A group that fails a request reports it for that request only and goes on.
     """
 
     def __init__(self, model: str | Path | None = None, **options: Any):
@@ -149,7 +154,8 @@ class LLM:
         leaders first; they end their processes after):
         release the ranks' buffers (the peer-to-peer all-reduce's, in rank order) and leave
         the process group. Later `close` calls do nothing. After it, the calls that run the
-        model (`generate`, `stream`, `set_execution_mode`, `collective_rpc`) raise DlrtError;
+        model (`generate`, `stream`, `set_execution_mode`, `collective_rpc`, `sleep`, `wake_up`,
+        `update_weights`) raise DlrtError;
         those that read only the host (`check`, `encode`, `resolve`, `max_new_tokens_fit`,
         the attributes) still answer.
         """
@@ -165,7 +171,12 @@ class LLM:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _check_open(self) -> None:
+    def _check_open(self, what: str) -> None:
+        """Raises DlrtError when closed, AsleepError naming `what` while asleep."""
+        self._check_not_closed()
+        self.engine.check_awake(what)
+
+    def _check_not_closed(self) -> None:
         if not self._close.alive:
             raise DlrtError("this LLM is closed")
 
@@ -245,7 +256,7 @@ class LLM:
             OptionError: a mode this device or attention backend cannot run, or device_loop
                 with tensor parallelism over NCCL.
         """
-        self._check_open()
+        self._check_open("set_execution_mode")
         if self._calls.sharing or self._hands_out:
             self._check_mode(mode)  # before the other ranks hear of it
         self._calls.call("_set_execution_mode", mode)
@@ -278,7 +289,7 @@ class LLM:
             OptionError: `fn` or its arguments cannot be sent (a lambda, a local function).
             RankError: `fn` failed on another rank (named); its own error on this rank.
         """
-        self._check_open()
+        self._check_open("collective_rpc")
         try:
             pickle.dumps((fn, args, kwargs) if self._calls.sharing or self._hands_out else fn)
         except Exception as e:
@@ -294,6 +305,112 @@ class LLM:
         what = f"collective_rpc({getattr(fn, '__qualname__', fn)})"
         return self._calls.collective(what, fn, self, *args, **kwargs)
 
+    # -- RL loops: sleep, wake and in-place weight updates (vLLM's names) ------------------
+    @property
+    def is_sleeping(self) -> bool:
+        """Whether `sleep` put this LLM to sleep (until `wake_up`)."""
+        return self.engine.sleep_level > 0
+
+    def sleep(self, level: int = 1) -> None:
+        """Give the device memory back while the LLM is idle (every rank together): the KV
+        cache, the captured graphs, every program's buffers and workspace are freed; level 1
+        moves the weights to CPU memory (pinned on a CUDA machine), level 2 drops them
+        (`dlrt.engine.sleep`). Until `wake_up`, the calls that run the model (`generate`,
+        `stream`, `set_execution_mode`, `collective_rpc`) raise AsleepError; `update_weights`
+        brings dropped weights back (level 2; the LLM sleeps on); `close` closes.
+
+        Raises:
+            OptionError: a level other than 1 or 2. AsleepError: already asleep.
+            DlrtError: the LLM is closed.
+        """
+        self._check_not_closed()
+        check_level(level)
+        self.engine.check_awake(f"sleep(level={level})")
+        self._calls.call("_sleep", level)
+        alongside(self._on_groups("sleep", level), self._sleep, level)
+
+    def _sleep(self, level: int) -> None:
+        self._calls.collective(f"sleep(level={level})", self.engine.sleep, level)
+
+    def wake_up(self, path: str | Path | None = None) -> None:
+        """Take the device memory back (every rank together): the weights return from CPU
+        memory, the KV cache is allocated again, and graphs are captured again on first use;
+        generation then gives the tokens it gave before sleeping. `path`: a checkpoint folder
+        (safetensors) whose weights the LLM wakes with (strict, as `update_weights(path)`):
+        needed after `sleep(level=2)` unless `update_weights` brought weights back. Awake:
+        nothing to wake (a `path`'s weights are loaded).
+
+        Raises:
+            AsleepError: no `path` while the weights of level 2 are dropped.
+            WeightsError: the folder's weights do not fit (nothing changed: the LLM sleeps
+                on), or a copy failed (named).
+            CheckpointError: an unreadable folder. DlrtError: the LLM is closed.
+        """
+        self._check_not_closed()
+        if path is None:
+            self.engine.plan_wake(None)  # (checked before the other ranks hear of it)
+        path = None if path is None else str(path)
+        self._calls.call("_wake_up", path)
+        alongside(self._on_groups("wake_up", path), self._wake_up, path)
+
+    def _wake_up(self, path: str | Path | None) -> None:
+        pending = []
+        try:
+            self._calls.collective("wake_up (checking the weights)",
+                                   lambda: pending.append(self.engine.plan_wake(path)))
+            self._calls.collective("wake_up", self.engine.wake_up, pending[0])
+        finally:
+            for update in pending:
+                if update is not None:
+                    update.close()
+
+    def update_weights(self, weights: Any, strict: bool = True) -> None:
+        """Copy new weights into the model in place (`param.data.copy_`), so captured graphs
+        stay valid and the next request uses them with no recapture (`dlrt.checkpoint.update`).
+
+        Args:
+            weights: by the names of the family's Hugging Face checkpoint, as a trainer's
+                `state_dict()` has them: a mapping or an iterable of (name, tensor), a
+                `torch.nn.Module` of the family (e.g. a transformers model: its
+                `state_dict()`), or a checkpoint folder (safetensors only). Any
+                floating-point dtype is cast to the parameter's; quantised layers re-quantise
+                the high-precision weight with their format's quantiser (a quantised
+                folder's stored tensors are read as stored). Merged projections, stacked
+                experts (per expert, or transformers' fused `gate_up_proj` / `down_proj`),
+                tied parameters (any of their names) and tensor-parallel slices (each rank
+                takes its own slice of the full tensors) are handled as the loader handles
+                them. Under torchrun rank 0's weights reach every rank over the control
+                channel (host memory; a folder: only its path); with data parallelism,
+                every group's, over the link to its leader.
+            strict: every weight must be given (else those not given keep their values;
+                after `sleep(level=2)` every weight must be given anyway).
+        Raises:
+            WeightsError: unknown names, missing names (strict), wrong shapes, dtypes that
+                cannot be cast (integer, bool, complex; float8 for an unquantised layer),
+                all listed; nothing is updated on any rank. A copy that fails after the
+                checks (an unreadable file) says the weights are partly updated.
+            AsleepError: asleep at level 1 (wake first, or `wake_up(path)`).
+            CheckpointError: an unreadable folder. DlrtError: the LLM is closed.
+        """
+        self._check_not_closed()
+        self.engine.check_updatable()
+        if self._calls.sharing or self._hands_out:
+            weights = portable(weights)  # what every rank receives, rank 0 included
+        self._calls.call("_update_weights", weights, strict)
+        alongside(self._on_groups("update_weights", weights, strict), self._update_weights,
+                  weights, strict)
+
+    def _update_weights(self, weights: Any, strict: bool) -> None:
+        pending = []
+        try:
+            self._calls.collective("update_weights (checking the weights)",
+                                   lambda: pending.append(self.engine.plan_update(weights,
+                                                                                  strict)))
+            self._calls.collective("update_weights", self.engine.apply_update, pending[0])
+        finally:
+            for update in pending:
+                update.close()
+
     def encode(self, prompt: Prompt, chat: bool = False) -> list[int]:
         """Token ids of a prompt (see `dlrt.tokenizer.encode_prompt`)."""
         return encode_prompt(self.tokenizer, prompt, self.config.vocab_size, chat)
@@ -305,7 +422,9 @@ class LLM:
             OptionError: a bad option; a stop id outside the vocabulary; a stop string for a
                 checkpoint without a tokenizer (it could never match); editing_threshold for
                 a family that does not edit (only LLaDA2 does) or a decoder other than block;
-                canvas_cache "prefix" or "dual" with a decoder other than canvas.
+                canvas_cache "prefix" or "dual" with a decoder other than canvas; smoothing
+                with a decoder other than canvas or block, a strategy outside
+                `SMOOTHING_STRATEGIES`, or editing.
         """
         vocab = self.config.vocab_size
         for s in options.stop:
@@ -345,10 +464,10 @@ class LLM:
                 low_threshold, credit_weight, credit_boost, credit_decay, editing_threshold,
                 max_post_steps, temperature, top_k, top_p; for renoising families:
                 max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
-                confidence_threshold; canvas_cache, vicinity_before, vicinity_after, smoothing,
-                cont_weight, cont_weight_init, cont_weight_growth, threshold_decay for the
-                LLaDA canvas decoder; seed, stop,
-                ignore_eos).
+                confidence_threshold; canvas_cache, vicinity_before, vicinity_after for the
+                LLaDA canvas decoder; smoothing, cont_weight, cont_weight_init,
+                cont_weight_growth, threshold_decay for it and the block decoder; seed, stop,
+                ignore_eos; logprobs, top_logprobs).
         Raises:
             OptionError: unknown option or bad value. PromptError: bad or too long prompt.
         """
@@ -364,7 +483,8 @@ class LLM:
             prompt_token_ids=stats["prompt"], denoise_steps=[b.rounds for b in blocks],
             commit_rounds=[r for b in blocks for r in b.commit_rounds],
             finish_reason=last.finish_reason, stop_reason=last.stop_reason,
-            request_tps=len(tokens) / max(stats["total_s"], 1e-9), timings=stats["timings"])
+            request_tps=len(tokens) / max(stats["total_s"], 1e-9), timings=stats["timings"],
+            logprobs=None if last.logprobs is None else [x for b in blocks for x in b.logprobs])
 
     def share(self, prompts: list[Prompt], *, chat: bool = False, **options: Any
               ) -> list[list[int]]:
@@ -396,7 +516,7 @@ class LLM:
         at a time; inside `collective_rpc` every group's ranks run their share and every rank
         gets the whole list. A failed prompt's error is raised once every group has finished
         its share (the first failed prompt's, in prompt order); the groups go on serving."""
-        self._check_open()
+        self._check_open("generate")
         shares = self.share(prompts, chat=chat, max_new_tokens=max_new_tokens, **options)
 
         def run(group, i: int) -> GenerationResult:
@@ -477,7 +597,7 @@ class LLM:
     def _stream(self, prompt: Prompt, chat: bool, options: dict[str, Any],
                 stats: dict[str, Any], defaults: dict[str, Any] | None = None
                 ) -> Iterator[BlockOutput]:
-        self._check_open()
+        self._check_open("generate or stream")
         ids, params = self.check(prompt, chat=chat, **{**(defaults or {}), **options})
         warn_ignored(DecodingOptions.from_kwargs(options), params)  # (never the defaults)
         # NOTE: rank 0 sends the checked request (its seed included) to the other ranks.
@@ -537,7 +657,8 @@ class LLM:
                         tpf=len(out) / max(rounds, 1)))
                 try:
                     yield BlockOutput(index, new, delta, block.rounds,
-                                      block.commit_rounds[: len(new)], finish, why)
+                                      block.commit_rounds[: len(new)], finish, why,
+                                      block.logprobs and block.logprobs[: len(new)])
                 except GeneratorExit:  # the consumer closed the stream: every rank stops
                     request.end_block(False)
                     raise

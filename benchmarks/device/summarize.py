@@ -2,7 +2,8 @@
 
     python3 benchmarks/device/summarize.py OUT_DIR
 
-Reads every step-*.json below OUT_DIR. A record's tree is the name of its folder when that is
+Reads every step-*.json below OUT_DIR (but the rows per prompt length of `--prompt-lengths`
+records: llada_caches_table.py's). A record's tree is the name of its folder when that is
 below OUT_DIR (round_latency.sh writes `base` and `head`, persistent_round.sh `layers` and
 `persistent`; tags such as `bf16` and `w8a8`), else its `commit`. Prints per model, context and
 tree the device-loop round of every run in run order, their median, the HBM floor and, with two
@@ -27,6 +28,8 @@ def load(root: Path) -> dict[tuple[str, int], dict[str, list[dict]]]:
     for _, _, tree, rec in sorted(found, key=lambda f: f[:2]):
         model = Path(rec["model"].rstrip("/")).name
         for row in rec["rows"]:
+            if "context" not in row:  # a canvas record's rows (--prompt-lengths): its own table
+                continue
             runs = table.setdefault((model, row["context"]), {}).setdefault(tree, [])
             runs.append({**row, "commit": rec.get("commit", "-")})
     return table

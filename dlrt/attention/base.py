@@ -130,6 +130,11 @@ class AttentionBackend:
     def end_block(self) -> None:
         """Host hook once a block is launched. Default: nothing."""
 
+    def release(self) -> None:
+        """Free what the backend keeps on the device besides the cache (workspaces, planned
+        wrappers' buffers), for `LLM.sleep`; it makes them again when next used. Default:
+        nothing."""
+
 
 @dataclass
 class ForwardContext:

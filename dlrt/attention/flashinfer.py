@@ -168,6 +168,12 @@ class FlashInferBackend(AttentionBackend):
         self._host_table: torch.Tensor | None = None
         self._heads = None
 
+    def release(self) -> None:
+        """Drop the workspace and every planned wrapper (made again on the next plan)."""
+        self._triton.release()
+        self._workspace = self._host_table = self._heads = self._eager_key = None
+        self._graph, self._armed, self._eager = {}, {}, {}
+
     # -- planning --------------------------------------------------------------------------
     def _setup(self, cache: PagedKVCache, h_q: int) -> None:
         if self._workspace is None:

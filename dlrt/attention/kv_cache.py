@@ -65,14 +65,7 @@ class PagedKVCache:
             raise ValueError(f"layer_shapes: one (Hkv, D) per layer ({num_layers}); got "
                              f"{len(shapes)}")
         self.layer_shapes = tuple(shapes)
-        if len(set(shapes)) == 1:
-            shape = (num_layers, self.num_pages, page_size, *shapes[0])
-            self.k = torch.zeros(shape, dtype=dtype, device=device)
-            self.v = torch.zeros(shape, dtype=dtype, device=device)
-        else:
-            self.k, self.v = (tuple(torch.zeros(self.num_pages, page_size, *s, dtype=dtype,
-                                                device=device) for s in shapes)
-                              for _ in range(2))
+        self._allocate(device)
         self.page_table = torch.arange(self.num_pages, dtype=torch.int32, device=device)
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
             if s is not None and (not self.quantized or s.numel() != num_layers):
@@ -81,6 +74,47 @@ class PagedKVCache:
         # k_scale, v_scale: [L] fp32 on the device (read only by an FP8 cache)
         self.k_scale = _scale_vector(k_scale, num_layers, device)
         self.v_scale = _scale_vector(v_scale, num_layers, device)
+
+    def _allocate(self, device: torch.device | str) -> None:
+        """K and V zeroed: one [L, ...] tensor each, or one tensor per layer."""
+        shapes, n, page = self.layer_shapes, len(self.layer_shapes), self.page_size
+        if len(set(shapes)) == 1:
+            shape = (n, self.num_pages, page, *shapes[0])
+            self.k = torch.zeros(shape, dtype=self.dtype, device=device)
+            self.v = torch.zeros(shape, dtype=self.dtype, device=device)
+        else:
+            self.k, self.v = (tuple(torch.zeros(self.num_pages, page, *s, dtype=self.dtype,
+                                                device=device) for s in shapes)
+                              for _ in range(2))
+        self.released = False
+
+    def release(self) -> None:
+        """Free K and V (`LLM.sleep`): they become empty tensors on the same device, so
+        nothing may read or write the cache until `restore`; the page table and the scales
+        stay. Captured graphs that point at the old K and V must be freed first."""
+        device = self.page_table.device
+        empty = torch.empty(0, dtype=self.dtype, device=device)
+        self.k, self.v = ((empty, empty) if self.uniform else
+                          (tuple(empty for _ in self.layer_shapes),) * 2)
+        self.released = True
+
+    def restore(self) -> None:
+        """Allocate K and V again (zeros) after `release`; nothing if they are held."""
+        if self.released:
+            self._allocate(self.page_table.device)
+
+    def set_scales(self, k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
+        """Copy new per-layer scales ([L] each) into an FP8 cache's, in place (captured
+        graphs read them from the same memory).
+
+        Raises:
+            ValueError: the cache is not FP8, or not one scale per layer."""
+        n = len(self.layer_shapes)
+        if not self.quantized or k_scale.numel() != n or v_scale.numel() != n:
+            raise ValueError(f"set_scales: one scale per layer ({n}) for an FP8 cache; got "
+                             f"{k_scale.numel()} and {v_scale.numel()} for {self.dtype}")
+        self.k_scale.copy_(k_scale.reshape(n))
+        self.v_scale.copy_(v_scale.reshape(n))
 
     @property
     def quantized(self) -> bool:

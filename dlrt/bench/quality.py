@@ -32,6 +32,12 @@ values; greedy, temperature 0) on one loaded model:
   tokens), each group warming up and timing its own share: `group_tps` is each group's new
   tokens over its seconds, `tps` all new tokens over the longest group's seconds.
 
+The LLaDA canvas decoder's request options (`REQUEST_OPTIONS`: `--canvas-cache`,
+`--vicinity-before`, `--vicinity-after`, `--smoothing` and its values) go to every request of
+every setting; a setting that cannot take them (smoothing needs the threshold strategy) is
+refused before the model loads. The record names them, and `--resume` takes a record of the
+same options only.
+
 Before the first setting it times one held-out and one HumanEval request of it and prints
 about how long the run takes; after each setting, the time left. The JSON record is rewritten
 after each setting (a partial record, `"complete": false`, until the last); Ctrl-C keeps what
@@ -73,9 +79,36 @@ SETTINGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("credit", {"remasking_strategy": "credit"}),
     ("hierarchical", {"remasking_strategy": "hierarchical"}),
 )
+# request options the command line gives every setting (the LLaDA canvas decoder's cache and
+# iteration smoothing: `dlrt.decoding.options.DecodingOptions`)
+REQUEST_OPTIONS = ("canvas_cache", "vicinity_before", "vicinity_after", "smoothing",
+                   "cont_weight", "cont_weight_init", "cont_weight_growth", "threshold_decay")
 STOPS = ("\ndef ", "\nclass ", "\nif ", "\nprint(", "\n#")
 COLUMNS = ["block", "setting", "token_accuracy", "first_line_exact", "parses", "empty", "tpf",
            "rounds_per_block", "tps"]  # + group_tps with data parallelism
+
+
+def with_options(chosen: list[tuple[str, dict[str, Any]]],
+                 options: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Each setting's options plus `options` (`REQUEST_OPTIONS` given on the command line),
+    the ranges and combinations of each checked before any model loads.
+
+    Raises:
+        OptionError: "--settings LABEL: --FLAG: ..." naming the setting and the option it
+            cannot take (smoothing with another strategy than threshold, a value out of
+            range).
+    """
+    from dlrt.decoding.options import DecodingOptions, as_flag_error, check_ranges
+
+    out = []
+    for label, setting in chosen:
+        merged = {**setting, **options}
+        try:
+            check_ranges(DecodingOptions.from_kwargs(merged))
+        except OptionError as e:
+            raise OptionError(f"--settings {label}: {as_flag_error(e)}") from None
+        out.append((label, merged))
+    return out
 
 
 def settings(names: str | None) -> list[tuple[str, dict[str, Any]]]:
@@ -348,7 +381,9 @@ def title(model: str, blocks: list[int], samples: int, new_tokens: int, prefix_t
             f"samples of {new_tokens} tokens after {prefix_tokens}; {device}")
 
 
-def main(args, llm_kwargs: dict[str, Any]) -> int:
+def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any] | None = None) -> int:
+    """`dlrt bench quality`; `options`: request options every setting takes
+    (`REQUEST_OPTIONS`)."""
     from dlrt import LLM, progress
     from dlrt.bench.humaneval import load_prompts
     from dlrt.bench.quality_plot import plot
@@ -367,6 +402,8 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
         chosen = settings(args.settings)
     except ValueError as e:
         raise OptionError(f"--settings: {e}") from None
+    options = dict(options or {})
+    chosen = with_options(chosen, options)
     blocks = list(args.blocks)  # positive ints, checked by the parser
     resumed = read_record(args.resume) if args.resume else None  # before the model loads
     llm = LLM(**llm_kwargs)
@@ -385,7 +422,7 @@ def main(args, llm_kwargs: dict[str, Any]) -> int:
     prompts = ([p["prompt"] for p in load_prompts(args.data, args.num_prompts)]
                if args.num_prompts else [])
     facts = dict(model=str(model), device=device_name(llm.device),
-                 execution_mode=llm.execution_mode,
+                 execution_mode=llm.execution_mode, options=options,
                  heldout=dict(corpus.record(), samples=len(samples),
                               model_trained_on_python=trained_on,
                               prefix_tokens=args.prefix_tokens, new_tokens=args.new_tokens,

@@ -12,8 +12,11 @@ from typing import Any
 from dlrt.bench.report import same_device
 from dlrt.errors import OptionError
 
-# what a record must share with the run that resumes it (else its rows do not compare)
-SAME = ("model", "device", "execution_mode", "heldout", "humaneval")
+# what a record must share with the run that resumes it (else its rows do not compare); a
+# record (or facts) without a field has its value in `UNSET` (records written before it was
+# recorded)
+SAME = ("model", "device", "execution_mode", "options", "heldout", "humaneval")
+UNSET = {"options": {}}
 
 
 def update_record(path: Path, **fields: Any) -> None:
@@ -53,10 +56,11 @@ def resumed_rows(path: str | Path, facts: dict[str, Any],
     """
     record = read_record(path) if record is None else record
     for key in SAME:
-        same = same_device if key == "device" and isinstance(record.get(key), str) else eq
-        if not same(record.get(key), facts[key]):
+        value, here = record.get(key, UNSET.get(key)), facts.get(key, UNSET.get(key))
+        same = same_device if key == "device" and isinstance(value, str) else eq
+        if not same(value, here):
             raise OptionError(f"--resume: {path} was measured with another {key} "
-                              f"({record.get(key)!r}; this run: {facts[key]!r})")
+                              f"({value!r}; this run: {here!r})")
     return list(record["rows"])
 
 

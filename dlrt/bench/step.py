@@ -56,6 +56,8 @@ STAGE_COLUMNS = ["context", "replay_us", "attention_us", "gemm_us", "moe_us", "s
 BYTE_COLUMNS = ["context", "round_bytes", "weights_bytes", "lm_head_bytes", "experts_bytes",
                 "kv_bytes", "renoise_bytes", "experts_touched", "experts_expected"]
 PARTS = ("weights", "lm_head", "experts", "kv", "renoise")  # the floor's parts (`floor_bytes`)
+# the canvas decoder's options that `--context` rows would not time (`dlrt.bench.canvas_step`)
+CANVAS_OPTIONS = ("canvas_cache", "vicinity_before", "vicinity_after", "smoothing")
 
 
 class SkipLinear(LinearMethod):
@@ -510,16 +512,32 @@ def _ranks(every: list) -> dict[str, Any]:
                                             for r, (rows, summary) in enumerate(every)])
 
 
-def block_and_limit(llm_kwargs: dict[str, Any], options: dict[str, Any]) -> tuple[int, int]:
-    """(the rows of a round: a renoising model's `canvas_length`, else the block length: the
-    option's, else a default request's, `ResolvedConfig.block_length`; the model's position
-    limit), from the engine options resolved for the checkpoint (its JSON files read, nothing
-    loaded)."""
+def resolved_engine(llm_kwargs: dict[str, Any]):
+    """The engine options resolved for the checkpoint (`ResolvedConfig`; its JSON files read,
+    nothing loaded; `max_model_len` left out)."""
     from dlrt.engine.config import EngineConfig
     from dlrt.engine.engine import Engine
 
     kw = {k: v for k, v in llm_kwargs.items() if k != "max_model_len"}
-    resolved = Engine.open(EngineConfig.from_kwargs(**kw))[0]
+    return Engine.open(EngineConfig.from_kwargs(**kw))[0]
+
+
+def block_and_limit(llm_kwargs: dict[str, Any], options: dict[str, Any]) -> tuple[int, int]:
+    """(the rows of a round: a renoising model's `canvas_length`, else the block length: the
+    option's, else a default request's, `ResolvedConfig.block_length`; the model's position
+    limit), from the engine options resolved for the checkpoint (`resolved_engine`).
+
+    Raises:
+        OptionError: a canvas decoder's cache or smoothing option (`CANVAS_OPTIONS`), whose
+            rounds are timed per prompt length only (`--prompt-lengths`).
+    """
+    resolved = resolved_engine(llm_kwargs)
+    given = [k for k in CANVAS_OPTIONS if options.get(k) not in (None, False, 0, "none")]
+    if given and resolved.engine.decoder == "canvas":
+        flag = "--" + given[0].replace("_", "-")
+        raise OptionError(f"{flag}: bench step times the canvas caches and smoothing per "
+                          "prompt length, the canvas each prompt plus --max-new-tokens: give "
+                          "--prompt-lengths (not --context)")
     return (resolved.model.canvas_length or options.get("block_length")
             or resolved.block_length, resolved.model.max_position_embeddings)
 

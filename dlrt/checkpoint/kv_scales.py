@@ -50,26 +50,40 @@ def read_kv_scales(model: nn.Module, folder: CheckpointFolder
     """
     from safetensors import SafetensorError, safe_open
 
-    names = kv_scale_names(model)
-    found = [[next((n for n in options if n in folder.tensor_files), None) for options in kv]
-             for kv in names]
+    def get(name: str) -> torch.Tensor:
+        try:
+            with safe_open(folder.tensor_files[name], framework="pt", device="cpu") as f:
+                return f.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"cannot read {name} from {folder.tensor_files[name]}: "
+                                  f"{e}") from e
+
+    return kv_scales_from(model, folder.tensor_files, get, f"checkpoint {folder.path}")
+
+
+def kv_scales_from(model: nn.Module, names, get, where: str
+                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`read_kv_scales` over any tensors: `names` (a container of the tensor names held),
+    `get(name)` -> the tensor; `where` names them in errors.
+
+    Raises:
+        CheckpointError: as `read_kv_scales`.
+    """
+    names_kv = kv_scale_names(model)
+    found = [[next((n for n in options if n in names), None) for options in kv]
+             for kv in names_kv]
     present = [n for kv in found for n in kv if n is not None]
     if not present:
         return None
-    missing = [options[0] for kv, got in zip(names, found, strict=True)
+    missing = [options[0] for kv, got in zip(names_kv, found, strict=True)
                for options, n in zip(kv, got, strict=True) if n is None]
     if missing:
-        raise CheckpointError(f"checkpoint {folder.path} holds KV-cache scales for some layers "
+        raise CheckpointError(f"{where} holds KV-cache scales for some layers "
                               f"but lacks {missing[:4]}{' ...' if len(missing) > 4 else ''}: "
                               "an FP8 KV cache needs k_scale and v_scale for every layer")
     values = []
     for name in present:
-        try:
-            with safe_open(folder.tensor_files[name], framework="pt", device="cpu") as f:
-                t = f.get_tensor(name)
-        except (SafetensorError, OSError) as e:
-            raise CheckpointError(f"cannot read {name} from {folder.tensor_files[name]}: "
-                                  f"{e}") from e
+        t = get(name)
         if t.numel() != 1 or t.dim() > 1 or not t.is_floating_point():
             raise CheckpointError(f"KV-cache scale {name} must be a float scalar ([] or [1]), "
                                   f"got {t.dtype} {list(t.shape)}")

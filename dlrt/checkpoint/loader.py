@@ -119,11 +119,17 @@ def _held_rows(index, rb: int):
     return rows if e is None else (e, rows)
 
 
+def _read_stacked(module: nn.Module, owner: str, stacked: frozenset[str]) -> bool:
+    """Whether `module` is experts read from stacked checkpoint tensors (`StackedExperts.
+    STACKED`): stored so (`module.stacked`), or named in `stacked`."""
+    return isinstance(module, StackedExperts) and (module.stacked or owner in stacked)
+
+
 def _online_source(module: nn.Module, owner: str, weight: str, stem: str, index, n: int,
-                   k: int) -> dict:
+                   k: int, stacked: frozenset[str] = frozenset()) -> dict:
     """The unquantised checkpoint tensor a quantised part is made from: `<stem>.weight` [n, k],
-    or for experts stored stacked the part's rows of the layer's stacked tensor."""
-    if isinstance(module, StackedExperts) and module.stacked:
+    or for experts read stacked the part's rows of the layer's stacked tensor."""
+    if _read_stacked(module, owner, stacked):
         rows, cols = (2 * module.intermediate, module.hidden) if weight == "w13" \
             else (module.hidden, module.intermediate)
         full = (module.num_experts, rows, cols)
@@ -133,7 +139,7 @@ def _online_source(module: nn.Module, owner: str, weight: str, stem: str, index,
 
 
 def _quant_specs(module: nn.Module, owner: str, leaf: str, name: str,
-                 online: bool) -> list[WeightSpec]:
+                 online: bool, stacked: frozenset[str] = frozenset()) -> list[WeightSpec]:
     fmt = module.quant_format
     weight, suffix = module.quant_params[leaf]
     k = module.quant_cols[weight]
@@ -141,30 +147,34 @@ def _quant_specs(module: nn.Module, owner: str, leaf: str, name: str,
     specs = []
     for stem, index, n in _weight_parts(module, owner, weight, getattr(module, "out_features", 0)):
         shape, dtype = fmt.stored(suffix, n, k)
-        src = dict(fmt=fmt, **_online_source(module, owner, weight, stem, index, n, k)) \
-            if online else {}
+        src = dict(fmt=fmt, **_online_source(module, owner, weight, stem, index, n, k,
+                                             stacked)) if online else {}
         specs.append(WeightSpec(f"{stem}.{suffix}", name, _held_rows(index, rb), shape, dtype,
                                 fmt.expand[suffix], **src))
     return specs
 
 
-def weight_specs(model: nn.Module, online: bool = False) -> list[WeightSpec]:
+def weight_specs(model: nn.Module, online: bool = False,
+                 stacked: frozenset[str] = frozenset()) -> list[WeightSpec]:
     """Every checkpoint tensor the model needs, in parameter order. `online`: quantised
-    modules read their unquantised checkpoint weights (`WeightSpec.source`)."""
+    modules read their unquantised checkpoint weights (`WeightSpec.source`). `stacked`: names
+    of expert modules read from stacked tensors (`StackedExperts.STACKED`, as transformers'
+    fused experts hold them) although their checkpoint stores one tensor per expert and part
+    (unquantised, or `online`)."""
     modules = dict(model.named_modules())
     specs = []
     for name, p in model.named_parameters():
         owner, _, leaf = name.rpartition(".")
         module = modules[owner]
         if getattr(module, "quant_format", None) is not None and leaf in module.quant_params:
-            specs += _quant_specs(module, owner, leaf, name, online)
+            specs += _quant_specs(module, owner, leaf, name, online, stacked)
         elif isinstance(module, MergedLinear):
             parent = owner.rpartition(".")[0]
             shard = getattr(module, "shards", {}).get(leaf)
             for part, lo, hi in module.ranges():
                 specs.append(_cut(WeightSpec(f"{parent}.{part}.{leaf}", name, slice(lo, hi),
                                              (hi - lo, *p.shape[1:])), shard))
-        elif isinstance(module, StackedExperts) and module.stacked:
+        elif _read_stacked(module, owner, stacked):
             specs.append(_stacked(module, owner, leaf, name, tuple(p.shape)))
         elif isinstance(module, StackedExperts):
             first = module.first_expert
@@ -282,7 +292,7 @@ def load_safetensors(model: nn.Module, folder: CheckpointFolder, online: bool = 
         log.info("ignored %d static activation scale(s) (input_scale): activations stay in the "
                  "model dtype or are quantised at run time (fp8_activations)", len(activation))
     kv = {k for k in unused if is_kv_scale(k)}  # the KV cache's (`checkpoint.kv_scales`)
-    others = _other_ranks_experts(model, unused)  # expert parallel: other ranks read them
+    others = other_ranks_experts(model, unused)  # expert parallel: other ranks read them
     skips = tuple(getattr(model, "checkpoint_skips", ()))
     skipped = {k for k in unused if skips and k.startswith(skips)}
     if skipped:
@@ -294,7 +304,7 @@ def load_safetensors(model: nn.Module, folder: CheckpointFolder, online: bool = 
                     len(left), sorted(left)[:3])
 
 
-def _other_ranks_experts(model: nn.Module, keys: set[str]) -> set[str]:
+def other_ranks_experts(model: nn.Module, keys: set[str]) -> set[str]:
     """The keys among `keys` of experts that other ranks hold (expert parallelism)."""
     prefixes = tuple(f"{name}.{e}." for name, m in model.named_modules()
                      if isinstance(m, StackedExperts) for e in range(m.total_experts)
@@ -342,51 +352,80 @@ class _Quantized:
 _FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def _check_dtype(spec: WeightSpec, value: torch.Tensor, where: str) -> None:
-    if spec.dtype is None and value.dtype in _FLOAT8:  # codes without their scale
-        raise CheckpointError(f"tensor {spec.key} in {where} is {value.dtype} (quantised), but "
-                              "dlrt holds its module unquantised (a router, an embedding, a "
-                              "norm, or a module the quantization config leaves unquantised): "
-                              "dlrt does not read quantised routers or embeddings; list the "
-                              "module in the config's not-convert list only where the "
-                              "checkpoint stores it unquantised")
-    if spec.dtype is None or spec.source or value.dtype == spec.dtype:
-        return
-    if spec.dtype == torch.float32 and value.dtype.is_floating_point \
-            and value.element_size() >= 2:
-        return  # fp32 scales written in another float dtype: exact enough, converted
-    raise CheckpointError(f"tensor {spec.key} in {where} is {value.dtype}, but its layer is "
-                          f"quantised and the format stores {spec.dtype}: if the module is "
-                          "stored unquantised, list it in the quantization config's "
-                          "modules_to_not_convert (FP8) / exclude_modules (NVFP4) / ignore "
-                          "(compressed-tensors)")
+def dtype_problem(spec: WeightSpec, dtype: torch.dtype, where: str,
+                  param_dtype: torch.dtype) -> str | None:
+    """Why a tensor of `dtype` (in `where`) cannot fill `spec` of a parameter of
+    `param_dtype`, or None when it can (a floating-point value of another width is cast)."""
+    if spec.dtype is None and dtype in _FLOAT8:  # codes without their scale
+        return (f"tensor {spec.key} in {where} is {dtype} (quantised), but "
+                "dlrt holds its module unquantised (a router, an embedding, a "
+                "norm, or a module the quantization config leaves unquantised): "
+                "dlrt does not read quantised routers or embeddings; list the "
+                "module in the config's not-convert list only where the "
+                "checkpoint stores it unquantised")
+    if spec.source and not (dtype.is_floating_point and dtype not in _FLOAT8):
+        return (f"tensor {spec.read_key} in {where} is {dtype}: it is quantised while loading "
+                "and must hold floating-point values in a precision above FP8")
+    if spec.dtype is not None and not spec.source and dtype != spec.dtype \
+            and not (spec.dtype == torch.float32 and dtype.is_floating_point
+                     and dtype.itemsize >= 2):  # fp32 scales in another float: converted
+        return (f"tensor {spec.key} in {where} is {dtype}, but its layer is "
+                f"quantised and the format stores {spec.dtype}: if the module is "
+                "stored unquantised, list it in the quantization config's "
+                "modules_to_not_convert (FP8) / exclude_modules (NVFP4) / ignore "
+                "(compressed-tensors)")
+    if param_dtype.is_floating_point and not dtype.is_floating_point:
+        return (f"tensor {spec.read_key} in {where} is {dtype}: "
+                "the model expects floating-point values")
+    return None
+
+
+def shape_problem(spec: WeightSpec, shape: tuple[int, ...], where: str) -> str | None:
+    """Why a tensor of `shape` (in `where`) cannot fill `spec`, or None when it can."""
+    want = spec.source_shape if spec.source else spec.full_shape or spec.shape
+    if shape == want if spec.source or spec.src else _shape_ok(spec, shape):
+        return None
+    return f"tensor {spec.read_key} in {where} has shape {list(shape)}, the model expects " \
+           f"{list(want)}"
+
+
+def fill(params: dict[str, nn.Parameter], f, specs: list[WeightSpec], where: str,
+         done=lambda n: None) -> None:
+    """Copy the tensors of `specs` from `f` into their parameters (`place`), checking each
+    one's shape first, and the dtype of those copied as read; online specs are quantised
+    from their sources, each source once. `f` reads tensors as an open safetensors file
+    does: `get_slice(name)` (with `get_shape()` and indexing) and `get_tensor(name)`;
+    `where` names it in errors.
+
+    Raises:
+        CheckpointError: a tensor of the wrong shape or dtype (`shape_problem`,
+            `dtype_problem`).
+    """
+    quantized = _Quantized(specs)
+    for s in specs:
+        problem = shape_problem(s, tuple(f.get_slice(s.read_key).get_shape()), where)
+        if problem:
+            raise CheckpointError(problem)
+        if s.source:
+            value = quantized.take(s, f)
+        elif s.src is not None:  # this rank's piece only
+            value = f.get_slice(s.key)[s.src]
+        else:
+            value = f.get_tensor(s.key)
+        dst = params[s.param].data
+        problem = None if s.source else dtype_problem(s, value.dtype, where, dst.dtype)
+        if problem:
+            raise CheckpointError(problem)
+        place(dst, s, value)
+        done(1)
 
 
 def _load_file(params: dict[str, nn.Parameter], path: Path, specs: list[WeightSpec],
                done=lambda n: None) -> None:
     from safetensors import safe_open
 
-    quantized = _Quantized(specs)
     with safe_open(path, framework="pt", device="cpu") as f:
-        for s in specs:
-            shape = tuple(f.get_slice(s.read_key).get_shape())
-            want = s.source_shape if s.source else s.full_shape or s.shape
-            if not (shape == want if s.source or s.src else _shape_ok(s, shape)):
-                raise CheckpointError(f"tensor {s.read_key} in {path.name} has shape "
-                                      f"{list(shape)}, the model expects {list(want)}")
-            if s.source:
-                value = quantized.take(s, f)
-            elif s.src is not None:  # this rank's piece only
-                value = f.get_slice(s.key)[s.src]
-            else:
-                value = f.get_tensor(s.key)
-            _check_dtype(s, value, path.name)
-            dst = params[s.param].data
-            if dst.is_floating_point() and not value.is_floating_point():
-                raise CheckpointError(f"tensor {s.read_key} in {path.name} is {value.dtype}: "
-                                      f"the model expects floating-point values")
-            place(dst, s, value)
-            done(1)
+        fill(params, f, specs, path.name, done)
 
 
 def tensor_seed(seed: int, key: str) -> int:

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlrt.decoding.logprobs import MAX_TOP_LOGPROBS
 from dlrt.decoding.renoise_options import NAMES as RENOISE_OPTIONS
 from dlrt.decoding.renoise_options import RenoiseParams, resolve_renoise
 from dlrt.decoding.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE, SamplingSpec
@@ -77,17 +78,24 @@ class DecodingOptions:
         logits and commits stay the sub-block's. `vicinity_before` is clipped to the prompt
         length (the window never starts before position 0 and keeps one length per request),
         positions past the canvas are never attended. Non-zero needs canvas_cache "dual".
-    smoothing: dInfer's iteration smoothing (`IterationSmooth`; the `canvas` decoder,
-        canvas_cache "none", remasking_strategy "threshold"): a masked position enters the
-        next forward as its mask embedding plus w * softmax(logits) @ E of the previous
-        forward, w = min(cont_weight_init + cont_weight_growth * i, cont_weight), and a
-        round commits with the bar max(1 - threshold_decay * i, threshold), i the request's
-        rounds run before it (across sub-blocks). Default False.
+    smoothing: dInfer's iteration smoothing (`IterationSmooth`, over a canvas cache its
+        `IterSmoothWithVicinityCache`; the `canvas` decoder with any canvas_cache, and the
+        `block` decoder without editing; remasking_strategy one of SMOOTHING_STRATEGIES): a
+        masked position enters a forward as its mask embedding plus
+        w * softmax(logits) @ E of the last forward that saw it, w = min(cont_weight_init
+        + cont_weight_growth * i, cont_weight), and a forward commits with the bar
+        max(1 - threshold_decay * i, threshold), i the request's forwards run before it
+        (across blocks). Default False.
     cont_weight, cont_weight_init, cont_weight_growth: finite numbers >= 0 (defaults 0.3,
         0.15, 0.02); threshold_decay: in [0, 1] (default 0.02). Setting one needs smoothing.
     seed: >= 0; sampling, `random` and renoising are reproducible for a given seed.
     stop: extra stop token ids (int) or stop strings (str).
     ignore_eos: do not stop at the checkpoint's stop ids (benchmarks).
+    logprobs: return each generated token's log-probability under the distribution its round
+        drew it from (`dlrt.decoding.logprobs`; rounds of their own kind, which compute it on
+        the device). Default False.
+    top_logprobs: 0..MAX_TOP_LOGPROBS (20), the most likely tokens of that distribution
+        returned beside each token (default 0); needs logprobs.
     """
 
     max_new_tokens: int | None = None
@@ -122,6 +130,8 @@ class DecodingOptions:
     seed: int | None = None
     stop: tuple[int | str, ...] = ()
     ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int | None = None
 
     @staticmethod
     def from_kwargs(kwargs: dict[str, Any]) -> DecodingOptions:
@@ -144,7 +154,7 @@ class DecodingOptions:
     def _check_types(self) -> None:
         ints = ("max_new_tokens", "block_length", "denoising_steps", "top_k", "seed",
                 "max_post_steps", "max_denoising_steps", "stability_threshold",
-                "vicinity_before", "vicinity_after")
+                "vicinity_before", "vicinity_after", "top_logprobs")
         floats = ("threshold", "eb_threshold", "low_threshold", "credit_weight", "credit_boost",
                   "credit_decay", "editing_threshold", "temperature", "top_p", "entropy_bound",
                   "t_min", "t_max", "confidence_threshold", *SMOOTHING)
@@ -163,7 +173,7 @@ class DecodingOptions:
         for s in self.stop:
             if isinstance(s, bool) or not isinstance(s, (int, str)) or s == "":
                 raise OptionError(f"stop entries must be token ids or non-empty strings, got {s!r}")
-        for name in ("ignore_eos", "smoothing"):
+        for name in ("ignore_eos", "smoothing", "logprobs"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
@@ -191,6 +201,9 @@ class DecoderDefaults:
 # dInfer's `IterationSmooth` defaults, by option name
 SMOOTHING = {"cont_weight": 0.3, "cont_weight_init": 0.15, "cont_weight_growth": 0.02,
              "threshold_decay": 0.02}
+# the strategies smoothing commits with: dInfer's decoders that take its per-round bar
+# (`ThresholdParallelDecoder`, `CreditThresholdParallelDecoder`, `HierarchyDecoder`)
+SMOOTHING_STRATEGIES = ("threshold", "credit", "hierarchical")
 
 
 @dataclass(frozen=True)
@@ -206,7 +219,8 @@ class Smoothing:
 @dataclass(frozen=True)
 class DecodingParams:
     """Resolved, validated options of one request (`editing_threshold` None: no edits;
-    `renoise` None: the family denoises mask tokens, see `DecoderDefaults.renoise`)."""
+    `renoise` None: the family denoises mask tokens, see `DecoderDefaults.renoise`;
+    `logprobs`: record them, with `top_logprobs` alternatives per token)."""
 
     max_new_tokens: int
     block_length: int
@@ -222,6 +236,8 @@ class DecodingParams:
     vicinity_before: int = 0
     vicinity_after: int = 0
     smoothing: Smoothing | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
 
 
 def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config: dict[str, Any],
@@ -240,7 +256,8 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
             low_threshold, credit_decay or editing_threshold outside [0, 1], credit_weight
             outside [0, 100], credit_boost outside fp32's [0, 3.4e38], a temperature outside
             [0, 1e6], a negative max_post_steps, t_max <= t_min, a non-zero
-            vicinity_before / vicinity_after without canvas_cache "dual", ...; a sampling
+            vicinity_before / vicinity_after without canvas_cache "dual", top_logprobs
+            outside [0, 20] or without logprobs, ...; a sampling
             default of `generation_config.json` out of range (the message starts with
             "generation_config.json:"; `CheckpointFolder.check_generation_config` refuses
             such a file when the model loads).
@@ -290,9 +307,14 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
         _check(0 <= v <= MAX_VICINITY, side, v, f"must be in [0, {MAX_VICINITY}]")
         _check(v == 0 or cache == "dual", side, v,
                f"works only with canvas_cache='dual', not {cache!r}")
-    smoothing = _smoothing(opts, cache, name)
+    smoothing = _smoothing(opts)
     seed = _pick(opts.seed, random_seed)
     _check(0 <= seed < 2**63, "seed", seed, "must be in [0, 2^63)")
+    top_logprobs = _pick(opts.top_logprobs, 0)
+    _check(0 <= top_logprobs <= MAX_TOP_LOGPROBS, "top_logprobs", top_logprobs,
+           f"must be in [0, {MAX_TOP_LOGPROBS}]")
+    _check(opts.top_logprobs is None or opts.logprobs, "top_logprobs", top_logprobs,
+           "needs logprobs=True")
     renoise = resolve_renoise({k: getattr(opts, k) for k in RENOISE_OPTIONS},
                               gen if defaults.renoise else {}, joint=defaults.renoise)
     stop_ids = {s for s in opts.stop if isinstance(s, int)}
@@ -312,15 +334,17 @@ def resolve(opts: DecodingOptions, defaults: DecoderDefaults, generation_config:
         canvas_cache=cache,
         **vicinity,
         smoothing=smoothing,
+        logprobs=opts.logprobs,
+        top_logprobs=top_logprobs,
     )
 
 
-def _smoothing(opts: DecodingOptions, cache: str, strategy: str) -> Smoothing | None:
+def _smoothing(opts: DecodingOptions) -> Smoothing | None:
     """The request's iteration smoothing (None: off), its values checked.
 
     Raises:
-        OptionError: a smoothing value out of range, one set without smoothing, or smoothing
-            with a canvas cache or another strategy than "threshold" (names the option).
+        OptionError: a smoothing value out of range, or one set without smoothing (names
+            the option).
     """
     values = {}
     for name, default in SMOOTHING.items():
@@ -329,24 +353,27 @@ def _smoothing(opts: DecodingOptions, cache: str, strategy: str) -> Smoothing | 
         v = values[name] = float(_pick(given, default))
         top = 1.0 if name == "threshold_decay" else FP32_MAX
         _check(0.0 <= v <= top, name, v, f"must be a number in [0, {top:.4g}]")
-    if not opts.smoothing:
-        return None
-    _check(cache == "none", "smoothing", True,
-           f"works only with canvas_cache='none', not {cache!r} (smoothing over the "
-           "approximate caches is not built)")
-    _check(strategy == "threshold", "smoothing", True,
-           f"works only with remasking_strategy='threshold', not {strategy!r}")
-    return Smoothing(**values)
+    return Smoothing(**values) if opts.smoothing else None
 
 
 def check_smoothing(params: DecodingParams, decoder: str) -> None:
-    """Iteration smoothing is the `canvas` decoder's (LLaDA without a cache).
+    """Iteration smoothing is the `canvas` decoder's (with or without a canvas cache) and the
+    `block` decoder's without editing, with a strategy of SMOOTHING_STRATEGIES.
 
     Raises:
-        OptionError: smoothing with another decoder (names the option).
+        OptionError: smoothing with another decoder, strategy, or with editing_threshold
+            (names the option).
     """
-    _check(params.smoothing is None or decoder == "canvas", "smoothing", True,
-           f"works only with the 'canvas' decoder (LLaDA), not {decoder!r}; leave it unset")
+    if params.smoothing is None:
+        return
+    _check(decoder in ("canvas", "block"), "smoothing", True,
+           f"works only with the 'canvas' and 'block' decoders, not {decoder!r}; leave it "
+           "unset")
+    name = params.strategy.name
+    _check(name in SMOOTHING_STRATEGIES, "smoothing", True,
+           f"works only with remasking_strategy in {SMOOTHING_STRATEGIES}, not {name!r}")
+    _check(params.editing_threshold is None, "smoothing", True,
+           "works only without token editing (editing_threshold); leave one of them unset")
 
 
 def check_editing(params: DecodingParams, family: str, supports_editing: bool,

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import torch
 
+from dlrt.decoding.logprobs import TokenLogprobs, log_probs
 from dlrt.decoding.options import DecodingParams
 from dlrt.decoding.renoise import (
     accept_by_entropy,
@@ -64,10 +65,12 @@ class CanvasState:
     entropy_bound fp64, t_min fp64, t_max fp64, stability_threshold int64,
     confidence_threshold fp64 (fp64 hold a Python float exactly; the rules round them as the
     reference's arithmetic does).
+    logprobs: with `logprobs`, the `TokenLogprobs` of the last round's argmax canvas (every
+    round writes every position); None otherwise.
     """
 
     def __init__(self, n: int, vocab: int, device: torch.device,
-                 self_cond_dtype: torch.dtype = torch.float32):
+                 self_cond_dtype: torch.dtype = torch.float32, logprobs: bool = False):
         self.n, self.vocab, self.device = n, vocab, device
         i64 = dict(dtype=torch.int64, device=device)
         f64 = dict(dtype=torch.float64, device=device)
@@ -87,12 +90,14 @@ class CanvasState:
         self.t_max = torch.ones((), **f64)
         self.stability_threshold = torch.zeros((), **i64)
         self.confidence_threshold = torch.zeros((), **f64)
+        self.logprobs = TokenLogprobs(n, device) if logprobs else None
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.canvas, self.argmax, self.accepted, self.self_cond, self.round,
                 self.stable, self.stopped, self.fault, self.flag, self.seed, self.steps,
                 self.entropy_bound, self.t_min, self.t_max, self.stability_threshold,
-                self.confidence_threshold]
+                self.confidence_threshold,
+                *([] if self.logprobs is None else self.logprobs.tensors())]
 
     def set_values(self, params: DecodingParams) -> None:
         """The request's seed and renoising values (host -> device, stream ordered).
@@ -137,7 +142,8 @@ def denoise_canvas_round(logits: torch.Tensor, state: CanvasState, positions: to
     Writes the canvas (accepted samples, renoised elsewhere: `renoise.draw_tokens` with key
     round + 1), the accepted positions, the argmax canvas, the self-conditioning signal (the
     divided logits, written by the draw), the stability count, the stop test, the fault bit,
-    round + 1 and the flag.
+    round + 1 and the flag; with `state.logprobs`, the argmax canvas's log-probabilities
+    under the softmax of the divided logits (fp32, `logprobs.log_probs`).
 
     Args:
         logits: [n, V] logits of the canvas (any float dtype; divided in fp32).
@@ -160,6 +166,8 @@ def denoise_canvas_round(logits: torch.Tensor, state: CanvasState, positions: to
     state.stopped.copy_(should_stop(stable, entropy, state.stability_threshold,
                                     state.confidence_threshold))
     state.fault |= ~torch.isfinite(entropy).all()
+    if state.logprobs is not None:
+        state.logprobs.record(None, log_probs(logits.float() / t, argmax))
     state.canvas.copy_(torch.where(accepted, sample, noise))
     state.accepted.copy_(accepted)
     state.argmax.copy_(argmax)

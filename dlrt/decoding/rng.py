@@ -14,6 +14,9 @@ _GOLDEN = 0x9E3779B9
 SAMPLE_STREAM = 0  # Gumbel noise for token sampling
 REMASK_STREAM = 1  # scores of the `random` strategy
 RENOISE_STREAM = 2  # canvas tokens of renoising (uniform-state) decoding: first draw, renoises
+# the largest fp32 below 1: (k + 0.5) / 2^24 rounds to 1.0 in fp32 for k = 2^24 - 1, where
+# -log(u) would be 0 (an infinite race score)
+BELOW_ONE = 1.0 - 2.0**-24
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
@@ -37,9 +40,14 @@ def position_keys(seed, stream: int, round_idx, positions: torch.Tensor) -> torc
     return mix32((k + positions) & _M32)
 
 
+def unit(h: torch.Tensor) -> torch.Tensor:
+    """int64 hashes in [0, 2^32) to fp32 in (0, 1): (top 24 bits + 0.5) / 2^24 in fp32, at
+    most `BELOW_ONE`."""
+    return torch.clamp(((h >> 8).float() + 0.5) * (1.0 / (1 << 24)), max=BELOW_ONE)
+
+
 def uniform(seed, stream: int, round_idx, positions: torch.Tensor, width: int) -> torch.Tensor:
-    """Uniform floats in (0, 1), [n, width] fp32, one per (position, column)."""
+    """Uniform floats in (0, 1), [n, width] fp32, one per (position, column) (`unit`)."""
     cols = torch.arange(width, dtype=torch.int64, device=positions.device)
     keys = position_keys(seed, stream, round_idx, positions)
-    h = mix32((keys[:, None] + cols[None, :] * _GOLDEN) & _M32)
-    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return unit(mix32((keys[:, None] + cols[None, :] * _GOLDEN) & _M32))

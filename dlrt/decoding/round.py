@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from dlrt.decoding import rng
+from dlrt.decoding.logprobs import TokenLogprobs, round_log_probs
 from dlrt.decoding.sampling import SamplingMode, SamplingSpec, candidates, entropy, probabilities
 from dlrt.decoding.strategies import (
     NEEDS_CREDIT,
@@ -33,15 +34,18 @@ CandidatesOp = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 @dataclass(frozen=True)
 class RoundKind:
     """What a round's code does, never with which values: the remasking strategy, the
-    sampling mode and whether decided positions may be edited. Captured graphs are keyed on
-    it, so every request of a kind shares them."""
+    sampling mode, whether decided positions may be edited and whether the round records
+    the log-probabilities of what it writes. Captured graphs are keyed on it, so every
+    request of a kind shares them."""
 
     strategy: str
     sampling: SamplingMode
     editing: bool = False
+    logprobs: bool = False
 
     def __str__(self) -> str:
-        return f"{self.strategy}/{self.sampling}" + "/editing" * self.editing
+        return (f"{self.strategy}/{self.sampling}" + "/editing" * self.editing
+                + "/logprobs" * self.logprobs)
 
 
 @dataclass(frozen=True)
@@ -57,11 +61,12 @@ class RoundSpec:
     # not `mask_token_id` and has p > editing_threshold. None: no edits (another round kind).
     editing_threshold: float | torch.Tensor | None = None
     mask_token_id: int = -1  # never a candidate (a model constant; -1: none)
+    logprobs: bool = False  # record the log-probabilities of the written tokens
 
     @property
     def kind(self) -> RoundKind:
         return RoundKind(self.strategy.name, self.mode or SamplingMode.of(self.sampling),
-                         self.editing_threshold is not None)
+                         self.editing_threshold is not None, self.logprobs)
 
 
 def reference_candidates(logits: torch.Tensor, sampling: SamplingSpec, mode: SamplingMode,
@@ -78,7 +83,7 @@ def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
                   masked: torch.Tensor, positions: torch.Tensor, round_idx, quota,
                   candidates_op: CandidatesOp = reference_candidates,
                   editable: torch.Tensor | None = None, credit: torch.Tensor | None = None,
-                  fault: torch.Tensor | None = None
+                  fault: torch.Tensor | None = None, logprobs: TokenLogprobs | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Commit some masked positions of a block and, when the spec edits, rewrite decided ones.
 
@@ -108,6 +113,10 @@ def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
         fault: 0-d bool, set in place (never cleared) when a masked or editable position's
             confidence is not finite (NaN or infinite logits; no finite logit but the mask
             token's); the host reads it with the block (`BlockState.fault`).
+        logprobs: the block's `TokenLogprobs`, where each written position (commit or edit)
+            records its token's log-probability under the distribution the round drew it
+            from (`dlrt.decoding.logprobs`: the credit-fused logits with `credit`); required
+            when the spec records logprobs, ignored otherwise.
     Returns:
         (tokens [n] int64, masked [n] bool, written [n] bool) after the round; `written` is
         the mask commits and the edits of this round (disjoint).
@@ -139,4 +148,8 @@ def denoise_round(spec: RoundSpec, logits: torch.Tensor, tokens: torch.Tensor,
         edit = (editable & ~masked & (cand != tokens) & (cand != spec.mask_token_id)
                 & (conf > spec.editing_threshold))
         commit = commit | edit
+    if kind.logprobs:
+        assert logprobs is not None, "a round that records logprobs needs their buffers"
+        logprobs.record(commit, round_log_probs(logits, spec.sampling, kind.sampling, cand,
+                                                mask))
     return torch.where(commit, cand, tokens), masked & ~commit, commit

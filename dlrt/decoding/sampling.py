@@ -87,11 +87,11 @@ def _filter_top_p(logits: torch.Tensor, p: Number) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def probabilities(logits: torch.Tensor, spec: SamplingSpec,
-                  mode: SamplingMode | None = None, mask_token_id: int = -1) -> torch.Tensor:
-    """[n, V] fp32 probabilities after temperature, top-k and top-p (plain softmax if greedy).
-    `mode` is required when the spec holds device tensors (default: `SamplingMode.of(spec)`);
-    the token `mask_token_id` (-1: none) gets probability 0."""
+def processed_logits(logits: torch.Tensor, spec: SamplingSpec,
+                     mode: SamplingMode | None = None, mask_token_id: int = -1) -> torch.Tensor:
+    """[n, V] fp32 logits whose softmax is `probabilities`: the mask token's at -inf, then
+    (sampled) divided by the temperature and filtered by top-k then top-p (-inf where
+    removed); greedy: the logits as they are (temperature 1, no filter)."""
     mode = mode or SamplingMode.of(spec)
     x = logits.float()
     if mask_token_id >= 0:
@@ -103,7 +103,15 @@ def probabilities(logits: torch.Tensor, spec: SamplingSpec,
             x = _filter_top_k(x, spec.top_k)
         if mode.top_p:
             x = _filter_top_p(x, spec.top_p)
-    return torch.softmax(x, dim=-1)
+    return x
+
+
+def probabilities(logits: torch.Tensor, spec: SamplingSpec,
+                  mode: SamplingMode | None = None, mask_token_id: int = -1) -> torch.Tensor:
+    """[n, V] fp32 probabilities after temperature, top-k and top-p (plain softmax if greedy).
+    `mode` is required when the spec holds device tensors (default: `SamplingMode.of(spec)`);
+    the token `mask_token_id` (-1: none) gets probability 0."""
+    return torch.softmax(processed_logits(logits, spec, mode, mask_token_id), dim=-1)
 
 
 def candidates(probs: torch.Tensor, spec: SamplingSpec, round_idx, positions: torch.Tensor,

@@ -1,6 +1,7 @@
 """Rank 0's link to another data-parallel group's leader: the calls rank 0 hands to that group
-(`RemoteGroup`: `generate`, `stream`, `collective_rpc`, `set_execution_mode`, each run by the
-leader's own LLM, which shares it with its group's ranks) and the leader's loop that runs them
+(`RemoteGroup`: `generate`, `stream`, `collective_rpc`, `set_execution_mode`, `sleep`,
+`wake_up`, `update_weights`, each run by the leader's own LLM, which shares it with its group's
+ranks) and the leader's loop that runs them
 (`lead`).
 
 The link is a `Calls` over a channel of two ranks (rank 0, place 0; the leader, place 1), so its
@@ -32,7 +33,8 @@ from dlrt.errors import RankError
 log = logging.getLogger(__name__)
 
 # the leader's LLM methods rank 0 may call over a link
-CALLED = frozenset({"generate", "collective_rpc", "set_execution_mode"})
+CALLED = frozenset({"generate", "collective_rpc", "set_execution_mode", "sleep", "wake_up",
+                    "update_weights"})
 STREAMED = frozenset({"stream"})
 
 

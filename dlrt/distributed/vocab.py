@@ -21,9 +21,10 @@ class VocabShard:
         (the shard's max logit, its id, and the sum of exp(logit - max) over the shard); the
         candidate is the id of the largest max (the lowest rank on a tie: the lowest id, as
         torch's argmax), its confidence exp(0) / sum_r s_r exp(m_r - m) (the softmax maximum);
-      - sampled rounds, `credit` (its credit is a [B, V] buffer fused with the logits) and
-        `entropy_bounded` (the entropy of the full distribution): the logits, gathered to
-        [n, V] on every rank; the round then runs as with one rank. Sampling could exchange
+      - sampled rounds, `credit` (its credit is a [B, V] buffer fused with the logits),
+        `entropy_bounded` (the entropy of the full distribution) and rounds that record
+        logprobs (the whole distribution's top tokens): the logits, gathered to [n, V] on
+        every rank; the round then runs as with one rank. Sampling could exchange
         per-shard Gumbel maxima instead, but its top-k / top-p filters need the global order.
     """
 
@@ -36,7 +37,8 @@ class VocabShard:
 
     def local(self, kind: RoundKind) -> bool:
         """Whether a round of `kind` forms its candidates from the shards' summaries."""
-        return kind.sampling.greedy and kind.strategy not in NEEDS_CREDIT | NEEDS_ENTROPY
+        return (kind.sampling.greedy and kind.strategy not in NEEDS_CREDIT | NEEDS_ENTROPY
+                and not kind.logprobs)
 
     def for_round(self, logits: torch.Tensor, kind: RoundKind, candidates_op):
         """(logits, candidates op) for `dlrt.decoding.round.denoise_round`: this rank's

@@ -38,6 +38,8 @@ from dlrt.distributed.transform import check_sizes, shard_model
 from dlrt.distributed.vocab import VocabShard
 from dlrt.engine.config import EngineConfig, ResolvedConfig, read_model_config
 from dlrt.engine.cpu_threads import apply_cpu_threads
+from dlrt.engine.lifecycle import Lifecycle
+from dlrt.engine.sleep import Sleep
 from dlrt.errors import OptionError
 from dlrt.models.config import ModelConfig
 from dlrt.models.registry import build_model, family
@@ -53,8 +55,9 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Engine:
-    """What `LLM` runs on; every part built from `resolved` (no "auto" left)."""
+class Engine(Lifecycle):
+    """What `LLM` runs on; every part built from `resolved` (no "auto" left). Sleep, wake and
+    weight updates: `Lifecycle`."""
 
     resolved: ResolvedConfig
     folder: CheckpointFolder
@@ -67,6 +70,7 @@ class Engine:
     decoder: Any
     tp: TensorParallel = dataclasses.field(default_factory=lambda: TensorParallel(0, 1))
     dp: DataParallel = dataclasses.field(default_factory=DataParallel)
+    sleeping: Sleep | None = None  # (`sleep`; None: awake)
 
     @property
     def config(self) -> EngineConfig:

@@ -1,4 +1,4 @@
-"""The `dlrt` command line: generate, make-checkpoint, serve, bench.
+"""The `dlrt` command line: generate, make-checkpoint, serve, bench, eval.
 
 Decoding flags are derived from `DecodingOptions` (each default written once, there).
 """
@@ -66,9 +66,10 @@ _HELP = {
                        "later rounds recompute too (dInfer's vicinity refresh; default 0)",
     "vicinity_after": "with --canvas-cache dual: positions after the sub-block that its "
                       "later rounds recompute too (default 0)",
-    "smoothing": "LLaDA canvas decoder, no cache, threshold strategy: dInfer's iteration "
-                 "smoothing (masked positions also enter the next forward as the previous "
-                 "forward's probability-weighted embedding; the bar decays from 1)",
+    "smoothing": "canvas decoder (any --canvas-cache) or block decoder (no editing); "
+                 "threshold, credit or hierarchical strategy: dInfer's iteration smoothing "
+                 "(masked positions also enter the next forward as the previous forward's "
+                 "probability-weighted embedding; the bar decays from 1)",
     "cont_weight": "with --smoothing: the largest weight of that embedding (default 0.3)",
     "cont_weight_init": "with --smoothing: its weight in the first round (default 0.15)",
     "cont_weight_growth": "with --smoothing: its weight's growth per round (default 0.02)",
@@ -77,15 +78,23 @@ _HELP = {
     "seed": "sampling seed",
     "stop": "extra stop: a token id (ASCII digits only) or else a string (repeatable)",
     "ignore_eos": "do not stop at end-of-sequence tokens",
+    "logprobs": "with --json: each generated token's log-probability under the distribution "
+                "its round drew it from",
+    "top_logprobs": "with --logprobs: that many most likely tokens beside each, in [0, 20] "
+                    "(default 0)",
 }
 
 
-def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per `DecodingOptions` field; all default to None (= the model's default)."""
+def add_decoding_flags(parser: argparse.ArgumentParser,
+                       only: tuple[str, ...] | None = None) -> None:
+    """One flag per `DecodingOptions` field (`only`: those fields); all default to None (= the
+    model's default)."""
     from dlrt.decoding.options import DecodingOptions
 
     hints = typing.get_type_hints(DecodingOptions)
     for f in dataclasses.fields(DecodingOptions):
+        if only is not None and f.name not in only:
+            continue
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]
         if hint is bool:
@@ -97,17 +106,21 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, type=kind, default=None, help=_HELP[f.name])
 
 
-def decoding_kwargs(args: argparse.Namespace) -> dict:
-    """The decoding options given on the command line, their ranges checked (before any model
-    is loaded; the error names the flag)."""
+def decoding_kwargs(args: argparse.Namespace, only: tuple[str, ...] | None = None,
+                    check: bool = True) -> dict:
+    """The decoding options given on the command line (`only`: those of these fields), their
+    ranges checked unless `check` is False (before any model is loaded; the error names the
+    flag)."""
     from dlrt.decoding.options import DecodingOptions, as_flag_error, check_ranges
 
-    kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(DecodingOptions)}
-    if kw["stop"]:
+    kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(DecodingOptions)
+          if only is None or f.name in only}
+    if kw.get("stop"):
         kw["stop"] = [int(s) if re.fullmatch("[0-9]+", s) else s for s in kw["stop"]]
     kw = {k: v for k, v in kw.items() if v is not None}
     try:
-        check_ranges(DecodingOptions.from_kwargs(kw))
+        if check:
+            check_ranges(DecodingOptions.from_kwargs(kw))
     except OptionError as e:
         raise as_flag_error(e) from e
     return kw
@@ -190,7 +203,9 @@ def _bench_humaneval(args: argparse.Namespace) -> int:
 def _bench_quality(args: argparse.Namespace) -> int:
     from dlrt.bench import quality
 
-    return quality.main(args, engine_kwargs(args))
+    # NOTE: checked with each setting's strategy (`quality.with_options`)
+    options = decoding_kwargs(args, only=quality.REQUEST_OPTIONS, check=False)
+    return quality.main(args, engine_kwargs(args), options)
 
 
 def _bench_serve(args: argparse.Namespace) -> int:
@@ -200,9 +215,16 @@ def _bench_serve(args: argparse.Namespace) -> int:
 
 
 def _bench_step(args: argparse.Namespace) -> int:
-    from dlrt.bench import step
+    from dlrt.bench import canvas_step, step
 
-    return step.main(args, engine_kwargs(args), decoding_kwargs(args))
+    bench = canvas_step if args.prompt_lengths else step
+    return bench.main(args, engine_kwargs(args), decoding_kwargs(args))
+
+
+def _bench_memory(args: argparse.Namespace) -> int:
+    from dlrt.bench import memory
+
+    return memory.main(args, engine_kwargs(args), decoding_kwargs(args))
 
 
 def _bench_kernels(args: argparse.Namespace) -> int:
@@ -215,6 +237,12 @@ def _bench_accuracy(args: argparse.Namespace) -> int:
     from dlrt.bench import accuracy
 
     return accuracy.main(args, engine_kwargs(args))
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from dlrt.eval import cli
+
+    return cli.main(args.harness_args)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -361,8 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "layout, groups of 16); default none")
     mk.set_defaults(func=_make_checkpoint)
 
-    sv = sub.add_parser("serve", help="HTTP server: NDJSON /generate and OpenAI-compatible "
-                                      "endpoints (torchrun for several ranks)")
+    sv = sub.add_parser("serve", help="HTTP server: NDJSON /generate, OpenAI-compatible "
+                                      "endpoints and Anthropic's /v1/messages (torchrun for "
+                                      "several ranks)")
     add_engine_flags(sv)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=_port, default=18080)
@@ -378,8 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "naming another model get 404 (default: the --model folder's name; "
                          "dlrt-default for the embedded default model)")
     sv.add_argument("--api-key", default=None, metavar="KEY",
-                    help="ask for 'Authorization: Bearer KEY' on every endpoint but /health "
-                         "(401 otherwise); default $DLRT_API_KEY, unset: no key")
+                    help="ask for 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every "
+                         "endpoint but /health (401 otherwise); default $DLRT_API_KEY, unset: "
+                         "no key")
     add_decoding_flags(sv)
     sv.set_defaults(func=_serve)
 
@@ -407,12 +437,27 @@ def build_parser() -> argparse.ArgumentParser:
     st = bench.add_parser("step", help="round latency per context: device loop, replay, host "
                                        "loop, eager, HBM floor")
     add_engine_flags(st, skip=("execution_mode",))
-    st.add_argument("--context", default="0,1024,4096,16384",
-                    help="comma-separated context lengths")
+    where = st.add_mutually_exclusive_group()
+    where.add_argument("--context", default="0,1024,4096,16384",
+                       help="comma-separated context lengths")
+    where.add_argument("--prompt-lengths", type=_positive_ints, default=None,
+                       help="the canvas decoder (LLaDA): comma-separated prompt lengths, the "
+                            "canvas each prompt plus --max-new-tokens; per length the exact "
+                            "round, with --smoothing the smoothed one, with --canvas-cache its "
+                            "refresh and window rounds, each against its own HBM floor and "
+                            "over the exact round")
     st.add_argument("--rounds", type=int, default=100, help="rounds per timing")
     add_out_flag(st)
     add_decoding_flags(st)
     st.set_defaults(func=_bench_step)
+
+    bm = bench.add_parser("memory", help="memory held awake, after sleep(1) and after "
+                                         "sleep(2); sleep and wake times; tokens after each "
+                                         "wake against those before")
+    add_engine_flags(bm)
+    add_out_flag(bm)
+    add_decoding_flags(bm)
+    bm.set_defaults(func=_bench_memory)
 
     bk = bench.add_parser("kernels", help="fused small ops vs PyTorch and torch.compile, "
                                           "projections' bandwidth, at a model's shapes")
@@ -450,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a record of an unfinished run (of the same model, device and "
                          "samples): run the settings it lacks and write them into it")
     bq.add_argument("--quiet", action="store_true", help="no progress bar")
+    from dlrt.bench.quality import REQUEST_OPTIONS
+
+    add_decoding_flags(bq, only=REQUEST_OPTIONS)  # given to every setting's requests
     add_out_flag(bq)
     bq.set_defaults(func=_bench_quality)
 
@@ -470,6 +518,12 @@ def build_parser() -> argparse.ArgumentParser:
         if "--quiet" not in command._option_string_actions:
             command.add_argument("--quiet", action="store_true",
                                  help="no progress bars (they show only on a terminal)")
+    ev = sub.add_parser("eval", add_help=False, prefix_chars="\0",
+                        help="lm-evaluation-harness with the dlrt model: `dlrt eval --model dlrt "
+                             "--model_args pretrained=PATH --tasks ...` takes lm_eval's "
+                             "arguments (`dlrt eval --help` lists them)")
+    ev.add_argument("harness_args", nargs=argparse.REMAINDER)
+    ev.set_defaults(func=_eval)
     return parser
 
 

@@ -81,7 +81,8 @@ def race_uniform(key, v):
     """`rng.uniform(...)[row, v]` in (0, 1), fp32, for token ids v of the row whose
     `noise_key` is `key`."""
     h = _mix32(key + v.to(tl.uint32) * 0x9E3779B9)
-    return ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    # NOTE: at most 1 - 2^-24 (`rng.BELOW_ONE`): the top value rounds to 1.0 in fp32
+    return tl.minimum(((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0), 0.99999994)
 
 
 @triton.jit

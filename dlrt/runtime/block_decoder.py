@@ -14,6 +14,12 @@ decided positions of the active block (never its prompt tokens, never earlier bl
 block ends on a round begun with no mask that changes nothing, or when the post passes
 (rounds begun with no mask) would exceed `max_post_steps` (`BlockState.update_flag`). A block
 is yielded only once it has ended, so streamed blocks never change.
+
+Iteration smoothing (dInfer's `IterationSmooth` on a block, `smoothing`; not with editing):
+round i of the request (counted across blocks) commits at its decayed bar, and the block's
+positions still masked after it enter round i + 1 as their mask embedding plus
+w_i * softmax(logits) @ E (`dlrt.runtime.smoothing`); a block's round 0 (the folded one
+included) adds nothing, no forward having seen its positions.
 """
 
 from __future__ import annotations
@@ -34,21 +40,27 @@ from dlrt.runtime.decoder import (
     run_blocks,
 )
 from dlrt.runtime.runner import ModelRunner
+from dlrt.runtime.smoothing import SoftFeedback
 
 PREFILL_CHUNK = 512  # prompt tokens per prefill forward (attention scratch grows with it)
 
 
 class BlockProgram(ProgramBase):
-    """One SDAR block of B positions at `state.lens = (start, start + B)`."""
+    """One SDAR block of B positions at `state.lens = (start, start + B)`; with `smooth`,
+    the block's soft embeddings (`smoothing`, `SoftFeedback` of B positions; its
+    `set_request` before a request)."""
 
-    def __init__(self, runner: ModelRunner, kind: RoundKind, b: int, mask_token_id: int):
-        super().__init__("block", runner, kind, b, mask_token_id=mask_token_id)
+    def __init__(self, runner: ModelRunner, kind: RoundKind, b: int, mask_token_id: int,
+                 smooth: bool = False):
+        super().__init__("block", runner, kind, b, smooth, mask_token_id=mask_token_id)
         self.prev = torch.zeros(b, dtype=torch.int64, device=runner.device)  # decided block
         self.shift = torch.tensor([-b, 0], dtype=torch.int32, device=runner.device)
         self.phases = {"first": self.begin, "folded": self.begin_folded}
+        self.smoothing = SoftFeedback(runner, b) if smooth else None
 
     def buffers(self) -> list[torch.Tensor]:
-        return [*self.state.tensors(), self.prev]
+        extra = [] if self.smoothing is None else self.smoothing.buffers()
+        return [*self.state.tensors(), self.prev, *extra]
 
     def begin(self) -> None:
         """Block 0: its tokens, mask and editable positions were loaded on the host."""
@@ -64,17 +76,29 @@ class BlockProgram(ProgramBase):
         s.masked.fill_(True)
         s.editable.fill_(True)
         s.start_block()
+        if self.smoothing is not None:
+            self.smoothing.begin(s.threshold)
         chunk = torch.cat([self.prev, s.tokens])  # [2B]
         logits = self.runner.forward(chunk, s.lens + self.shift, self.b,
-                                     rows=slice(self.b, 2 * self.b))
-        positions = s.lens[0].long() + self.runner.arange(self.b)
-        self.commit(logits, positions)
+                                     rows=slice(self.b, 2 * self.b))  # [B, V]
+        self._commit(logits)
 
     def round(self) -> None:
-        s = self.state
-        logits = self.runner.forward(s.tokens, s.lens, self.b, rows=slice(None))  # [B, V]
-        positions = s.lens[0].long() + self.runner.arange(self.b)
+        s, extra = self.state, {}
+        if self.smoothing is not None:
+            self.smoothing.begin(s.threshold)
+            extra = dict(embeds_add=self.smoothing.soft)
+        logits = self.runner.forward(s.tokens, s.lens, self.b, rows=slice(None),
+                                     **extra)  # [B, V]
+        self._commit(logits)
+
+    def _commit(self, logits: torch.Tensor) -> None:
+        """The round's commit from the block's logits [B, V]; with smoothing, the soft
+        embeddings of the positions left masked."""
+        positions = self.state.lens[0].long() + self.runner.arange(self.b)
         self.commit(logits, positions)
+        if self.smoothing is not None:
+            self.smoothing.feed(logits, self.state.masked, slice(None))
 
     def spans(self, start: int, kv_len: int, phase: str | None) -> list[AttentionSpan]:
         b = self.b
@@ -97,8 +121,9 @@ class BlockDecoder(DecoderBase):
 
     def program(self, params: DecodingParams) -> BlockProgram:
         kind, b = round_kind(params), params.block_length
-        return self.cached_program((b, kind), lambda: BlockProgram(
-            self.runner, kind, b, self.mask_token_id))
+        smooth = params.smoothing is not None
+        return self.cached_program((b, kind, smooth), lambda: BlockProgram(
+            self.runner, kind, b, self.mask_token_id, smooth))
 
     def max_positions(self, prompt_len: int, params: DecodingParams) -> int:
         b = params.block_length
@@ -117,6 +142,8 @@ class BlockDecoder(DecoderBase):
         fixed = prompt[start:]
         state.set_request(b, params.denoising_steps, params.sampling.seed)
         state.set_values(params)
+        if prog.smoothing is not None:
+            prog.smoothing.set_request(params.strategy.threshold, params.smoothing)
         state.set_lens(start, start + b)
         first = b - len(fixed)
         n_blocks = 1 + -(-max(0, params.max_new_tokens - first) // b)
@@ -128,6 +155,6 @@ class BlockDecoder(DecoderBase):
             self.executor.run_block(prog, "first" if k == 0 else "folded")
 
         blocks = run_blocks(self.executor, state, launch, n_blocks)
-        for k, (tokens, commits, rounds) in enumerate(blocks):
-            yield block_result(tokens, commits, rounds, skip=len(fixed) if k == 0 else 0,
+        for k, readback in enumerate(blocks):
+            yield block_result(readback, params.top_logprobs, skip=len(fixed) if k == 0 else 0,
                                extra_forwards=-(-start // step) if k == 0 else 0)

@@ -3,8 +3,11 @@ so captured graphs read and write the same addresses for every block and request
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
+from dlrt.decoding.logprobs import MAX_TOP_LOGPROBS, TokenLogprobs, unpack
 from dlrt.decoding.options import DecodingParams
 from dlrt.decoding.round import RoundKind, RoundSpec
 from dlrt.decoding.sampling import SamplingSpec
@@ -31,9 +34,12 @@ class BlockState:
     Editing (LLaDA2.1): editable [n] bool (positions an edit may rewrite: those that started
     the block masked), post 0-d int64 (passes begun with no mask left), changed 0-d bool (the
     last round wrote a position).
+    Logprobs (when built with `logprobs`: a round kind that records them): `logprobs`, the
+    `TokenLogprobs` of the block's positions (each the record of its last write), read back
+    with the tokens; None otherwise.
     """
 
-    def __init__(self, n: int, device: torch.device, vocab: int = 0):
+    def __init__(self, n: int, device: torch.device, vocab: int = 0, logprobs: bool = False):
         self.n = n
         self.device = device
         self.tokens = torch.zeros(n, dtype=torch.int64, device=device)
@@ -62,7 +68,8 @@ class BlockState:
         self.editable = torch.zeros(n, dtype=torch.bool, device=device)
         self.post = torch.zeros((), dtype=torch.int64, device=device)
         self.changed = torch.ones((), dtype=torch.bool, device=device)
-        self._readbacks = Readbacks(device, 2 * n + 2)
+        self.logprobs = TokenLogprobs(n, device) if logprobs else None
+        self._readbacks = Readbacks(device, n, logprobs)
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.tokens, self.masked, self.commit_round, self.round, self.flag, self.steps,
@@ -70,7 +77,8 @@ class BlockState:
                 self.threshold, self.eb_threshold, self.low_threshold, self.credit_weight,
                 self.credit_boost, self.credit_decay, self.editing_threshold,
                 self.max_post_steps, self.editable, self.post, self.changed, self.fault,
-                *([] if self.credit is None else [self.credit])]
+                *([] if self.credit is None else [self.credit]),
+                *([] if self.logprobs is None else self.logprobs.tensors())]
 
     def round_spec(self, kind: RoundKind, mask_token_id: int = -1) -> RoundSpec:
         """The round of `kind` reading this state's request values and budget (an editing
@@ -81,7 +89,8 @@ class BlockState:
         return RoundSpec(strategy,
                          SamplingSpec(self.temperature, self.top_k, self.top_p, self.seed),
                          self.steps, kind.sampling,
-                         self.editing_threshold if kind.editing else None, mask_token_id)
+                         self.editing_threshold if kind.editing else None, mask_token_id,
+                         kind.logprobs)
 
     def set_values(self, params: DecodingParams) -> None:
         """The request's sampling, strategy and editing values (host -> device, stream
@@ -122,7 +131,7 @@ class BlockState:
 
     def start_block(self) -> None:
         """The counters of a new block (device only): no round run, nothing committed, no
-        post pass, no credit, no fault."""
+        post pass, no credit, no fault, no logprob recorded."""
         self.round.zero_()
         self.fault.zero_()
         self.commit_round.fill_(-1)
@@ -130,6 +139,8 @@ class BlockState:
         self.changed.fill_(True)
         if self.credit is not None:
             self.credit.zero_()
+        if self.logprobs is not None:
+            self.logprobs.reset()
 
     def quota(self) -> torch.Tensor:
         """This round's quota, 0-d int64 (a gather: indexing by a 0-d tensor would sync)."""
@@ -152,28 +163,44 @@ class BlockState:
         self.flag.copy_((run & ~self.fault).reshape(1))
 
     def readback_async(self) -> Readback:
-        """Enqueue the copy of (tokens, commit rounds, rounds, fault) to the host in stream
-        order (into one of two pinned buffers on CUDA) and return a handle to wait on, so the
-        next block can be launched before this one is read."""
-        return self._readbacks.start(torch.cat([self.tokens, self.commit_round,
-                                                self.round.reshape(1), self.fault.reshape(1)]))
+        """Enqueue the copy of (tokens, commit rounds, logprobs, rounds, fault) to the host in
+        stream order (into one of two pinned buffers on CUDA) and return a handle to wait on,
+        so the next block can be launched before this one is read."""
+        return self._readbacks.start(self.tokens, self.commit_round, self.logprobs,
+                                     self.round, self.fault)
+
+
+class BlockReadback(NamedTuple):
+    """A block's state on the host: tokens and commit rounds per position, rounds run, and
+    (with logprobs) `dlrt.decoding.logprobs.unpack`'s (logprob, top ids, top logprobs) per
+    position, else None."""
+
+    tokens: list[int]
+    commit_rounds: list[int]
+    rounds: int
+    logprobs: tuple[list[float], list[list[int]], list[list[float]]] | None = None
 
 
 class Readbacks:
-    """The read-backs of a block's state: `start(flat)` with flat [2n + 2] int64 (tokens [n],
-    commit rounds [n], rounds run, fault) enqueues its copy to the host, into one of two
-    pinned buffers taken in turn on CUDA (a block's copy may be in flight while the next one
-    is enqueued), and returns the `Readback` to wait on."""
+    """The read-backs of the state of a block of n positions: `start(...)` packs tokens [n],
+    commit rounds [n], the `TokenLogprobs` (when built with `logprobs`), rounds run and fault
+    into one int64 tensor and enqueues its copy to the host, into one of two pinned buffers
+    taken in turn on CUDA (a block's copy may be in flight while the next one is enqueued),
+    and returns the `Readback` to wait on."""
 
-    def __init__(self, device: torch.device, size: int):
-        self.device, self.size = device, size
+    def __init__(self, device: torch.device, n: int, logprobs: bool = False):
+        self.device, self.n, self.logprobs = device, n, logprobs
+        self.size = 2 * n + 2 + (n + 2 * n * MAX_TOP_LOGPROBS if logprobs else 0)
         self._pinned: list[torch.Tensor] = []
         self._slot = 0
 
-    def start(self, flat: torch.Tensor) -> Readback:
-        n = (self.size - 2) // 2
+    def start(self, tokens: torch.Tensor, commit_rounds: torch.Tensor,
+              logprobs: TokenLogprobs | None, rounds: torch.Tensor,
+              fault: torch.Tensor) -> Readback:
+        parts = [tokens, commit_rounds] + ([logprobs.packed()] if self.logprobs else [])
+        flat = torch.cat([*parts, rounds.reshape(1).long(), fault.reshape(1).long()])
         if self.device.type != "cuda":
-            return Readback(flat, None, n)
+            return Readback(flat, None, self.n, self.logprobs)
         if not self._pinned:
             self._pinned = [torch.empty(self.size, dtype=torch.int64, pin_memory=True)
                             for _ in range(2)]
@@ -182,24 +209,24 @@ class Readbacks:
         host.copy_(flat, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return Readback(host, event, n)
+        return Readback(host, event, self.n, self.logprobs)
 
 
 class Readback:
-    """A block's read-back in flight: `wait()` -> (tokens, commit rounds, rounds run).
+    """A block's read-back in flight: `wait()` -> `BlockReadback`.
 
     Raises NumericalError (from `wait`) when a round of the block met non-finite logits."""
 
-    def __init__(self, host: torch.Tensor, event, n: int):
-        self.host, self.event, self.n = host, event, n
+    def __init__(self, host: torch.Tensor, event, n: int, logprobs: bool = False):
+        self.host, self.event, self.n, self.logprobs = host, event, n, logprobs
 
-    def wait(self) -> tuple[list[int], list[int], int]:
+    def wait(self) -> BlockReadback:
         if self.event is not None:
             self.event.synchronize()
-        flat = self.host.tolist()
-        n = self.n
+        n, flat = self.n, self.host
         if flat[-1]:
             raise NumericalError("the model produced non-finite logits (NaN or infinity) at a "
                                  "position being decided: the checkpoint's weights or the "
                                  "dtype's range are at fault; no tokens were accepted")
-        return flat[:n], flat[n: 2 * n], flat[-2]
+        lp = unpack(flat[2 * n: -2], n) if self.logprobs else None
+        return BlockReadback(flat[:n].tolist(), flat[n: 2 * n].tolist(), int(flat[-2]), lp)

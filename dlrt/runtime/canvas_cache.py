@@ -35,12 +35,21 @@ class CachedCanvasProgram(CanvasProgram):
     """A canvas of `size` slots whose first `span` are the canvas proper (the refresh forward;
     slots past it exist so a window never leaves the buffer) and windows of `window` slots
     from `before` slots ahead of the sub-block's start (the sub-block is the window's rows
-    before..before + B); `cache` names the key ("prefix" or "dual")."""
+    before..before + B); `cache` names the key ("prefix" or "dual").
+
+    With `smooth` (dInfer's `IterationSmooth` / `IterSmoothWithVicinityCache` over the cache)
+    the refresh adds the soft embeddings of every canvas position and leaves new ones for all
+    of them (its LM head runs on the whole canvas); a round adds those of its window's
+    positions and leaves new ones for the window's rows from the sub-block on (its LM head
+    runs on them; the rows before the sub-block are decided and keep 0); positions outside
+    the window keep theirs from the refresh.
+    """
 
     def __init__(self, runner: ModelRunner, kind: RoundKind, b: int, size: int, span: int,
-                 window: int, cache: str, mask_token_id: int, before: int = 0):
-        super().__init__(runner, kind, b, size, mask_token_id)
-        self.key = (f"canvas_{cache}", b, size, span, window, before, kind)
+                 window: int, cache: str, mask_token_id: int, before: int = 0,
+                 smooth: bool = False):
+        super().__init__(runner, kind, b, size, mask_token_id, smooth)
+        self.key = (f"canvas_{cache}", b, size, span, window, before, kind, smooth)
         self.span, self.window_len, self.before = span, window, before
         dev = runner.device
         self.full_lens = torch.zeros(2, dtype=torch.int32, device=dev)
@@ -51,20 +60,35 @@ class CachedCanvasProgram(CanvasProgram):
         """Round 0: the whole canvas at (0, canvas length); its K/V fill the cache."""
         self.begin()
         self.full_lens.copy_(self.state.lens * self.keep_kv_len)
-        rows = self.rows()
-        logits = self.runner.forward(self.canvas[: self.span], self.full_lens, None, rows=rows)
-        self.commit(logits, rows, rows, canvas=(self.canvas, self.canvas_masked))
+        rows, ids, sm = self.rows(), self.canvas[: self.span], self.smoothing
+        if sm is None:
+            logits = self.runner.forward(ids, self.full_lens, None, rows=rows)
+            self.commit(logits, rows, rows, canvas=(self.canvas, self.canvas_masked))
+            return
+        sm.begin(self.state.threshold)
+        logits = self.runner.forward(ids, self.full_lens, None, rows=slice(None),
+                                     embeds_add=sm.soft[: self.span])  # [span, V]
+        self.commit(logits.index_select(0, rows), rows, rows,
+                    canvas=(self.canvas, self.canvas_masked))
+        sm.feed(logits, self.canvas_masked[: self.span], slice(0, self.span))
 
     def round(self) -> None:
         """The window [lo - before, lo - before + window) against the cache; the sub-block is
         its rows before..before + B."""
-        s = self.state
-        first = self.lo - self.before
-        ids = self.canvas.index_select(0, first + self.runner.arange(self.window_len))
-        rows = slice(self.before, self.before + self.b)
-        logits = self.runner.forward(ids, s.lens, None, rows=rows)  # [B, V]
+        s, sm, b, before = self.state, self.smoothing, self.b, self.before
+        slots = self.lo - before + self.runner.arange(self.window_len)
+        ids = self.canvas.index_select(0, slots)
         rows = self.rows()
-        self.commit(logits, rows, rows, canvas=(self.canvas, self.canvas_masked))
+        if sm is None:
+            logits = self.runner.forward(ids, s.lens, None, rows=slice(before, before + b))
+            self.commit(logits, rows, rows, canvas=(self.canvas, self.canvas_masked))
+            return
+        sm.begin(s.threshold)
+        logits = self.runner.forward(ids, s.lens, None, rows=slice(before, None),
+                                     embeds_add=sm.soft.index_select(0, slots))  # [W - before, V]
+        self.commit(logits[:b], rows, rows, canvas=(self.canvas, self.canvas_masked))
+        seen = slots[before:]
+        sm.feed(logits, self.canvas_masked.index_select(0, seen), seen)
 
     def buffers(self) -> list[torch.Tensor]:
         return [*super().buffers(), self.full_lens]

@@ -9,9 +9,10 @@ to a multiple of 64 so one captured graph serves nearby lengths; padding is neve
 With `canvas_cache` "prefix" or "dual" (Fast-dLLM's approximate caches) a sub-block re-runs
 the canvas once and its later rounds reuse the cached K/V (`dlrt.runtime.canvas_cache`);
 "dual" with `vicinity_before` / `vicinity_after` recomputes that many positions around the
-sub-block too (dInfer's vicinity refresh). With `smoothing` (no cache) masked positions also
-enter a round's forward as the previous round's probability-weighted embedding, carried across
-sub-blocks (dInfer's iteration smoothing, `CanvasProgram`).
+sub-block too (dInfer's vicinity refresh). With `smoothing` masked positions also enter a
+forward as the probability-weighted embedding of the last forward that saw them, carried across
+sub-blocks (dInfer's iteration smoothing, `dlrt.runtime.smoothing`; over the caches its
+`IterSmoothWithVicinityCache`).
 """
 
 from __future__ import annotations
@@ -68,9 +69,10 @@ class CanvasDecoder(DecoderBase):
         if cache == "none":
             return self.cached_program((b, size, kind, smooth), lambda: CanvasProgram(
                 self.runner, kind, b, size, self.mask_token_id, smooth))
-        return self.cached_program((b, size, kind, cache, span, window, before), lambda: (
-            CachedCanvasProgram(self.runner, kind, b, size, span, window, cache,
-                                self.mask_token_id, before)))
+        return self.cached_program((b, size, kind, cache, span, window, before, smooth),
+                                   lambda: CachedCanvasProgram(
+                                       self.runner, kind, b, size, span, window, cache,
+                                       self.mask_token_id, before, smooth))
 
     @torch.inference_mode()
     def decode(self, prompt: list[int], params: DecodingParams) -> Iterator[BlockResult]:
@@ -84,7 +86,7 @@ class CanvasDecoder(DecoderBase):
         state = prog.state
         state.set_values(params)
         if smooth:
-            prog.set_smoothing(params.strategy.threshold, params.smoothing)
+            prog.smoothing.set_request(params.strategy.threshold, params.smoothing)
         pad = size - total
         prog.canvas.copy_(torch.tensor(prompt + [self.mask_token_id] * (total - p + pad)))
         prog.canvas_masked.copy_(torch.tensor([False] * p + [True] * (total - p) + [False] * pad))
@@ -100,5 +102,5 @@ class CanvasDecoder(DecoderBase):
             self.executor.run_block(prog, phase)
 
         blocks = run_blocks(self.executor, state, launch, len(starts))
-        for k, (tokens, commits, rounds) in enumerate(blocks):
-            yield block_result(tokens, commits, rounds, keep=min(b, total - starts[k]))
+        for k, readback in enumerate(blocks):
+            yield block_result(readback, params.top_logprobs, keep=min(b, total - starts[k]))

@@ -7,9 +7,9 @@ import torch
 
 from dlrt.attention.base import AttentionSpan
 from dlrt.decoding.round import RoundKind
-from dlrt.errors import OptionError
 from dlrt.runtime.decoder import ProgramBase
 from dlrt.runtime.runner import ModelRunner
+from dlrt.runtime.smoothing import SoftFeedback
 
 PAD_TO = 64
 
@@ -17,12 +17,10 @@ PAD_TO = 64
 class CanvasProgram(ProgramBase):
     """Sub-block window [lo, lo + B) of a canvas of `size` slots; lens = (0, canvas length).
 
-    With `smooth` (dInfer's iteration smoothing, `set_smoothing` before a request) every round
-    runs the LM head on the whole canvas, commits with the bar max(1 - decay * i, threshold)
-    and leaves, for the next forward, w * softmax(logits) @ E (w = min(init + growth * i,
-    cont_weight), i the request's rounds before it) in `soft` [size, H] at the canvas's
-    positions still masked after its commit (0 elsewhere); the model adds `soft` to the
-    token embeddings.
+    With `smooth` (dInfer's iteration smoothing, `smoothing.set_request` before a request)
+    every round runs the LM head on the whole canvas and feeds the soft embeddings of every
+    canvas position to the next round (`dlrt.runtime.smoothing.SoftFeedback`, over the
+    canvas's slots).
     """
 
     def __init__(self, runner: ModelRunner, kind: RoundKind, b: int, size: int,
@@ -35,26 +33,7 @@ class CanvasProgram(ProgramBase):
         self.lo = torch.zeros((), dtype=torch.int64, device=dev)
         self.window = runner.arange(b)
         self.phases = {"first": self.begin}
-        self.smooth = smooth
-        if smooth and runner.vocab is not None:
-            raise OptionError("smoothing=True is not built with tensor parallelism (a rank "
-                              "holds a shard of the logits); leave it unset")
-        if smooth:
-            embed = runner.model.model.transformer.wte.weight
-            self.soft = torch.zeros(size, embed.shape[1], dtype=embed.dtype, device=dev)
-            self.rounds_run = torch.zeros((), dtype=torch.int64, device=dev)
-            # fp64: threshold, decay, init, growth, cont_weight (Python floats exactly)
-            self.values = torch.zeros(5, dtype=torch.float64, device=dev)
-
-    def set_smoothing(self, threshold: float, smoothing) -> None:
-        """A request's start: its bar and `smoothing` values
-        (`dlrt.decoding.options.Smoothing`), no round run, nothing to add."""
-        s = smoothing
-        self.values.copy_(torch.tensor([threshold, s.threshold_decay, s.cont_weight_init,
-                                        s.cont_weight_growth, s.cont_weight],
-                                       dtype=torch.float64))
-        self.rounds_run.zero_()
-        self.soft.zero_()
+        self.smoothing = SoftFeedback(runner, size) if smooth else None
 
     def rows(self) -> torch.Tensor:
         return self.lo + self.window
@@ -67,28 +46,19 @@ class CanvasProgram(ProgramBase):
 
     def round(self) -> None:
         rows = self.rows()
-        if self.smooth:
-            self._smooth_round(rows)
+        if self.smoothing is None:
+            logits = self.runner.forward(self.canvas, self.state.lens, None, rows=rows)
+            self.commit(logits, rows, rows, canvas=(self.canvas, self.canvas_masked))
             return
-        logits = self.runner.forward(self.canvas, self.state.lens, None, rows=rows)
-        self.commit(logits, rows, rows, canvas=(self.canvas, self.canvas_masked))
-
-    def _smooth_round(self, rows: torch.Tensor) -> None:
-        threshold, decay, init, growth, top = self.values.unbind()
-        i = self.rounds_run.double()
-        self.state.threshold.copy_(torch.maximum(1.0 - i * decay, threshold))
-        weight = torch.minimum(init + growth * i, top).to(self.soft.dtype)
+        self.smoothing.begin(self.state.threshold)
         logits = self.runner.forward(self.canvas, self.state.lens, None, rows=slice(None),
-                                     embeds_add=self.soft)
+                                     embeds_add=self.smoothing.soft)  # [size, V]
         self.commit(logits.index_select(0, rows), rows, rows,
                     canvas=(self.canvas, self.canvas_masked))
-        embed = self.runner.model.model.transformer.wte.weight
-        soft = self.runner.ops.soft_embedding(logits, embed)
-        self.soft.copy_(torch.where(self.canvas_masked[:, None], weight * soft, 0.0))
-        self.rounds_run.add_(1)
+        self.smoothing.feed(logits, self.canvas_masked, slice(None))
 
     def buffers(self) -> list[torch.Tensor]:
-        extra = [self.soft, self.rounds_run, self.values] if self.smooth else []
+        extra = [] if self.smoothing is None else self.smoothing.buffers()
         return [*self.state.tensors(), self.canvas, self.canvas_masked, self.lo, *extra]
 
     def spans(self, start: int, kv_len: int, phase: str | None) -> list[AttentionSpan]:

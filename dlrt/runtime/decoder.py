@@ -23,7 +23,8 @@ from dlrt.decoding.round import RoundKind, RoundSpec, denoise_round
 from dlrt.decoding.sampling import SamplingMode
 from dlrt.decoding.strategies import NEEDS_CREDIT
 from dlrt.models.family import Family
-from dlrt.runtime.block_state import BlockState
+from dlrt.outputs import TokenLogprob, TopLogprob
+from dlrt.runtime.block_state import BlockReadback, BlockState
 
 MAX_PROGRAMS = 8  # programs (and their captured graphs) a decoder keeps, least recent dropped
 
@@ -31,13 +32,15 @@ MAX_PROGRAMS = 8  # programs (and their captured graphs) a decoder keeps, least 
 @dataclass
 class BlockResult:
     """One decided block: its generated tokens (fixed prompt tokens excluded), the rounds it
-    took, for each generated token the round (0-based, within the block) that committed it, and
-    the forwards it ran besides its rounds (prefill, final K/V write, look-ahead)."""
+    took, for each generated token the round (0-based, within the block) that wrote it last,
+    the forwards it ran besides its rounds (prefill, final K/V write, look-ahead), and, when
+    the request asked for them, each generated token's `TokenLogprob`."""
 
     token_ids: list[int]
     rounds: int
     commit_rounds: list[int]
     extra_forwards: int = 0
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Program(Protocol):
@@ -72,24 +75,24 @@ class Decoder(Protocol):
 
 
 def round_kind(params: DecodingParams) -> RoundKind:
-    """The round kind of a request: its strategy, sampling mode and whether it edits (values
-    excluded)."""
+    """The round kind of a request: its strategy, sampling mode, whether it edits and whether
+    it records logprobs (values excluded)."""
     return RoundKind(params.strategy.name, SamplingMode.of(params.sampling),
-                     params.editing_threshold is not None)
+                     params.editing_threshold is not None, params.logprobs)
 
 
 class ProgramBase:
     """What programs share: the runner, a `BlockState` of B positions (with a [B, V] credit
-    buffer for the `credit` strategy), the round spec reading the state's request values, the
-    key (`name`, B, extra key parts, round kind), and a block of mask tokens when given.
-    Default `buffers`: the block state. Programs call `state.start_block()` when a block
-    starts."""
+    buffer for the `credit` strategy, and logprob buffers for a kind that records them), the
+    round spec reading the state's request values, the key (`name`, B, extra key parts, round
+    kind), and a block of mask tokens when given. Default `buffers`: the block state. Programs
+    call `state.start_block()` when a block starts."""
 
     def __init__(self, name: str, runner, kind: RoundKind, b: int, *key: object,
                  mask_token_id: int | None = None):
         self.runner, self.b, self.kind = runner, b, kind
         vocab = runner.model.config.vocab_size if kind.strategy in NEEDS_CREDIT else 0
-        self.state = BlockState(b, runner.device, vocab)
+        self.state = BlockState(b, runner.device, vocab, kind.logprobs)
         self.spec: RoundSpec = self.state.round_spec(
             kind, -1 if mask_token_id is None else mask_token_id)
         self.key = (name, b, *key, kind)
@@ -123,7 +126,7 @@ class ProgramBase:
         new_tokens, new_masked, commit = denoise_round(
             self.spec, logits, tokens, masked, positions, state.round, state.quota(),
             candidates_op=op, editable=state.editable,
-            credit=state.credit, fault=state.fault)
+            credit=state.credit, fault=state.fault, logprobs=state.logprobs)
         if canvas is None:
             state.tokens.copy_(new_tokens)
             state.masked.copy_(new_masked)
@@ -177,6 +180,12 @@ class DecoderBase:
             self._programs[key] = make()
         return self._programs[key]
 
+    def release(self) -> None:
+        """Drop every program, with its state buffers and captured graphs (`LLM.sleep`);
+        they are made again when a request needs them."""
+        while self._programs:
+            self.executor.forget(self._programs.popitem(last=False)[1])
+
     @property
     def programs(self) -> list[Program]:
         """The programs kept now, least recently used first."""
@@ -184,9 +193,9 @@ class DecoderBase:
 
 
 def run_blocks(executor, state: BlockState, launch: Callable[[int], None],
-               n_blocks: int) -> Iterator[tuple[list[int], list[int], int]]:
+               n_blocks: int) -> Iterator[BlockReadback]:
     """Run blocks 0..n_blocks-1 (`launch(k)` enqueues block k) and yield each one's read-back
-    (tokens, commit rounds, rounds run), in order.
+    (`BlockReadback`: tokens, commit rounds, rounds run, logprobs), in order.
 
     In the graph modes block k+1 is launched before block k is read back: the host's work
     between blocks (launch, read-back, detokenisation, streaming) overlaps the GPU's next
@@ -212,8 +221,18 @@ def run_blocks(executor, state: BlockState, launch: Callable[[int], None],
             pending = following
 
 
-def block_result(tokens: list[int], commit_rounds: list[int], rounds: int, skip: int = 0,
+def block_result(readback: BlockReadback, top_logprobs: int = 0, skip: int = 0,
                  keep: int | None = None, extra_forwards: int = 0) -> BlockResult:
-    """The generated positions skip..keep of a read-back block."""
+    """The generated positions skip..keep of a read-back block, with (when read back) each
+    one's logprob and its first `top_logprobs` alternatives of probability above 0."""
+    tokens, commit_rounds, rounds, lp = readback
     end = len(tokens) if keep is None else keep
-    return BlockResult(tokens[skip:end], rounds, commit_rounds[skip:end], extra_forwards)
+    logprobs = None
+    if lp is not None:
+        chosen, top_ids, top = lp
+        logprobs = [TokenLogprob(tokens[i], chosen[i], [
+            TopLogprob(t, v) for t, v in zip(top_ids[i][:top_logprobs], top[i][:top_logprobs],
+                                             strict=True) if v != float("-inf")])
+            for i in range(skip, end)]
+    return BlockResult(tokens[skip:end], rounds, commit_rounds[skip:end], extra_forwards,
+                       logprobs)

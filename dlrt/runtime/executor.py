@@ -153,6 +153,13 @@ class Executor:
         for key in [k for k in self._graphs if k[0] == id(program)]:
             self._free(self._graphs.pop(key))
 
+    def release(self) -> None:
+        """Free every captured graph and forget the graph pool (`LLM.sleep`); graphs are
+        captured again on first use. `captures` keeps counting."""
+        while self._graphs:
+            self._free(self._graphs.popitem(last=False)[1])
+        self._pool = None
+
     @property
     def graph_count(self) -> int:
         """Captured graph sets held now."""

@@ -108,5 +108,5 @@ class LookaheadDecoder(DecoderBase):
 
         n_blocks = -(-params.max_new_tokens // b)
         blocks = run_blocks(self.executor, prog.state, launch, n_blocks)
-        for tokens, commits, rounds in blocks:
-            yield block_result(tokens, commits, rounds, extra_forwards=0)
+        for readback in blocks:
+            yield block_result(readback, params.top_logprobs, extra_forwards=0)

@@ -39,13 +39,13 @@ class RenoiseState(CanvasState):
     """A `CanvasState` of L positions plus what the executor and the read-back use:
     lens [2] int32, (start, start + L) of the canvas's decoder passes (its encoder pass runs at
     lens - L), and the read-back of (argmax canvas, the round that decided each position: the
-    last one, rounds run, fault)."""
+    last one, logprobs when recorded, rounds run, fault)."""
 
     def __init__(self, n: int, vocab: int, device: torch.device,
-                 self_cond_dtype: torch.dtype = torch.float32):
-        super().__init__(n, vocab, device, self_cond_dtype)
+                 self_cond_dtype: torch.dtype = torch.float32, logprobs: bool = False):
+        super().__init__(n, vocab, device, self_cond_dtype, logprobs)
         self.lens = torch.zeros(2, dtype=torch.int32, device=device)
-        self._readbacks = Readbacks(device, 2 * n + 2)
+        self._readbacks = Readbacks(device, n, logprobs)
 
     def tensors(self) -> list[torch.Tensor]:
         return [*super().tensors(), self.lens]
@@ -56,18 +56,20 @@ class RenoiseState(CanvasState):
     def readback_async(self) -> Readback:
         """Enqueue the canvas's read-back (stream ordered; see `Readbacks`)."""
         last = (self.round - 1).reshape(1).expand(self.n)
-        return self._readbacks.start(torch.cat([self.argmax, last, self.round.reshape(1),
-                                                self.fault.reshape(1)]))
+        return self._readbacks.start(self.argmax, last, self.logprobs, self.round, self.fault)
 
 
 class RenoiseProgram:
-    """One canvas of L positions at `state.lens = (start, start + L)`."""
+    """One canvas of L positions at `state.lens = (start, start + L)` (recording the committed
+    tokens' logprobs when built with `logprobs`)."""
 
-    def __init__(self, runner: ModelRunner, n: int, self_cond_dtype: torch.dtype):
+    def __init__(self, runner: ModelRunner, n: int, self_cond_dtype: torch.dtype,
+                 logprobs: bool = False):
         self.runner, self.n = runner, n
         dev = runner.device
-        self.state = RenoiseState(n, runner.model.config.vocab_size, dev, self_cond_dtype)
-        self.key = ("renoise", n)
+        self.state = RenoiseState(n, runner.model.config.vocab_size, dev, self_cond_dtype,
+                                  logprobs)
+        self.key = ("renoise", n) + (("logprobs",) if logprobs else ())
         self.prev = torch.zeros(n, dtype=torch.int64, device=dev)  # the committed canvas
         self.shift = torch.tensor([-n, -n], dtype=torch.int32, device=dev)
         self.phases = {"first": self.begin, "next": self.begin_next}
@@ -132,16 +134,17 @@ class RenoiseDecoder(DecoderBase):
         n = self.canvas_length
         return prompt_len + -(-params.max_new_tokens // n) * n
 
-    def program(self) -> RenoiseProgram:
+    def program(self, logprobs: bool = False) -> RenoiseProgram:
         n = self.canvas_length
         model = self.runner.model
         dtype = model.get_parameter(family(model.config.family).embedding).dtype
-        return self.cached_program(("renoise", n), lambda: RenoiseProgram(self.runner, n, dtype))
+        return self.cached_program(("renoise", n, logprobs), lambda: RenoiseProgram(
+            self.runner, n, dtype, logprobs))
 
     @torch.inference_mode()
     def decode(self, prompt: list[int], params: DecodingParams) -> Iterator[BlockResult]:
         n = self.canvas_length
-        prog = self.program()
+        prog = self.program(params.logprobs)
         state = prog.state
         ids = state.canvas.new_tensor(prompt)
         starts = range(0, len(prompt), PREFILL_CHUNK)
@@ -155,6 +158,6 @@ class RenoiseDecoder(DecoderBase):
             self.executor.run_block(prog, "first" if k == 0 else "next")
 
         blocks = run_blocks(self.executor, state, launch, canvases)
-        for k, (tokens, commits, rounds) in enumerate(blocks):
-            yield block_result(tokens, commits, rounds,
+        for k, readback in enumerate(blocks):
+            yield block_result(readback, params.top_logprobs,
                                extra_forwards=len(starts) if k == 0 else 1)

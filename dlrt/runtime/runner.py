@@ -41,6 +41,21 @@ class ModelRunner:
             self._aranges[n] = torch.arange(n, device=self.device)
         return self._aranges[n]
 
+    def release(self) -> None:
+        """Free the runner's device buffers (`LLM.sleep`): its aranges (made again on use)
+        and the persistent round's buffers and pointers (`restore` builds them again: the
+        weights and the cache may come back at other addresses). The cache, the backend and
+        the weights are released by their owners."""
+        self._aranges.clear()
+        if self.persistent is not None:
+            self.persistent.release()
+
+    def restore(self) -> None:
+        """After `release`, once the weights and the cache are back: the persistent round
+        built again on them."""
+        if self.persistent is not None:
+            self.persistent.rebuild()
+
     def lens(self, start: int, kv_len: int) -> torch.Tensor:
         """A fresh (start, kv_len) int32 tensor on the device (eager callers)."""
         return torch.tensor([start, kv_len], dtype=torch.int32, device=self.device)

@@ -1,6 +1,6 @@
-"""The API key: every endpoint but `/health` needs `Authorization: Bearer KEY` (ASGI
-middleware; the scheme's case does not matter, RFC 7235); the key is compared in constant time
-and never logged."""
+"""The API key: every endpoint but `/health` needs `Authorization: Bearer KEY` or `x-api-key:
+KEY` (Anthropic's header; ASGI middleware; the scheme's case does not matter, RFC 7235); the
+key is compared in constant time and never logged."""
 
 from __future__ import annotations
 
@@ -10,17 +10,24 @@ OPEN_PATHS = frozenset({"/health"})
 
 
 class RequireKey:
-    """ASGI middleware: a 401 (the OpenAI error shape, from `unauthorized`) for a request to any
-    path but `OPEN_PATHS` whose Authorization header is not `Bearer <key>`."""
+    """ASGI middleware: a 401 (`unauthorized(path)`: the error response for that path) for a
+    request to any path but `OPEN_PATHS` that carries neither `Authorization: Bearer <key>`
+    nor `x-api-key: <key>`."""
 
     def __init__(self, app, key: str, unauthorized):
         self.app = app
         self._expected = key.encode("utf-8")
         self._unauthorized = unauthorized
 
+    def _allows(self, headers: dict[bytes, bytes]) -> bool:
+        scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(given, self._expected):
+            return True
+        given = headers.get(b"x-api-key")
+        return given is not None and hmac.compare_digest(given, self._expected)
+
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(given, self._expected):
-                return await self._unauthorized()(scope, receive, send)
+            if not self._allows(dict(scope["headers"])):
+                return await self._unauthorized(scope["path"])(scope, receive, send)
         await self.app(scope, receive, send)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -16,7 +17,9 @@ from pydantic import (
     StrictInt,
     StrictStr,
     create_model,
+    field_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from dlrt.decoding.options import DecodingOptions
 from dlrt.errors import PromptError
@@ -48,15 +51,17 @@ class Message(BaseModel):
     name: StrictStr | None = None
 
     def text(self) -> dict[str, str]:
-        """As {"role", "content"} with OpenAI content parts joined (text parts only)."""
+        """As {"role", "content"} with OpenAI content parts joined (text parts only); OpenAI's
+        `developer` role is the system role (as vLLM takes it)."""
+        role = "system" if self.role == "developer" else self.role
         if isinstance(self.content, str):
-            return {"role": self.role, "content": self.content}
+            return {"role": role, "content": self.content}
         parts = []
         for part in self.content:
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise PromptError("messages: only text content parts are supported")
             parts.append(part["text"])
-        return {"role": self.role, "content": "".join(parts)}
+        return {"role": role, "content": "".join(parts)}
 
 
 _Strict = ConfigDict(extra="forbid", strict=True)
@@ -67,7 +72,20 @@ GenerateRequest = create_model(
     input_ids=(list[StrictInt] | None, None), chat=(StrictBool, False),
     **_decoding_fields())
 
-_OPENAI_EXTRAS = _decoding_fields(skip=("max_new_tokens", "temperature", "top_p", "seed", "stop"))
+_OPENAI_EXTRAS = _decoding_fields(skip=("max_new_tokens", "temperature", "top_p", "seed", "stop",
+                                         "logprobs", "top_logprobs"))
+MAX_N = 128  # choices per OpenAI request (OpenAI's limit)
+MAX_STOP = 4  # stop sequences per OpenAI request (OpenAI's limit)
+
+
+def accept_only(allowed: tuple[Any, ...], why: str) -> Any:
+    """The type of a field taken only as one of `allowed` (or null: not sent); any other
+    value is a 400 naming it and saying `why` (what dlrt does not do)."""
+    def check(value: Any) -> Any:
+        if value is not None and value not in allowed:
+            raise PydanticCustomError("unsupported", why)
+        return value
+    return Annotated[Any, AfterValidator(check)]
 
 
 class StreamOptions(BaseModel):
@@ -87,20 +105,43 @@ class _OpenAIBase(BaseModel):
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] = 1
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] | None = None
     user: StrictStr | None = None
     presence_penalty: Literal[0, 0.0] | None = None
     frequency_penalty: Literal[0, 0.0] | None = None
-    logprobs: Literal[False] | None = None
+    logit_bias: accept_only((), "not supported") = None
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four(cls, stop):
+        if isinstance(stop, list) and len(stop) > MAX_STOP:
+            raise PydanticCustomError("too_long", "at most {most} stop sequences, got {got}",
+                                      {"most": MAX_STOP, "got": len(stop)})
+        return stop
 
 
+# Chat fields OpenAI clients send by default, taken as having no effect on the answer; the
+# tool and format fields only at their values that ask for nothing dlrt cannot do.
+_CHAT_ACCEPTED = dict(
+    store=(StrictBool | None, None),
+    metadata=(dict[StrictStr, StrictStr] | None, None),
+    parallel_tool_calls=(StrictBool | None, None),
+    tool_choice=(accept_only(("none",), 'tool calling is not supported: only "none"'), None),
+    tools=(accept_only((), "tool calling is not supported"), None),
+    response_format=(accept_only(({"type": "text"},), 'only {"type": "text"} is supported'),
+                     None),
+)
+
+# logprobs: chat takes a boolean and top_logprobs (0..20); completions an int, the number of
+# alternatives (the legacy API's `logprobs`)
 ChatRequest = create_model(
     "ChatRequest", __base__=_OpenAIBase, messages=(list[Message], Field(min_length=1)),
-    max_completion_tokens=(StrictInt | None, None), **_OPENAI_EXTRAS)
+    max_completion_tokens=(StrictInt | None, None), logprobs=(StrictBool | None, None),
+    top_logprobs=(StrictInt | None, None), **_CHAT_ACCEPTED, **_OPENAI_EXTRAS)
 CompletionRequest = create_model(
     "CompletionRequest", __base__=_OpenAIBase,
     prompt=(StrictStr | list[StrictInt] | list[StrictStr], ...), echo=(Literal[False], False),
-    **_OPENAI_EXTRAS)
+    logprobs=(StrictInt | None, None), **_OPENAI_EXTRAS)
 
 
 class TokenizeRequest(BaseModel):
@@ -173,9 +214,14 @@ def chat_call(body) -> Call:
 
 
 def completion_call(body) -> Call:
+    """A /v1/completions body; its `logprobs` (an int) asks for logprobs with that many
+    alternatives (top_logprobs)."""
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
             raise PromptError("prompt: one prompt per request (a list of one string)")
         prompt = prompt[0]
-    return prompt, False, *_options(body, {"max_tokens": "max_new_tokens"})
+    opts, fields = _options(body, {"max_tokens": "max_new_tokens", "logprobs": "top_logprobs"})
+    if "top_logprobs" in opts:
+        opts["logprobs"], fields["logprobs"] = True, "logprobs"
+    return prompt, False, opts, fields

@@ -4,13 +4,14 @@ data-parallel group (the LLM's own and its `other_groups`; one without data para
 `Worker.run(job)` starts at once on an idle group (the one idle longest) when no request
 waits; otherwise it waits for its turn, or is refused with `QueueFull` when `max_queue` requests
 already wait (0: none may wait). It streams events from its group's generation thread:
-("block", BlockOutput) per decided block, then ("final", summary) or ("error", message).
-Closing the event stream (the client went away) cancels the generation at the next block
-boundary; the group is released only when the thread has stopped, so the next request finds
-it free. A request that runs longer than `timeout_s` ends with finish_reason "timeout". Under
-torchrun the LLM runs each request on every rank of its group: closing its stream stops every
-rank; another group's requests go to that group's leader (`dlrt.distributed.links`), and a
-request that fails there fails alone.
+("block", BlockOutput) per decided block, then ("final", summary) or ("error", message); a job
+of several runs (`Job.runs`) streams them one after another on its one group, each with its
+blocks and its "final". Closing the event stream (the client went away) cancels the generation
+at the next block boundary; the group is released only when the thread has stopped, so the next
+request finds it free. A request that runs longer than `timeout_s` (all its runs together) ends
+with finish_reason "timeout". Under torchrun the LLM runs each request on every rank of its
+group: closing its stream stops every rank; another group's requests go to that group's leader
+(`dlrt.distributed.links`), and a request that fails there fails alone.
 
 Shutting down: `refuse_waiting` refuses every waiting request (and any later one) with
 `ShuttingDown` and cancels the running one at its next block; `close` does that and returns
@@ -46,8 +47,10 @@ class ShuttingDown(Exception):
 @dataclass
 class Job:
     """A validated request: prompt token ids, the keyword options it set and the server's
-    defaults for the others (`LLM.stream`'s `options` and `defaults`); `group`: the
-    data-parallel group that runs it (set when its turn comes)."""
+    defaults for the others (`LLM.stream`'s `options` and `defaults`). `runs`: the options of
+    each run over `options` (the n choices of an OpenAI request: one seed each); the runs go
+    one after another in the job's one turn, on its one group, each ending with its own "final"
+    event. `group`: the data-parallel group that runs it (set when its turn comes)."""
 
     rid: str
     prompt_ids: list[int]
@@ -55,6 +58,7 @@ class Job:
     endpoint: str = "generate"
     cancel: threading.Event = field(default_factory=threading.Event)
     defaults: dict[str, Any] = field(default_factory=dict)
+    runs: tuple[dict[str, Any], ...] = ({},)
     group: int | None = None
 
 
@@ -124,9 +128,11 @@ class Worker:
         self._running[group] = (job, fut)
         fut.add_done_callback(lambda _: self._release(group))
         try:
+            finals = 0
             while True:
                 kind, payload = await events.get()
-                if kind in ("final", "error"):
+                finals += kind == "final"
+                if kind == "error" or finals == len(job.runs):
                     if self._running.get(group, (None,))[0] is job:  # (its thread may be out)
                         self._ending.add(group)
                     yield kind, payload
@@ -190,30 +196,44 @@ class Worker:
             pool.shutdown(wait=True)
 
     def _generate(self, job: Job, group, events: asyncio.Queue, loop) -> None:
-        """Generation thread: stream blocks; close the stream when it ends early."""
+        """Generation thread of `group` (an LLM or another group's handle): the job's runs one
+        after another (`_run`); an error ends it."""
         def emit(kind, payload):
             try:
                 loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
             except RuntimeError:  # the event loop has closed: nobody reads, stop
                 job.cancel.set()
 
+        deadline = time.perf_counter() + self.timeout_s
+        for i, extra in enumerate(job.runs):
+            rid = job.rid if len(job.runs) == 1 else f"{job.rid}/{i}"
+            if not self._run(job, group, rid, {**job.options, **extra}, emit, deadline):
+                return
+
+    def _run(self, job: Job, group, rid: str, options: dict[str, Any], emit,
+             deadline: float) -> bool:
+        """One run of the job: stream blocks; close the stream when it ends early (a run that
+        starts cancelled or past the deadline runs nothing). False when it failed."""
         t0 = time.perf_counter()
         new = rounds = blocks = 0
         first_block_s = None
         finish, stop_reason, status = None, None, "ok"
         try:
             cancelled = job.cancel.is_set()  # before its start: the client left, or shutdown
-            stream = iter(()) if cancelled else group.stream(
-                job.prompt_ids, defaults=job.defaults, **job.options)
+            late = not cancelled and t0 > deadline  # an earlier run of the job used the time
+            stream = iter(()) if cancelled or late else group.stream(
+                job.prompt_ids, defaults=job.defaults, **options)
             if cancelled:
                 finish, status = "cancelled", "cancelled"
+            elif late:
+                finish = "timeout"
             for block in stream:
                 first_block_s = first_block_s or time.perf_counter() - t0
                 new += len(block.token_ids)
                 rounds += block.rounds
                 blocks += 1
                 finish, stop_reason = block.finish_reason, block.stop_reason
-                if finish is None and time.perf_counter() - t0 > self.timeout_s:
+                if finish is None and time.perf_counter() > deadline:
                     finish = "timeout"
                 if finish is None and job.cancel.is_set():
                     finish, status = "cancelled", "cancelled"
@@ -226,17 +246,18 @@ class Worker:
                                prompt_tokens=len(job.prompt_ids), completion_tokens=new,
                                rounds=rounds, blocks=blocks, request_tps=new / max(total, 1e-9),
                                first_block_s=first_block_s, total_s=total))
+            return True
         except Exception as e:  # reported to this client; the server keeps serving
             status = f"error: {type(e).__name__}"
             self.lost = self.llm.lost
             if self.lost is None:
-                log.exception("request %s failed", job.rid)
+                log.exception("request %s failed", rid)
             # (else the server stops, saying why: no traceback)
             emit("error", f"{type(e).__name__}: {e}")
+            return False
         finally:
             total = time.perf_counter() - t0
             log.info("request %s endpoint=%s prompt_tokens=%d new_tokens=%d rounds=%d "
-                     "tps=%.1f finish=%s status=%s%s", job.rid, job.endpoint,
-                     len(job.prompt_ids), new, rounds, new / max(total, 1e-9), finish, status,
+                     "tps=%.1f finish=%s status=%s%s", rid, job.endpoint, len(job.prompt_ids),
+                     new, rounds, new / max(total, 1e-9), finish, status,
                      f" group={job.group}" if len(self.groups) > 1 else "")
-

@@ -4,16 +4,21 @@ The three modes run the same tensor code on the same static buffers; these tests
 to end: every strategy, SDAR dense and MoE, LLaDA canvas (also with its prefix and dual KV
 caches, the dual one with a vicinity) and dLLM-Var, contexts from 0 to
 thousands of tokens, prompts on and off a block boundary, greedy and seeded sampling; LLaDA2
-with and without editing.
+with and without editing; iteration smoothing on the canvas (with and without the caches:
+begin = the refresh forward, the WHILE body the window forward) and on the block decoder.
 The lm_head is sharpened (x50) so threshold strategies commit varying numbers per round.
 """
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from dlrt import LLM
+from dlrt.checkpoint.make import make_checkpoint
+from dlrt.checkpoint.presets import preset
 
 pytestmark = pytest.mark.gpu
 
@@ -43,6 +48,22 @@ def _assert_same(out):
     ref = out["eager"]
     for mode in MODES:
         assert out[mode] == ref, (mode, out[mode], ref)
+
+
+def head128(tmp_path_factory, name: str, **fields) -> str:
+    """A preset with its config `fields` changed (FlashInfer builds head sizes 64/128/256;
+    the tiny presets have 16 or 32), fp32."""
+    config, gen = preset(name)
+    config.update(fields)
+    src = tmp_path_factory.mktemp(f"{name}-src")
+    (src / "config.json").write_text(json.dumps(config))
+    (src / "generation_config.json").write_text(json.dumps(gen))
+    return str(make_checkpoint(src, tmp_path_factory.mktemp(name) / "ckpt", dtype="float32"))
+
+
+@pytest.fixture(scope="module")
+def llada128(tmp_path_factory):
+    return head128(tmp_path_factory, "tiny-llada", d_model=512, n_heads=4, n_kv_heads=4)
 
 
 @pytest.fixture(scope="module")
@@ -108,15 +129,86 @@ def test_llada_canvas_modes_identical(tiny_llada, strategy, block_length):
 @pytest.mark.parametrize("strategy,temperature", [("low_confidence_static", 0),
                                                   ("threshold", 0), ("threshold", 0.7)])
 @pytest.mark.parametrize("prompt_len", [21, 36, 1500])
-def test_llada_canvas_cache_modes_identical(tiny_llada, canvas_cache, vicinity, backend,
+def test_llada_canvas_cache_modes_identical(tiny_llada, llada128, canvas_cache, vicinity, backend,
                                             strategy, temperature, prompt_len):
-    llm = _llm(tiny_llada, attention_backend=backend, max_model_len=4096)
+    llm = _llm(tiny_llada if backend == "triton" else llada128, attention_backend=backend,
+               max_model_len=4096)
     prompt = [(7 * i + 3) % 126000 for i in range(prompt_len)]
     _assert_same(_run_modes(llm, prompt, max_new_tokens=28, block_length=8,
                             denoising_steps=4, temperature=temperature,
                             remasking_strategy=strategy, threshold=0.3, seed=2,
                             canvas_cache=canvas_cache, vicinity_before=vicinity[0],
                             vicinity_after=vicinity[1]))
+
+
+SMOOTHING = dict(smoothing=True, cont_weight=0.4, cont_weight_growth=0.05, threshold_decay=0.1)
+
+
+@pytest.mark.parametrize("canvas_cache,vicinity", [("none", (0, 0)), ("prefix", (0, 0)),
+                                                   ("dual", (0, 0)), ("dual", (4, 4))])
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+@pytest.mark.parametrize("strategy,temperature", [("threshold", 0), ("credit", 0),
+                                                  ("hierarchical", 0), ("threshold", 0.7)])
+@pytest.mark.parametrize("prompt_len", [21, 1500])
+def test_llada_canvas_smoothing_modes_identical(tiny_llada, llada128, canvas_cache, vicinity,
+                                                backend, strategy, temperature, prompt_len):
+    llm = _llm(tiny_llada if backend == "triton" else llada128, attention_backend=backend,
+               max_model_len=4096)
+    prompt = [(7 * i + 3) % 126000 for i in range(prompt_len)]
+    _assert_same(_run_modes(llm, prompt, max_new_tokens=28, block_length=8,
+                            denoising_steps=8, temperature=temperature,
+                            remasking_strategy=strategy, threshold=0.3, seed=2,
+                            canvas_cache=canvas_cache, vicinity_before=vicinity[0],
+                            vicinity_after=vicinity[1], ignore_eos=True, **SMOOTHING))
+
+
+@pytest.mark.parametrize("strategy", ["threshold", "credit", "hierarchical"])
+@pytest.mark.parametrize("prompt_len", [5, 8, 3001])
+def test_sdar_smoothing_modes_identical(sdar, strategy, prompt_len):
+    prompt = [(7 * i + 11) % 150000 for i in range(prompt_len)]
+    out = _run_modes(sdar, prompt, max_new_tokens=24, block_length=8, temperature=0,
+                     remasking_strategy=strategy, threshold=0.3, ignore_eos=True, **SMOOTHING)
+    _assert_same(out)
+    assert len(out["eager"][0]) == 24
+
+
+def test_smoothing_graphs_serve_every_value(sdar):
+    """One captured graph set per smoothing kind, whatever its values."""
+    sdar.set_execution_mode("device_loop")
+    opts = dict(max_new_tokens=16, block_length=8, temperature=0, ignore_eos=True,
+                remasking_strategy="threshold", smoothing=True)
+    sdar.generate(list(range(20)), threshold=0.5, **opts)
+    captured = sdar.executor.captures
+    for weight, growth, decay in ((0.0, 0.0, 0.0), (1.0, 0.5, 1.0), (0.3, 0.02, 0.02)):
+        sdar.generate(list(range(20)), threshold=0.2, cont_weight=weight,
+                      cont_weight_growth=growth, threshold_decay=decay, **opts)
+    assert sdar.executor.captures == captured
+
+
+def test_smoothing_rounds_have_no_host_sync(sdar, tiny_llada):
+    """The smoothing programs' begin phases and rounds never synchronise with the host: the
+    block's folded round and round, the cached canvas's refresh and window round."""
+    llada = _llm(tiny_llada)
+    cases = [(sdar, dict(block_length=8), "begin_folded"),
+             (llada, dict(block_length=8, canvas_cache="dual", vicinity_before=2,
+                          vicinity_after=3), "refresh"),
+             (llada, dict(block_length=8, canvas_cache="prefix"), "refresh"),
+             (llada, dict(block_length=8), "begin")]
+    for llm, options, begin in cases:
+        llm.set_execution_mode("eager")
+        llm.generate(list(range(9)), max_new_tokens=16, temperature=0, ignore_eos=True,
+                     remasking_strategy="threshold", smoothing=True, **options)
+        prog = llm.decoder.programs[-1]
+        assert prog.smoothing is not None
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            with torch.inference_mode():
+                getattr(prog, begin)()
+                prog.round()
+                prog.end()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
 
 
 @pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "threshold", "sequential",
@@ -175,6 +267,17 @@ def test_llada2_modes_identical(llada2, editing_threshold, max_post_steps, promp
     out = _run_modes(llada2, prompt, max_new_tokens=64, temperature=0, threshold=0.3,
                      ignore_eos=True, editing_threshold=editing_threshold,
                      max_post_steps=max_post_steps)
+    _assert_same(out)
+    assert len(out["eager"][0]) == 64
+
+
+@pytest.mark.parametrize("strategy", ["threshold", "hierarchical"])
+@pytest.mark.parametrize("prompt_len", [5, 40, 1100])
+def test_llada2_smoothing_modes_identical(llada2, strategy, prompt_len):
+    """LLaDA2 with its own block (32) and iteration smoothing (DMax-style soft decoding)."""
+    prompt = [(11 * i + 5) % 150000 for i in range(prompt_len)]
+    out = _run_modes(llada2, prompt, max_new_tokens=64, temperature=0, threshold=0.3,
+                     remasking_strategy=strategy, ignore_eos=True, **SMOOTHING)
     _assert_same(out)
     assert len(out["eager"][0]) == 64
 

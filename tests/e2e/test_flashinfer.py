@@ -15,18 +15,14 @@ Models: the tiny presets with head_dim 128 (FlashInfer builds 64/128/256).
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from test_execution_modes import _assert_same, _llm, _run_modes
+from test_execution_modes import _assert_same, _llm, _run_modes, head128
 
 from dlrt.attention.base import AttentionSpan, ForwardMeta
 from dlrt.attention.kv_cache import PagedKVCache
 from dlrt.attention.registry import get_backend
 from dlrt.attention.sdpa import SDPABackend
-from dlrt.checkpoint.make import make_checkpoint
-from dlrt.checkpoint.presets import preset
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("flashinfer")
@@ -34,23 +30,14 @@ pytest.importorskip("flashinfer")
 BACKENDS = ("flashinfer", "flashinfer-fa2")
 
 
-def _head128(tmp_path_factory, name: str, **fields) -> str:
-    config, gen = preset(name)
-    config.update(fields)
-    src = tmp_path_factory.mktemp(f"{name}-src")
-    (src / "config.json").write_text(json.dumps(config))
-    (src / "generation_config.json").write_text(json.dumps(gen))
-    return str(make_checkpoint(src, tmp_path_factory.mktemp(name) / "ckpt", dtype="float32"))
-
-
 @pytest.fixture(scope="module")
 def sdar128(tmp_path_factory):
-    return _head128(tmp_path_factory, "tiny-sdar", head_dim=128)
+    return head128(tmp_path_factory, "tiny-sdar", head_dim=128)
 
 
 @pytest.fixture(scope="module")
 def llada128(tmp_path_factory):
-    return _head128(tmp_path_factory, "tiny-llada", d_model=512, n_heads=4, n_kv_heads=4)
+    return head128(tmp_path_factory, "tiny-llada", d_model=512, n_heads=4, n_kv_heads=4)
 
 
 @pytest.mark.parametrize("name", BACKENDS)

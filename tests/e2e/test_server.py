@@ -140,6 +140,19 @@ def test_generate_matches_llm(server, client, llm, kind, sampling):
     check_against(rows, ref)
 
 
+def test_generate_with_smoothing_matches_llm(server, client, llm):
+    """Iteration smoothing on the block decoder, carried by the request body."""
+    options = dict(max_new_tokens=16, temperature=0, smoothing=True, cont_weight=100.0,
+                   cont_weight_init=100.0, remasking_strategy="threshold", threshold=0.2)
+    ref = llm.generate("The capital of France is", **options)
+    rows = stream_generate(client, server.url, {"prompt": "The capital of France is",
+                                                **options})
+    check_against(rows, ref)
+    plain = llm.generate("The capital of France is", max_new_tokens=16, temperature=0,
+                         remasking_strategy="threshold", threshold=0.2)
+    assert plain.token_ids != ref.token_ids  # the body's weights reached the decoder
+
+
 # --- 2. the OpenAI client ------------------------------------------------------------------
 
 def test_openai_models(server, oai, no_queue_server, client, tiny_sdar):
@@ -353,11 +366,12 @@ FIELDS = {
     "/v1/chat/completions": ["messages", "model", "max_tokens", "max_completion_tokens",
                              "temperature", "top_p", "seed", "stop", "stream",
                              "stream_options", "n", "user", "presence_penalty",
-                             "frequency_penalty", "logprobs", "block_length",
+                             "frequency_penalty", "logprobs", "top_logprobs", "block_length",
                              "denoising_steps", "remasking_strategy", "threshold",
                              "eb_threshold", "top_k", "ignore_eos"],
     "/v1/completions": ["prompt", "echo", "max_tokens", "temperature", "top_p", "seed", "stop",
-                        "stream", "n", "block_length", "remasking_strategy", "threshold"],
+                        "stream", "n", "logprobs", "block_length", "remasking_strategy",
+                        "threshold"],
 }
 BAD_VALUES = ["12", "abc", "", 1.5, 2.0, True, False, None, {"a": 1}, {"a": {"b": [1]}},
               [1, 2], [], ["x"], [[1]], 10**30, -10**30, -1, 0, "NaN", "Infinity", "-inf",
@@ -441,7 +455,7 @@ def fuzz_cases(seed: int = 20240601) -> list[tuple[str, str, dict, int | None]]:
     ):
         post("/generate", json=body)
     chat = ENDPOINTS["/v1/chat/completions"]
-    for body in ({**chat, "n": 2}, {**chat, "logprobs": True}, {**chat, "stop": [1, 2]},
+    for body in ({**chat, "n": 2}, {**chat, "top_logprobs": 21}, {**chat, "stop": [1, 2]},
                  {**chat, "stream": "true"}, {**chat, "messages": []},
                  {**chat, "max_tokens": 0}, {**chat, "max_completion_tokens": 10**6},
                  {**chat, "presence_penalty": 0.5}, {**chat, "remasking_strategy": "nope"},

@@ -10,7 +10,11 @@ relative Frobenius error < 1e-5 and every element within 1e-5 of the output's ma
 the kernel's relative error is at most the reference's own plus 1e-3 (both round to bf16;
 ~3e-3 each). The tiny DiffusionGemma model decodes a canvas with self-conditioning through the
 `triton` ops table (this kernel, the GELU MoE kernels) as through the reference table (relative
-Frobenius error of the logits < 1e-5, fp32). GPU: a captured graph's replay equals eager.
+Frobenius error of the logits < 1e-5, fp32). Iteration smoothing's paths (the canvas decoder
+with and without its caches, the block decoder over SDAR and LLaDA2) hand the op the logits of
+the rows they feed and the model's embedding matrix; the kernel matches the reference at each
+of those row counts and widths (`SMOOTHING_SHAPES`; the vocabulary cut to 1500 tokens under the
+interpreter). GPU: a captured graph's replay equals eager.
 The sm_90 PTX of the real shape's layout (compiled on the CPU) multiplies on bf16 wgmma.
 """
 
@@ -153,6 +157,60 @@ def test_the_model_takes_the_op(tmp_path):
             assert got is signal and weight is model.model.decoder.embed_tokens.weight
             assert scale == c.embed_scale
     assert rel(logits["triton"], logits["reference"]) < 1e-5
+
+
+# (rows, width) iteration smoothing hands the op on the tiny models of `_smoothing_calls`: a
+# block of 4 (SDAR) and 32 (LLaDA2), a canvas of 64 slots, a dual window from its sub-block
+# (8, and 8 + 3 after it), a prefix window (3 sub-blocks of 8)
+SMOOTHING_SHAPES = [(4, 64), (32, 64), (64, 64), (8, 64), (11, 64), (24, 64)]
+
+
+@pytest.mark.parametrize("n,d", SMOOTHING_SHAPES)
+def test_smoothing_shapes(n, d):
+    gen = torch.Generator().manual_seed(n)
+    x = (torch.randn(n, 1500, generator=gen) * 8).to(DEV)  # sharp rows, as a sharpened head
+    w = (torch.randn(1500, d, generator=gen) * 0.02).to(DEV)
+    check_fp32(x, w, scale=1.0)
+
+
+def _smoothing_calls(path, monkeypatch, **options) -> tuple[list, object]:
+    """(the (rows, V, width) of each soft_embedding call, whether every call got the model's
+    embedding matrix) of one smoothed request (reference ops on the CPU)."""
+    from dlrt import LLM
+    from dlrt.runtime.smoothing import input_embedding
+
+    calls = []
+
+    def spy(logits, weight, scale=1.0):
+        calls.append((tuple(logits.shape), weight.shape[1], weight))
+        return reference.soft_embedding(logits, weight, scale)
+
+    monkeypatch.setattr(reference, "OPS", dataclasses.replace(reference.OPS, soft_embedding=spy))
+    llm = LLM(path, dtype="float32", device="cpu")
+    llm.generate([5, 6, 7, 8, 9], 24, temperature=0.0, ignore_eos=True, smoothing=True,
+                 remasking_strategy="threshold", threshold=0.9, **options)
+    embed = input_embedding(llm.model)
+    assert calls and all(weight is embed for _, _, weight in calls)
+    return [(n, v, d) for (n, v), d, _ in calls], llm.config.vocab_size
+
+
+@pytest.mark.parametrize("preset,options,rows", [
+    ("tiny_sdar", dict(block_length=4), {4}),
+    ("tiny_llada2", dict(block_length=32), {32}),
+    ("tiny_llada", dict(block_length=8), {64}),
+    ("tiny_llada", dict(block_length=8, canvas_cache="prefix"), {64, 24}),
+    ("tiny_llada", dict(block_length=8, canvas_cache="dual"), {64, 8}),
+    ("tiny_llada", dict(block_length=8, canvas_cache="dual", vicinity_before=2,
+                        vicinity_after=3), {64, 11}),
+])
+def test_the_smoothing_paths_use_the_op(preset, options, rows, request, monkeypatch):
+    """Each smoothing path's soft embeddings come from the ops table's `soft_embedding` (the
+    kernel on CUDA) with the model's embedding matrix, at shapes the interpreter test covers:
+    the block's rows, the canvas's slots, a cached window's rows from its sub-block on."""
+    calls, vocab = _smoothing_calls(request.getfixturevalue(preset), monkeypatch, **options)
+    assert {n for n, _, _ in calls} == rows
+    assert all(v == vocab for _, v, _ in calls)
+    assert {(n, d) for n, _, d in calls} <= set(SMOOTHING_SHAPES)
 
 
 REAL = (256, 262144, 2816)  # canvas, DiffusionGemma's vocabulary and hidden size

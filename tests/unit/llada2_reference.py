@@ -97,13 +97,14 @@ def attention(x: torch.Tensor, t: dict, p: str, c: dict, positions: torch.Tensor
 
 
 @torch.no_grad()
-def forward(t: dict[str, torch.Tensor], c: dict, ids: torch.Tensor,
-            allow: torch.Tensor) -> torch.Tensor:
-    """Logits [N, V] of token ids [N] at positions 0..N-1; allow [N, N] bool (True: query i
-    attends to key j). `t`: the checkpoint's tensors by name; `c`: its config.json."""
+def forward(t: dict[str, torch.Tensor], c: dict, ids: torch.Tensor | None,
+            allow: torch.Tensor, embeds: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits [N, V] of token ids [N] (or input embeddings `embeds` [N, H]) at positions
+    0..N-1; allow [N, N] bool (True: query i attends to key j). `t`: the checkpoint's tensors
+    by name; `c`: its config.json."""
     eps = c["rms_norm_eps"]
-    positions = torch.arange(ids.shape[0])
-    x = t["model.word_embeddings.weight"][ids]
+    x = t["model.word_embeddings.weight"][ids] if embeds is None else embeds
+    positions = torch.arange(x.shape[0])
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}"
         h = rms(x, t[f"{p}.input_layernorm.weight"], eps)

@@ -550,3 +550,72 @@ def test_score_shares_a_row_among_data_parallel_groups():
     assert row["new_tokens"] == 4 * 6 + 2 * 12 and row["token_accuracy"] == 1.0
     assert row["rounds"] == 4 * 3 + 2 * 6 and row["parses"] == 1.0
     assert len(row["group_tps"]) == 2 and row["heldout_samples"] == 4
+
+
+@pytest.fixture
+def llada_with_tokenizer(tiny_llada, tmp_path):
+    """The tiny LLaDA checkpoint with the embedded default model's tokenizer (8192 ids, all
+    in its vocabulary): text in, the canvas decoder."""
+    import shutil
+
+    folder = tmp_path / "llada"
+    shutil.copytree(tiny_llada, folder)
+    for f in data_path("sdar-stdlib-8m").glob("tokenizer*.json"):
+        shutil.copy(f, folder / f.name)
+    return folder
+
+
+@pytest.mark.parametrize("flags,options", [
+    (["--canvas-cache", "dual", "--vicinity-before", "1", "--vicinity-after", "2"],
+     {"canvas_cache": "dual", "vicinity_before": 1, "vicinity_after": 2}),
+    (["--smoothing", "--cont-weight", "0.5", "--threshold-decay", "0.1"],
+     {"smoothing": True, "cont_weight": 0.5, "threshold_decay": 0.1})])
+def test_request_options_reach_every_request_of_every_setting(llada_with_tokenizer, tmp_path,
+                                                              monkeypatch, flags, options):
+    """The canvas decoder's cache and smoothing flags go to every request (the warm-up's, the
+    held-out and HumanEval ones) of every setting, and into the record."""
+    seen = []
+    real = quality._generate
+
+    def spy(llm, prompt, opts, stats):
+        seen.append(opts)
+        return real(llm, prompt, opts, stats)
+
+    monkeypatch.setattr(quality, "_generate", spy)
+    settings = "threshold@0.7,threshold@0.9"
+    record = _quality(["--model", str(llada_with_tokenizer)], tmp_path, "--heldout-root",
+                      str(_corpus(tmp_path)), "--num-prompts", "1", "--settings", settings,
+                      *flags)
+    assert len(seen) == 3 + 2 * 3  # the probe, then each setting: warm-up, held-out, HumanEval
+    assert all(o.items() >= options.items() for o in seen), seen
+    assert record["options"] == options
+    assert [r["setting"] for r in record["rows"]] == settings.split(",")
+    assert all(r["options"].items() >= options.items() for r in record["rows"])
+
+
+def test_a_setting_that_cannot_take_the_request_options_is_refused_before_loading(capsys):
+    """Smoothing is the threshold strategy's: with a sequential setting the run ends before
+    any model loads, naming the setting and the option."""
+    argv = ["bench", "quality", "--model", "/no/such/model", "--smoothing", "--settings",
+            "threshold@0.9,sequential"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --settings sequential: --smoothing: smoothing=True works "
+                          "only with remasking_strategy='threshold'") and err.count("\n") == 1
+
+
+def test_resume_compares_the_request_options(tmp_path):
+    """A record of other request options is refused; one written before they were recorded
+    counts as none given."""
+    from dlrt.bench.quality_record import resumed_rows
+
+    facts = dict(model="m", device="cpu (x, 2 threads)", execution_mode="eager",
+                 options={"canvas_cache": "dual"}, heldout={}, humaneval={})
+    old = {k: v for k, v in facts.items() if k != "options"}
+    path = tmp_path / "rec.json"
+    path.write_text(json.dumps(dict(old, rows=[{"block": 4}])))
+    with pytest.raises(OptionError, match="another options \\(\\{\\}; this run: "):
+        resumed_rows(path, facts)
+    assert resumed_rows(path, dict(facts, options={})) == [{"block": 4}]
+    path.write_text(json.dumps(dict(facts, rows=[{"block": 8}])))
+    assert resumed_rows(path, facts) == [{"block": 8}]

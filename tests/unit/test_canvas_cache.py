@@ -43,22 +43,24 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tenso
 
 class FastForward:
     """LLaDA from dlrt's weights with Fast-dLLM's past-K/V and `replace_position` interface
-    (batch of one: x [1, n] -> logits [1, n, V])."""
+    (batch of one: x [1, n] -> logits [1, n, V]; or `inputs_embeds` [1, n, H] instead of x,
+    as dInfer's models take)."""
 
     def __init__(self, llm: LLM):
         self.c, self.t = llm.config, llm.model.model.transformer
 
     @torch.no_grad()
-    def __call__(self, x: torch.Tensor, past_key_values: list | None = None,
-                 replace_position: torch.Tensor | None = None):
-        c, t, ids = self.c, self.t, x[0]
-        n, d = ids.shape[0], c.head_dim
+    def __call__(self, x: torch.Tensor | None, past_key_values: list | None = None,
+                 replace_position: torch.Tensor | None = None,
+                 inputs_embeds: torch.Tensor | None = None):
+        c, t = self.c, self.t
+        h = t.wte.weight[x[0]] if inputs_embeds is None else inputs_embeds[0]
+        n, d = h.shape[0], c.head_dim
         if replace_position is not None:
             pos = replace_position[0].nonzero()[:, 0]
         else:
             start = 0 if past_key_values is None else past_key_values[0][0].shape[0]
             pos = torch.arange(start, start + n)
-        h = t.wte.weight[ids]
         kv = []
         for i, blk in enumerate(t.blocks):
             a = _rms(h, blk.attn_norm.weight, c.rms_norm_eps)

@@ -5,11 +5,12 @@ The reference below transcribes inclusionAI/dInfer `python/dinfer/decoding/gener
 `IterationSmooth.forward`, batch of one) and the `H2Embed` of its model files (temperature 1:
 a masked position's input is its embedding plus w * softmax(logits) @ E) as a plain PyTorch
 loop over LLaDA written out from the weights of dlrt's model, taking input embeddings. Its
-decoding rule is dlrt's `threshold` commit (every masked p > the bar, in fp32; if none, the
-most confident masked position; temperature 0) at dInfer's per-round bar max(1 - i * decay,
-threshold). The transcription runs forwards while its block has masks (dInfer's unrolled
-forwards past a block's last mask, which advance its round count, are not run, nor is dlrt's),
-and does not stop at EOS (the requests set ignore_eos).
+commits are dlrt's rounds (the `threshold`, `credit` and `hierarchical` strategies: dInfer's
+decoders that take the per-round bar; temperature 0) at dInfer's bar max(1 - i * decay,
+threshold) (`smoothing_reference`). The transcription runs forwards while its block has masks
+(dInfer's unrolled forwards past a block's last mask, which advance its round count, are not
+run, nor is dlrt's), and does not stop at EOS (the requests set ignore_eos). The cached
+canvases are `test_smoothing_cache`'s.
 
 fp32 on the CPU, the LM head sharpened as in `test_canvas_cache`.
 """
@@ -21,6 +22,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from smoothing_reference import BlockCommit, Smooth, h2e
 from test_canvas_cache import MASK, PROMPT_IDS, SHARPEN, _rms, _rope
 
 from dlrt.errors import OptionError
@@ -49,33 +51,8 @@ def forward_embeds(llm: LLM, h: torch.Tensor) -> torch.Tensor:
     return _rms(h, t.ln_f.weight, c.rms_norm_eps) @ t.ff_out.weight.T
 
 
-def h2e(embed: torch.Tensor, x: torch.Tensor, mask_index=None, logits=None, weight=0.0):
-    """dInfer's `H2Embed.__call__` (tau 1, no sequence parallelism), batch of one."""
-    result = embed[x]
-    if mask_index is not None and logits is not None:
-        soft = torch.softmax(logits, dim=-1) @ embed
-        result = torch.where(mask_index[:, None], weight * soft + 1 * result, result)
-    return result
-
-
-def threshold_decode(x: torch.Tensor, start: int, end: int, logits: torch.Tensor,
-                     threshold: float) -> None:
-    """dlrt's `threshold` commit of the block [start, end) of x in place."""
-    block = x[start:end]
-    masked = block == MASK
-    x0 = logits.argmax(-1)
-    conf = torch.softmax(logits.float(), dim=-1).gather(-1, x0[:, None])[:, 0]
-    high = masked & (conf > threshold)
-    if not high.any():
-        best = torch.where(masked, conf, -math.inf).argmax()
-        high = torch.zeros_like(masked)
-        high[best] = True
-    block[high] = x0[high]
-
-
 def dinfer_smooth(llm: LLM, prompt: list[int], gen_length: int, block_length: int,
-                  threshold: float, cont_weight: float, cont_weight_init: float,
-                  cont_weight_growth: float, threshold_decay: float) -> list[int]:
+                  smooth: Smooth) -> list[int]:
     """`IterSmoothDiffusionLLM.generate` without a cache: the generated ids."""
     embed = llm.model.model.transformer.wte.weight
     x = torch.full((len(prompt) + gen_length,), MASK, dtype=torch.long)
@@ -84,11 +61,11 @@ def dinfer_smooth(llm: LLM, prompt: list[int], gen_length: int, block_length: in
     inputs_embeds = h2e(embed, x)
     for start in range(len(prompt), x.shape[0], block_length):
         end = start + block_length
+        commit = BlockCommit(smooth, block_length, embed.shape[0], MASK, block_length)
         while (x[start:end] == MASK).sum() > 0:
-            weight = min(cont_weight_init + cont_weight_growth * iter_no, cont_weight)
-            bar = max(1 - iter_no * threshold_decay, threshold)
+            weight, bar = smooth.at(iter_no)
             logits = forward_embeds(llm, inputs_embeds)
-            threshold_decode(x, start, end, logits[start:end], bar)
+            commit(x[start:end], logits[start:end], bar)
             inputs_embeds = h2e(embed, x, x == MASK, logits, weight)
             iter_no += 1
     return x[len(prompt):].tolist()
@@ -101,9 +78,9 @@ def llm(tiny_llada):
     return llm
 
 
-def _generate(llm, prompt, b, gen, threshold, **smoothing):
+def _generate(llm, prompt, b, gen, threshold, strategy="threshold", **smoothing):
     return llm.generate(prompt, max_new_tokens=gen, block_length=b, denoising_steps=b,
-                        remasking_strategy="threshold", threshold=threshold, smoothing=True,
+                        remasking_strategy=strategy, threshold=threshold, smoothing=True,
                         ignore_eos=True, **smoothing).token_ids
 
 
@@ -123,8 +100,18 @@ CASES = [
 @pytest.mark.parametrize("p,b,gen,threshold,values", CASES)
 def test_smoothing_matches_dinfer(llm, p, b, gen, threshold, values):
     prompt = PROMPT_IDS[:p]
-    want = dinfer_smooth(llm, prompt, gen, b, threshold, **{**DEFAULTS, **values})
+    want = dinfer_smooth(llm, prompt, gen, b, Smooth(threshold, **values))
     assert _generate(llm, prompt, b, gen, threshold, **values) == want
+
+
+@pytest.mark.parametrize("strategy", ["credit", "hierarchical"])
+@pytest.mark.parametrize("p,b,gen,threshold,values", CASES[:2])
+def test_smoothing_commits_with_dinfer_s_other_decoders(llm, strategy, p, b, gen, threshold,
+                                                      values):
+    """dInfer's credit and hierarchy decoders take the decaying bar too."""
+    prompt = PROMPT_IDS[:p]
+    want = dinfer_smooth(llm, prompt, gen, b, Smooth(threshold, strategy, **values))
+    assert _generate(llm, prompt, b, gen, threshold, strategy, **values) == want
 
 
 def test_the_soft_embeddings_are_used(llm):
@@ -152,17 +139,14 @@ def test_refused_combinations_are_named(llm, tiny_llada):
                      smoothing=True, threshold_decay=2.0)
     with pytest.raises(OptionError, match="^smoothing must be true or false"):
         llm.generate([1, 2], max_new_tokens=4, smoothing=1)
-    for cache in ("prefix", "dual"):
-        with pytest.raises(OptionError, match=rf"^smoothing=True works only with "
-                                              rf"canvas_cache='none', not '{cache}'"):
-            llm.generate([1, 2], max_new_tokens=4, remasking_strategy="threshold",
-                         smoothing=True, canvas_cache=cache)
-    with pytest.raises(OptionError, match=r"^smoothing=True works only with "
-                                          r"remasking_strategy='threshold', not 'credit'"):
-        llm.generate([1, 2], max_new_tokens=4, remasking_strategy="credit", smoothing=True)
+    for strategy in ("low_confidence_static", "sequential", "entropy_bounded"):
+        with pytest.raises(OptionError, match=r"^smoothing=True works only with "
+                                              r"remasking_strategy in \('threshold', "
+                                              rf"'credit', 'hierarchical'\), not '{strategy}'"):
+            llm.generate([1, 2], max_new_tokens=4, remasking_strategy=strategy, smoothing=True)
     var = LLM(tiny_llada, dtype="float32", device="cpu", decoder="dllm_var")
     with pytest.raises(OptionError, match=r"^smoothing=True works only with the 'canvas' "
-                                          r"decoder"):
+                                          r"and 'block' decoders, not 'dllm_var'"):
         var.generate([1, 2], max_new_tokens=4, remasking_strategy="threshold", smoothing=True)
 
 

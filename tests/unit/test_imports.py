@@ -27,7 +27,8 @@ RANKS = [  # bottom to top
     ("dlrt.runtime", "dlrt.distributed"),
     ("dlrt.engine.config", "dlrt.engine"),
     ("dlrt.llm", "dlrt"),
-    ("dlrt.server", "dlrt.bench", "dlrt.entrypoints", "dlrt.__main__", "dlrt.train"),
+    ("dlrt.server", "dlrt.bench", "dlrt.entrypoints", "dlrt.__main__", "dlrt.train",
+     "dlrt.eval"),
 ]
 
 

@@ -46,13 +46,15 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tenso
 
 
 def sdar_forward(llm: LLM, block_length: int) -> Forward:
-    """SDAR (Qwen3 layout) from its weights: the whole sequence, block-causal, no cache."""
+    """SDAR (Qwen3 layout) from its weights: the whole sequence, block-causal, no cache
+    (`embeds` [N, H]: the input embeddings instead of the ids')."""
     c, m = llm.config, llm.model.model
 
-    def forward(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        n, d = ids.shape[0], c.head_dim
+    def forward(ids: torch.Tensor | None, positions: torch.Tensor,
+                embeds: torch.Tensor | None = None) -> torch.Tensor:
+        x = m.embed_tokens.weight[ids] if embeds is None else embeds
+        n, d = x.shape[0], c.head_dim
         allowed = block_causal_mask(positions, block_length)
-        x = m.embed_tokens.weight[ids]
         for layer in m.layers:
             a, mlp = layer.self_attn, layer.mlp
             h = _rms(x, layer.input_layernorm.weight, c.rms_norm_eps)

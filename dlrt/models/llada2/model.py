@@ -87,8 +87,10 @@ class LLaDA2Model(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, ops)
         self.rotary_emb = RotaryEmbedding(c.head_dim, c.rope_theta, rotary_dim=c.rotary_dim)
 
-    def forward(self, input_ids, positions, ctx):
+    def forward(self, input_ids, positions, ctx, embeds_add=None):
         x, residual = self.word_embeddings(input_ids), None
+        if embeds_add is not None:
+            x = x + embeds_add
         rope = self.rotary_emb.cos_sin(positions)  # [N, rotary_dim / 2] each
         for layer in self.layers:
             x, residual = layer(x, residual, rope, self.rotary_emb, ctx)
@@ -96,8 +98,10 @@ class LLaDA2Model(nn.Module):
 
 
 class LLaDA2MoeModelLM(nn.Module):
-    """forward(input_ids [N] int64, positions [N] int64, ctx) -> hidden [N, H];
-    logits(hidden [n, H]) -> [n, V] in the model dtype."""
+    """forward(input_ids [N] int64, positions [N] int64, ctx, embeds_add [N, H] or None)
+    -> hidden [N, H]; logits(hidden [n, H]) -> [n, V] in the model dtype. `embeds_add` (the
+    model dtype) is added to the token embeddings (iteration smoothing's
+    probability-weighted embeddings)."""
 
     def __init__(self, config: ModelConfig, ops: Ops):
         super().__init__()
@@ -108,8 +112,8 @@ class LLaDA2MoeModelLM(nn.Module):
             self.lm_head.weight = self.model.word_embeddings.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                ctx: ForwardContext) -> torch.Tensor:
-        return self.model(input_ids, positions, ctx)
+                ctx: ForwardContext, embeds_add: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, ctx, embeds_add)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

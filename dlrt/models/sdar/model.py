@@ -72,8 +72,10 @@ class SDARModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
 
-    def forward(self, input_ids, positions, ctx):
+    def forward(self, input_ids, positions, ctx, embeds_add=None):
         x, residual = self.embed_tokens(input_ids), None
+        if embeds_add is not None:
+            x = x + embeds_add
         rope = self.rotary_emb.cos_sin(positions)
         for layer in self.layers:
             x, residual = layer(x, residual, rope, self.rotary_emb, ctx)
@@ -81,8 +83,10 @@ class SDARModel(nn.Module):
 
 
 class SDARForCausalLM(nn.Module):
-    """forward(input_ids [N] int64, positions [N] int64, ctx) -> hidden [N, H];
-    logits(hidden [n, H]) -> [n, V] in the model dtype."""
+    """forward(input_ids [N] int64, positions [N] int64, ctx, embeds_add [N, H] or None)
+    -> hidden [N, H]; logits(hidden [n, H]) -> [n, V] in the model dtype. `embeds_add` (the
+    model dtype) is added to the token embeddings (iteration smoothing's
+    probability-weighted embeddings)."""
 
     def __init__(self, config: ModelConfig, ops: Ops):
         super().__init__()
@@ -93,8 +97,8 @@ class SDARForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                ctx: ForwardContext) -> torch.Tensor:
-        return self.model(input_ids, positions, ctx)
+                ctx: ForwardContext, embeds_add: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, ctx, embeds_add)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

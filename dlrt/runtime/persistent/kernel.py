@@ -420,12 +420,22 @@ class PersistentRounds:
         return None
 
     def __init__(self, model, cache: PagedKVCache, block: int):
+        self.model, self.cache, self.block = model, cache, block
+        self.rounds: dict[int, PersistentRound] = {}
+        self.rebuild()
+
+    def release(self) -> None:
+        """Drop the rounds (their buffers, and the pointers to the weights and the cache)."""
+        self.rounds = {}
+
+    def rebuild(self) -> None:
+        """Build the rounds on the model's and the cache's current tensors."""
+        model, cache, block = self.model, self.cache, self.block
         c = model.config
         embedding = model.get_parameter(round_weights(c).embedding)
         dev = embedding.device
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         splits = max(1, min(64, sms // c.num_kv_heads))
-        self.block = block
         self.rounds = {}
         def item(weight: str) -> int:  # bytes per element of each weight (FP8 layers: 1)
             return model.get_parameter(weight).element_size()
