@@ -95,16 +95,25 @@ def with_options(chosen: list[tuple[str, dict[str, Any]]],
 
     Raises:
         OptionError: "--settings LABEL: --FLAG: ..." naming the setting and the option it
-            cannot take (smoothing with another strategy than threshold, a value out of
+            cannot take (smoothing with a strategy outside SMOOTHING_STRATEGIES, a value out of
             range).
     """
-    from dlrt.decoding.options import DecodingOptions, as_flag_error, check_ranges
+    from dlrt.decoding.options import (
+        SMOOTHING_STRATEGIES,
+        DecodingOptions,
+        as_flag_error,
+        check_ranges,
+    )
 
     out = []
     for label, setting in chosen:
         merged = {**setting, **options}
         try:
             check_ranges(DecodingOptions.from_kwargs(merged))
+            strategy = merged.get("remasking_strategy")
+            if merged.get("smoothing") and strategy not in SMOOTHING_STRATEGIES:
+                raise OptionError(f"smoothing=True works only with remasking_strategy in "
+                                  f"{SMOOTHING_STRATEGIES}, not {strategy!r}")
         except OptionError as e:
             raise OptionError(f"--settings {label}: {as_flag_error(e)}") from None
         out.append((label, merged))

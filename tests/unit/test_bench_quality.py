@@ -594,14 +594,15 @@ def test_request_options_reach_every_request_of_every_setting(llada_with_tokeniz
 
 
 def test_a_setting_that_cannot_take_the_request_options_is_refused_before_loading(capsys):
-    """Smoothing is the threshold strategy's: with a sequential setting the run ends before
-    any model loads, naming the setting and the option."""
+    """Smoothing is the threshold, credit and hierarchical strategies': with a sequential
+    setting the run ends before any model loads, naming the setting and the option."""
     argv = ["bench", "quality", "--model", "/no/such/model", "--smoothing", "--settings",
             "threshold@0.9,sequential"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --settings sequential: --smoothing: smoothing=True works "
-                          "only with remasking_strategy='threshold'") and err.count("\n") == 1
+                          "only with remasking_strategy in ('threshold', 'credit', "
+                          "'hierarchical'), not 'sequential'") and err.count("\n") == 1
 
 
 def test_resume_compares_the_request_options(tmp_path):
