@@ -10,6 +10,7 @@ import random
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ from dlrt.decoding.options import (
     resolve,
 )
 from dlrt.distributed.calls import Calls, OutOfStep, Request, on_rank
+from dlrt.distributed.data_parallel import alongside, outcomes, share_by_cost
+from dlrt.distributed.links import lead
 from dlrt.distributed.ranks import Ranks, process_rank, world_size
 from dlrt.engine.config import EngineConfig
 from dlrt.engine.engine import Engine
@@ -35,7 +38,7 @@ from dlrt.models.registry import family
 from dlrt.outputs import BlockOutput, GenerationResult
 from dlrt.runtime.executor import check_mode
 from dlrt.stops import find_stop_string, stop_holdback, trim
-from dlrt.tokenizer import Prompt, TextStream, encode_prompt
+from dlrt.tokenizer import Prompt, TextStream, encode_prompt, is_prompt_list
 
 FOLLOWED = frozenset({"_follow_request", "_set_execution_mode", "_collective_rpc", "_sleep",
                       "_wake_up", "_update_weights"})
@@ -66,8 +69,8 @@ class LLM:
             documented there, as the CLI's engine flags are): dtype, device, load_format,
             seed (of dummy weights), max_model_len, decoder, mask_token_id, execution_mode,
             attention_backend, quantization, fp8_activations, kv_cache_dtype, kernels,
-            round_kernel, tensor_parallel_size, linear_kernels, cpu_threads. None = the
-            default.
+            round_kernel, tensor_parallel_size, data_parallel_size, linear_kernels,
+            cpu_threads. None = the default.
     Raises:
         CheckpointError, ConfigError, OptionError: the message names the problem; a bad
             option fails before the checkpoint is read. Under torchrun the message starts
@@ -86,6 +89,14 @@ class LLM:
     One LLM per torchrun job. `close()` (also: the end of a `with LLM(...) as llm:` block,
     and for an LLM still open, its collection or the end of the process) releases the ranks'
     buffers in rank order and leaves the process group.
+
+    With `data_parallel_size` D the job's ranks form D groups of consecutive ranks, each a whole
+    engine led by its first rank (`dlrt.distributed.data_parallel`). Rank 0's calls above run
+    on its own group; `generate` with a list of prompts shares them among the groups
+    (`share`), `collective_rpc`, `set_execution_mode`, `sleep`, `wake_up`, `update_weights`
+    and `close` reach every group (each group checks and applies them on its own ranks; the
+    first group's error is raised), and `dlrt serve` hands requests to this LLM and its
+    `other_groups`. A group that fails a request reports it for that request only and goes on.
     """
 
     def __init__(self, model: str | Path | None = None, **options: Any):
@@ -103,25 +114,44 @@ class LLM:
             _MADE_UNDER_TORCHRUN.append(True)
         self._request = 0  # id of the request allowed to run
         self._calls = Calls(self.engine.tp.control or (Ranks() if world > 1 else None))
+        self._dp = self.engine.dp
         # NOTE: closes on `close()`, or when the LLM is collected, or at exit if still open;
-        # it holds the channel and the group, not the LLM
-        self._close = weakref.finalize(self, self._calls.close, self.engine.tp.close)
+        # it holds the channels and the groups, not the LLM
+        self._close = weakref.finalize(self, self._dp.close_all, self._calls,
+                                       self.engine.tp.close)
         if not self._calls.leader:
             self._follow()
+        elif self._dp.link is not None:
+            self._lead()
 
     def _follow(self) -> None:
-        """A rank other than 0: run rank 0's calls until it closes, then end the process."""
-        rank = self._calls.rank
-        log.info("rank %d following rank 0", rank)
+        """A rank other than its group's first: run the group leader's calls until it closes,
+        then end the process."""
+        rank, leader = self._calls.me, self._calls.first
+        log.info("rank %d following rank %d", rank, leader)
         try:
             self._calls.follow(self, FOLLOWED)
+        except OutOfStep as e:
+            raise SystemExit(" ".join(str(e).split())) from None
+        log.info("rank %d closed with rank %d", rank, leader)
+        raise SystemExit(0)
+
+    def _lead(self) -> None:
+        """The leader of a data-parallel group other than rank 0's: run on this group what
+        rank 0 hands it (`dlrt.distributed.links`) until rank 0 closes, then end the
+        process."""
+        rank = self._calls.me
+        log.info("rank %d leading data-parallel group %d", rank, self._dp.index)
+        try:
+            lead(self._dp.link, self)
         except OutOfStep as e:
             raise SystemExit(" ".join(str(e).split())) from None
         log.info("rank %d closed with rank 0", rank)
         raise SystemExit(0)
 
     def close(self) -> None:
-        """Close on every rank (rank 0 tells the others; they end their processes after):
+        """Close on every rank (rank 0 tells the others, the other data-parallel groups'
+        leaders first; they end their processes after):
         release the ranks' buffers (the peer-to-peer all-reduce's, in rank order) and leave
         the process group. Later `close` calls do nothing. After it, the calls that run the
         model (`generate`, `stream`, `set_execution_mode`, `collective_rpc`, `sleep`, `wake_up`,
@@ -152,14 +182,46 @@ class LLM:
 
     @property
     def world_size(self) -> int:
-        """The processes this LLM runs on (torchrun's ranks; 1 without torchrun)."""
-        return self._calls.world
+        """The processes this LLM runs on (torchrun's ranks, every data-parallel group's; 1
+        without torchrun)."""
+        return self._calls.world * self._dp.size
 
     @property
     def lost(self) -> str | None:
         """Why this LLM can run no more requests (under torchrun: the ranks lost step, or
-        another rank stopped; every later request raises), or None while it can."""
-        return self._calls.lost
+        another rank stopped, in its group or another data-parallel group's leader; every
+        later request raises), or None while it can."""
+        return self._calls.lost or self._dp.lost
+
+    @property
+    def data_parallel_size(self) -> int:
+        """The data-parallel groups (1: none)."""
+        return self._dp.size
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This rank's data-parallel group (0 on rank 0)."""
+        return self._dp.index
+
+    @property
+    def other_groups(self) -> list[Any]:
+        """On rank 0 with data parallelism, a handle on each other group, in group order
+        (`dlrt.distributed.links.RemoteGroup`: `stream`, `generate`, `lost`), whose leader
+        runs the call on its group; else none. A server hands requests to this LLM (its own
+        group) and to them."""
+        return list(self._dp.remotes)
+
+    @property
+    def _hands_out(self) -> bool:
+        """Rank 0 outside collective_rpc with data parallelism: its calls reach every group."""
+        return bool(self._dp.remotes) and not self._calls.in_step
+
+    def _on_groups(self, name: str, *args: Any, **kwargs: Any) -> list[Future]:
+        """`name(*args, **kwargs)` started on every other data-parallel group (its leader's
+        LLM) when this LLM hands out calls; their futures."""
+        if not self._hands_out:
+            return []
+        return [r.submit(r.call, name, *args, **kwargs) for r in self._dp.remotes]
 
     # -- what was loaded (read-only views of the engine) ----------------------------------
     @property
@@ -195,10 +257,11 @@ class LLM:
                 with tensor parallelism over NCCL.
         """
         self._check_open("set_execution_mode")
-        if self._calls.sharing:
+        if self._calls.sharing or self._hands_out:
             self._check_mode(mode)  # before the other ranks hear of it
         self._calls.call("_set_execution_mode", mode)
-        self._set_execution_mode(mode)
+        others = self._on_groups("set_execution_mode", mode)
+        alongside(others, self._set_execution_mode, mode)
 
     def _set_execution_mode(self, mode: str) -> None:
         self._calls.collective(f"set_execution_mode({mode!r})", self._check_mode, mode)
@@ -216,7 +279,8 @@ class LLM:
 
     def collective_rpc(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         """`fn(llm, *args, **kwargs)` on every rank (under torchrun; else here): every rank's
-        result in rank order (one process: [result]). `fn` is a module-level function (sent
+        result in rank order (one process: [result]); with data parallelism every group's
+        ranks, each group running its own requests. `fn` is a module-level function (sent
         by reference, with its arguments and results pickled); it must make the same LLM calls
         on every rank (inside it, `generate` / `stream` run on each rank without being sent,
         every rank taking rank 0's prompt and options). Benchmarks use it for per-rank timings.
@@ -227,13 +291,15 @@ class LLM:
         """
         self._check_open("collective_rpc")
         try:
-            pickle.dumps((fn, args, kwargs) if self._calls.sharing else fn)
+            pickle.dumps((fn, args, kwargs) if self._calls.sharing or self._hands_out else fn)
         except Exception as e:
             raise OptionError(f"collective_rpc sends fn and its arguments to every rank: "
                               f"{getattr(fn, '__qualname__', fn)!r} cannot be pickled ({e}); "
                               "pass a module-level function") from e
         self._calls.call("_collective_rpc", fn, args, kwargs)
-        return self._collective_rpc(fn, args, kwargs)
+        others = self._on_groups("collective_rpc", fn, *args, **kwargs)
+        mine, theirs = alongside(others, self._collective_rpc, fn, args, kwargs)
+        return mine + [value for values in theirs for value in values]
 
     def _collective_rpc(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Any]:
         what = f"collective_rpc({getattr(fn, '__qualname__', fn)})"
@@ -261,7 +327,7 @@ class LLM:
         check_level(level)
         self.engine.check_awake(f"sleep(level={level})")
         self._calls.call("_sleep", level)
-        self._sleep(level)
+        alongside(self._on_groups("sleep", level), self._sleep, level)
 
     def _sleep(self, level: int) -> None:
         self._calls.collective(f"sleep(level={level})", self.engine.sleep, level)
@@ -283,8 +349,9 @@ class LLM:
         self._check_not_closed()
         if path is None:
             self.engine.plan_wake(None)  # (checked before the other ranks hear of it)
-        self._calls.call("_wake_up", None if path is None else str(path))
-        self._wake_up(path)
+        path = None if path is None else str(path)
+        self._calls.call("_wake_up", path)
+        alongside(self._on_groups("wake_up", path), self._wake_up, path)
 
     def _wake_up(self, path: str | Path | None) -> None:
         pending = []
@@ -313,7 +380,8 @@ class LLM:
                 tied parameters (any of their names) and tensor-parallel slices (each rank
                 takes its own slice of the full tensors) are handled as the loader handles
                 them. Under torchrun rank 0's weights reach every rank over the control
-                channel (host memory; a folder: only its path).
+                channel (host memory; a folder: only its path); with data parallelism,
+                every group's, over the link to its leader.
             strict: every weight must be given (else those not given keep their values;
                 after `sleep(level=2)` every weight must be given anyway).
         Raises:
@@ -326,10 +394,11 @@ class LLM:
         """
         self._check_not_closed()
         self.engine.check_updatable()
-        if self._calls.sharing:
+        if self._calls.sharing or self._hands_out:
             weights = portable(weights)  # what every rank receives, rank 0 included
         self._calls.call("_update_weights", weights, strict)
-        self._update_weights(weights, strict)
+        alongside(self._on_groups("update_weights", weights, strict), self._update_weights,
+                  weights, strict)
 
     def _update_weights(self, weights: Any, strict: bool) -> None:
         pending = []
@@ -380,14 +449,16 @@ class LLM:
         a server's flags; only `options` are named when they have no effect on the request."""
         yield from self._stream(prompt, chat, options, {}, defaults or {})
 
-    def generate(self, prompt: Prompt, max_new_tokens: int | None = None, *, chat: bool = False,
-                 **options: Any) -> GenerationResult:
-        """Generate for one prompt.
+    def generate(self, prompt: Prompt | list[Prompt], max_new_tokens: int | None = None, *,
+                 chat: bool = False, **options: Any
+                 ) -> GenerationResult | list[GenerationResult]:
+        """Generate for one prompt, or for each of a list of prompts.
 
         Args:
             prompt: text, a list of chat messages ({"role", "content"}; through the chat
                 template), or a list of token ids. Text goes through the chat template too
-                when `chat=True`.
+                when `chat=True`. A list of prompts (texts, message lists or token id lists)
+                returns a list of results in the same order (`_generate_list`).
             max_new_tokens and **options: see `dlrt.decoding.options.DecodingOptions`
                 (block_length, denoising_steps, remasking_strategy, threshold, eb_threshold,
                 low_threshold, credit_weight, credit_boost, credit_decay, editing_threshold,
@@ -400,6 +471,8 @@ class LLM:
         Raises:
             OptionError: unknown option or bad value. PromptError: bad or too long prompt.
         """
+        if is_prompt_list(prompt):
+            return self._generate_list(list(prompt), max_new_tokens, chat, options)
         stats: dict[str, Any] = {}
         blocks = list(self._stream(prompt, chat, {**options, "max_new_tokens": max_new_tokens},
                                    stats))
@@ -412,6 +485,58 @@ class LLM:
             finish_reason=last.finish_reason, stop_reason=last.stop_reason,
             request_tps=len(tokens) / max(stats["total_s"], 1e-9), timings=stats["timings"],
             logprobs=None if last.logprobs is None else [x for b in blocks for x in b.logprobs])
+
+    def share(self, prompts: list[Prompt], *, chat: bool = False, **options: Any
+              ) -> list[list[int]]:
+        """Which data-parallel group runs which of `prompts` when `generate` gets them as a
+        list: per group (`data_parallel_size` lists; without data parallelism one), the
+        indices into `prompts` it runs, ascending. Taken longest first by estimated cost
+        (prompt tokens + max_new_tokens), each to the group whose share costs least so far
+        (`dlrt.distributed.data_parallel.share_by_cost`). Options as `generate`.
+
+        Raises:
+            OptionError, PromptError: as `check`, for the first prompt it refuses (a
+                PromptError names the prompt's index).
+        """
+        costs = []
+        for i, prompt in enumerate(prompts):
+            try:
+                ids, params = self.check(prompt, chat=chat, **options)
+            except PromptError as e:
+                raise PromptError(f"prompt {i}: {e}") from e
+            costs.append(len(ids) + params.max_new_tokens)
+        return share_by_cost(costs, self._dp.size)
+
+    def _generate_list(self, prompts: list[Prompt], max_new_tokens: int | None, chat: bool,
+                       options: dict[str, Any]) -> list[GenerationResult]:
+        """`generate` for each prompt, the results in prompt order. Every prompt is checked
+        first (`share`: a bad one raises before any runs). Without data parallelism (and on
+        another group's leader) they run one after another. With it each group runs its
+        share: rank 0 runs group 0's here and hands the others to their leaders, one prompt
+        at a time; inside `collective_rpc` every group's ranks run their share and every rank
+        gets the whole list. A failed prompt's error is raised once every group has finished
+        its share (the first failed prompt's, in prompt order); the groups go on serving."""
+        self._check_open("generate")
+        shares = self.share(prompts, chat=chat, max_new_tokens=max_new_tokens, **options)
+
+        def run(group, i: int) -> GenerationResult:
+            return group.generate(prompts[i], max_new_tokens, chat=chat, **options)
+
+        if len(shares) == 1 or not (self._calls.in_step or self._dp.remotes):
+            return [run(self, i) for i in range(len(prompts))]  # (a group's own list)
+        if self._calls.in_step:  # every rank of the job runs this
+            mine = outcomes(self, shares[self._dp.index], run, self._calls.me)
+            done = {i: o for part in self._dp.all_gather(mine) for i, o in part.items()}
+        else:
+            futures = [r.submit(outcomes, r, shares[r.index], run, r.leader)
+                       for r in self._dp.remotes]
+            done, theirs = alongside(futures, outcomes, self, shares[0], run, self._calls.me)
+            for part in theirs:
+                done.update(part)
+        for i in range(len(prompts)):
+            if done[i][1] is not None:
+                raise done[i][1]
+        return [done[i][0] for i in range(len(prompts))]
 
     def check_input(self, ids: list[int]) -> None:
         """Refuse prompt ids the model as built cannot take (`Family.check_prompt`).
@@ -552,4 +677,3 @@ class LLM:
         finally:
             if blocks is not None:
                 blocks.close()
-

@@ -46,6 +46,14 @@ def load_tokenizer(path: str | Path):
     return tokenizer
 
 
+def is_prompt_list(prompt: Any) -> bool:
+    """Whether `prompt` is a list of prompts rather than one: a non-empty list of texts, or
+    of lists (chat message lists, token id lists)."""
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and (
+        all(isinstance(p, str) for p in prompt)
+        or all(isinstance(p, (list, tuple)) for p in prompt))
+
+
 def encode_prompt(tokenizer, prompt: Prompt, vocab_size: int, chat: bool = False) -> list[int]:
     """Token ids of a prompt: text (through the chat template when `chat`), chat messages
     (always through the chat template), or token ids (checked against the vocabulary).

@@ -1,4 +1,9 @@
-"""Request benchmark: generate on HumanEval prompts, report round latency, TPF and TPS."""
+"""Request benchmark: generate on HumanEval prompts, report round latency, TPF and TPS.
+
+With data parallelism (`--data-parallel-size`) the prompts are shared among the groups as
+`LLM.generate` shares a list (`LLM.share`); each group times its own share, and the report
+gives each group's throughput (its new tokens over its requests' wall time) and the total (all
+new tokens over the longest group's wall time: the groups run side by side)."""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ COLUMNS = ["task", "prompt_tokens", "new_tokens", "blocks", "rounds", "ms_per_ro
            "tps", "finish"]
 MODE_COLUMNS = ["mode", "mean_tps", "tps_vs_eager", "mean_ms_per_round", "mean_tpf",
                 "rounds_per_block", "same_tokens_as_first"]
+GROUP_COLUMNS = ["group", "requests", "new_tokens", "wall_s", "tps"]
 
 
 def load_prompts(path: str | Path | None, count: int) -> list[dict[str, str]]:
@@ -89,28 +95,70 @@ def run(llm, problems: list[dict[str, str]], options: dict[str, Any], chat: bool
 
     for p in problems[:warmup]:
         llm.generate(prompt_of(p), **options)
-    rows = []
+    rows, walls = [], []
     for p in problems:
         if llm.device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         r = llm.generate(prompt_of(p), **options)
         wall = time.perf_counter() - t0
+        walls.append(wall)
         rounds = sum(r.denoise_steps)
         rows.append(dict(
             task=p["task_id"], prompt_tokens=len(r.prompt_token_ids),
             new_tokens=len(r.token_ids), blocks=len(r.denoise_steps), rounds=rounds,
             ms_per_round=1e3 * wall / max(rounds, 1), tpf=r.timings["tpf"],
             tps=len(r.token_ids) / wall, finish=r.finish_reason, token_ids=r.token_ids))
-    tokens = sum(r["new_tokens"] for r in rows)
-    summary = dict(
-        requests=len(rows), new_tokens=tokens,
+    return rows, summarize(rows, sum(walls))
+
+
+def summarize(rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    """The summary of `run`'s rows (`wall_s`: the seconds they took)."""
+    return dict(
+        requests=len(rows), new_tokens=sum(r["new_tokens"] for r in rows),
         mean_tps=statistics.mean(r["tps"] for r in rows),
         mean_ms_per_round=statistics.mean(r["ms_per_round"] for r in rows),
         mean_tpf=statistics.mean(r["tpf"] for r in rows),
         rounds_per_block=sum(r["rounds"] for r in rows) / max(sum(r["blocks"] for r in rows), 1),
+        wall_s=wall_s,
     )
-    return rows, summary
+
+
+def run_share(llm, problems: list[dict[str, str]], options: dict[str, Any], chat: bool
+              ) -> tuple[list[int], list[dict[str, Any]], float]:
+    """On every rank (`collective_rpc`): `run` on this rank's data-parallel group's share of
+    `problems` (`LLM.share`): (the problems' indices, their rows, the requests' wall
+    seconds)."""
+    prompts = [[{"role": "user", "content": p["prompt"]}] if chat else p["prompt"]
+               for p in problems]
+    mine = llm.share(prompts, **options)[llm.data_parallel_rank]
+    if not mine:
+        return [], [], 0.0
+    rows, summary = run(llm, [problems[i] for i in mine], options, chat)
+    return mine, rows, summary["wall_s"]
+
+
+def shared_run(llm, problems: list[dict[str, str]], options: dict[str, Any], chat: bool
+               ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """The problems shared among the data-parallel groups: (every problem's row in problem
+    order, their summary as `run` gives it, {"groups": a row per group (GROUP_COLUMNS and its
+    tasks), "total": requests, new_tokens, wall_s (the longest group's), tps})."""
+    values = llm.collective_rpc(run_share, problems, options, chat)
+    per = len(values) // llm.data_parallel_size
+    leaders = values[::per]  # each group's first rank (every rank of a group runs its share)
+    rows: dict[int, dict[str, Any]] = {}
+    groups = []
+    for g, (mine, group_rows, wall) in enumerate(leaders):
+        rows.update(zip(mine, group_rows, strict=True))
+        tokens = sum(r["new_tokens"] for r in group_rows)
+        groups.append(dict(group=g, requests=len(mine), new_tokens=tokens, wall_s=wall,
+                           tps=tokens / wall if wall else 0.0,
+                           tasks=[r["task"] for r in group_rows]))
+    ordered = [rows[i] for i in range(len(problems))]
+    tokens, wall = sum(r["new_tokens"] for r in ordered), max(g["wall_s"] for g in groups)
+    total = dict(requests=len(ordered), new_tokens=tokens, wall_s=wall,
+                 tps=tokens / wall if wall else 0.0)
+    return ordered, summarize(ordered, wall), dict(groups=groups, total=total)
 
 
 def compare_modes(modes: list[str], results: dict[str, dict]) -> list[dict[str, Any]]:
@@ -140,11 +188,19 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     problems = for_model(llm, problems)
     modes = args.modes.split(",") if args.modes else [llm.execution_mode]
     runs = {}  # mode -> every rank's (rows, summary): under torchrun each rank times its own
+    shared = {}  # mode -> each data-parallel group's throughput and the total
     for mode in modes:
         llm.set_execution_mode(mode)
-        runs[mode] = llm.collective_rpc(run, problems, options, chat)
+        if llm.data_parallel_size == 1:
+            runs[mode] = llm.collective_rpc(run, problems, options, chat)
+        else:  # one row per problem, from the group that ran it
+            rows, summary, shared[mode] = shared_run(llm, problems, options, chat)
+            runs[mode] = [(rows, summary)]
         print(f"[{mode}]")
         print(table(runs[mode][0][0], COLUMNS))
+        if mode in shared:
+            print(table(shared[mode]["groups"], GROUP_COLUMNS))
+            print(table([dict(group="total", **shared[mode]["total"])], GROUP_COLUMNS))
     world = len(runs[modes[0]])
     results = [{m: dict(rows=runs[m][r][0], summary=runs[m][r][1]) for m in modes}
                for r in range(world)]
@@ -158,6 +214,8 @@ def main(args, llm_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
     path = write_json(name, dict(model=str(model), decoder=llm.decoder_name,
                                  dtype=str(llm.dtype), attention=llm.attention_backend,
                                  tensor_parallel_size=llm.engine_config.tensor_parallel_size,
+                                 data_parallel_size=llm.data_parallel_size,
+                                 **({"data_parallel": shared} if shared else {}),
                                  options=options, modes=results[0], compare=compare[0],
                                  **({} if world == 1 else dict(world=world,
                                                                per_rank_compare=compare))),

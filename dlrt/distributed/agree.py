@@ -1,6 +1,7 @@
-"""The checks that tensor-parallel ranks would build the same model: the same checkpoint (a
-fingerprint of its config, names and sampled bytes) and the same engine options, before any
-weight loads; and after the load, that every rank loaded (all go on, or all raise)."""
+"""The checks that the ranks (tensor- or data-parallel) would build the same model: the same
+checkpoint (a fingerprint of its config, names and sampled bytes) and the same engine options,
+before any weight loads; and after the load, that every rank loaded (all go on, or all
+raise)."""
 
 from __future__ import annotations
 
@@ -37,13 +38,13 @@ def check_ranks_agree(ranks, folder, options: dict) -> None:
     every = ranks.gather_at_load((str(folder.path), checkpoint_fingerprint(folder), options))
     if any(fp != every[0][1] for _, fp, _ in every):
         listed = "; ".join(f"rank {r}: {p} ({fp})" for r, (p, fp, _) in enumerate(every))
-        raise CheckpointError(f"the tensor-parallel ranks disagree on the checkpoint "
+        raise CheckpointError(f"the ranks disagree on the checkpoint "
                               f"(config.json or weights differ): {listed}")
     for name in options:
         values = [o.get(name) for _, _, o in every]
         if any(v != values[0] for v in values):
             listed = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
-            raise OptionError(f"the tensor-parallel ranks disagree on {name} ({listed}); "
+            raise OptionError(f"the ranks disagree on {name} ({listed}); "
                               "every rank must create LLM(...) with the same arguments")
 
 

@@ -110,8 +110,8 @@ def on_rank(e: DlrtError, rank: int) -> DlrtError:
         return DlrtError(f"rank {rank}: {describe(e)}")
 
 
-def _failures(errors: list[str | None], what: str) -> str:
-    return "; ".join(f"rank {r} failed {what}: {e}" for r, e in enumerate(errors) if e)
+def _failures(errors: list[str | None], what: str, first: int = 0) -> str:
+    return "; ".join(f"rank {first + r} failed {what}: {e}" for r, e in enumerate(errors) if e)
 
 
 class Request:
@@ -134,7 +134,7 @@ class Request:
         statuses = self.calls.exchange(BlockStatus(None, go_on if self.calls.leader else None),
                                        BlockStatus, BlockStatus)
         self.open = bool(statuses[0].go_on) and not any(s.error for s in statuses)
-        failed = _failures([s.error for s in statuses], "the request")
+        failed = _failures([s.error for s in statuses], "the request", self.calls.first)
         if failed:
             raise RankError(failed)
         return self.open
@@ -149,14 +149,16 @@ class Request:
                                            BlockStatus)
             others = [None if r == self.calls.rank else s.error for r, s in enumerate(statuses)]
             if any(others):
-                log.error("rank %d: %s", self.calls.rank, _failures(others, "the request"))
+                log.error("rank %d: %s", self.calls.me,
+                          _failures(others, "the request", self.calls.first))
 
 
 class Calls:
     """The call protocol of one `LLM` over `ranks` (a `dlrt.distributed.ranks.Ranks`, None in
     one process): `call` (rank 0 sends), `follow` (the others' loop), `start_request` and
     `Request` (per-block statuses), `collective` (every rank runs a function: its values in
-    rank order), `close`.
+    rank order), `close`. `rank` is this process's place among `ranks`; messages name the
+    job's ranks (`first`: the global rank of place 0, where `ranks` are some of the job's).
 
     Inside `collective` every rank makes the calls itself ("in step"): nothing is sent."""
 
@@ -164,6 +166,7 @@ class Calls:
         self.ranks = ranks
         self.world = ranks.world if ranks is not None else 1
         self.rank = ranks.rank if ranks is not None else 0
+        self.first = getattr(ranks, "first", 0)
         self.in_step = 0  # nesting depth of `collective`
         self.request: Request | None = None  # the request whose blocks may still come
         self.lost: str | None = None  # why the ranks cannot go on together
@@ -171,6 +174,11 @@ class Calls:
     @property
     def leader(self) -> bool:
         return self.rank == 0
+
+    @property
+    def me(self) -> int:
+        """This process's global rank (what messages name)."""
+        return self.first + self.rank
 
     @property
     def sharing(self) -> bool:
@@ -181,20 +189,20 @@ class Calls:
         """Every rank's message, in rank order (all ranks call it). Raises OutOfStep when the
         channel fails or a message is not of the kind expected from its rank."""
         if self.lost:
-            raise OutOfStep(f"rank {self.rank}: the ranks lost step earlier ({self.lost}); "
+            raise OutOfStep(f"rank {self.me}: the ranks lost step earlier ({self.lost}); "
                             "restart every rank")
         payload = pickle.dumps(msg)  # (a value that cannot be sent raises before any exchange)
         try:
             msgs = [pickle.loads(p) for p in self.ranks.all_gather(payload)]
         except Exception as e:  # gloo: a peer closed its end (it stopped)
             self.lost = f"the control channel failed: {describe(e)}"
-            raise OutOfStep(f"rank {self.rank}: {self.lost}; another rank has stopped") from e
+            raise OutOfStep(f"rank {self.me}: {self.lost}; another rank has stopped") from e
         for r, m in enumerate(msgs):
             kind = leader_kind if r == 0 else follower_kind
             if not isinstance(m, kind):
-                self.lost = (f"rank {r} sent {type(m).__name__} where "
+                self.lost = (f"rank {self.first + r} sent {type(m).__name__} where "
                              f"{_names(kind)} was expected")
-                raise OutOfStep(f"rank {self.rank}: the ranks are out of step: {self.lost}")
+                raise OutOfStep(f"rank {self.me}: the ranks are out of step: {self.lost}")
         return msgs
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> None:
@@ -213,7 +221,7 @@ class Calls:
             except RankError as e:
                 if isinstance(e, OutOfStep):
                     raise
-                log.error("rank %d: a superseded request: %s", self.rank, e)
+                log.error("rank %d: a superseded request: %s", self.me, e)
 
     def start_request(self, ids: list[int], params: Any) -> tuple[list[int], Any, Request]:
         """The request's (ids, params) on this rank and its `Request`: rank 0 sends the
@@ -251,7 +259,7 @@ class Calls:
         done = self.exchange(mine, Done, Done)
         if error is not None:
             raise error
-        failed = _failures([d.error for d in done], what)
+        failed = _failures([d.error for d in done], what, self.first)
         if failed:
             raise RankError(failed)
         return [d.value for d in done]
@@ -276,16 +284,16 @@ class Calls:
                 target.close()
                 return
             if msg.name not in names:
-                self.lost = f"rank 0 sent an unknown call {msg.name!r}"
-                raise OutOfStep(f"rank {self.rank}: {self.lost}")
+                self.lost = f"rank {self.first} sent an unknown call {msg.name!r}"
+                raise OutOfStep(f"rank {self.me}: {self.lost}")
             try:
                 getattr(target, msg.name)(*msg.args, **msg.kwargs)
             except OutOfStep:
                 raise
             except RankError as e:  # another rank failed it; this one stopped with it
-                log.error("rank %d: %s", self.rank, e)
+                log.error("rank %d: %s", self.me, e)
             except Exception:
-                log.exception("rank %d: %s failed", self.rank, msg.name)
+                log.exception("rank %d: %s failed", self.me, msg.name)
 
     def close(self, release: Callable[[], None]) -> None:
         """Close on every rank: rank 0 tells the others (a rank that cannot be told is

@@ -90,7 +90,8 @@ class TensorParallel:
 
 
 def tensor_parallel_group(ranks, device: torch.device, execution_mode: str) -> TensorParallel:
-    """The group of every torchrun rank for one tensor-parallel model.
+    """The group of the ranks `ranks` (a `Ranks`: every torchrun rank; a `Subgroup`: one
+    data-parallel group's) for one tensor-parallel model; every rank of the job calls it.
 
     CPU: a gloo group. CUDA: when every pair of the host's GPUs can reach each other's memory,
     the fused peer-to-peer all-reduce (`dlrt.distributed.p2p`) serves every sum in every
@@ -101,24 +102,24 @@ def tensor_parallel_group(ranks, device: torch.device, execution_mode: str) -> T
     Raises:
         OptionError: ranks sharing a GPU; device_loop on GPUs without peer access.
     """
-    import torch.distributed as dist
-
     if device.type != "cuda":
         return TensorParallel(ranks.rank, ranks.world,
-                              dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT),
-                              control=ranks)
+                              ranks.new_group("gloo", COLLECTIVE_TIMEOUT), control=ranks)
     torch.cuda.set_device(device)
     from dlrt.distributed.p2p import P2PAllReduce, p2p_supported
-    from dlrt.distributed.ranks import local_ranks
+    from dlrt.distributed.ranks import local_ranks, process_rank
 
     devices = ranks.all_gather(device.index)
     if len(set(devices)) < len(devices):
         raise OptionError(f"tensor parallelism needs a GPU per rank; the ranks' devices are "
                           f"{[f'cuda:{d}' for d in devices]} (leave device at auto: rank r "
                           "takes cuda:<local rank>)")
-    ok, why = (p2p_supported(device, devices) if local_ranks()[1] == ranks.world
+    # (torchrun numbers a host's ranks consecutively: rank - local rank is the host's first)
+    hosts = ranks.all_gather(process_rank() - local_ranks()[0])
+    ok, why = (p2p_supported(device, devices) if len(set(hosts)) == 1
                else (False, "the ranks span more than one host"))
-    every = ranks.all_gather((ok, why))  # every rank takes the same path (setup is collective)
+    # every rank of the job takes the same path (making a group is collective over the job)
+    every = ranks.gather_at_load((ok, why))
     ok, why = all(o for o, _ in every), next((w for o, w in every if not o), why)
     if ok:
         # NOTE: a rank waits on the device for its peers at every sum; ranks may drift apart by
@@ -129,5 +130,5 @@ def tensor_parallel_group(ranks, device: torch.device, execution_mode: str) -> T
         raise OptionError(f"execution_mode device_loop with tensor parallelism needs the "
                           f"peer-to-peer all-reduce, and {why}; use execution_mode host_loop "
                           f"(NCCL in captured rounds) or eager")
-    group = dist.new_group(backend="nccl", timeout=COLLECTIVE_TIMEOUT)
+    group = ranks.new_group("nccl", COLLECTIVE_TIMEOUT)
     return TensorParallel(ranks.rank, ranks.world, group, control=ranks)

@@ -153,6 +153,11 @@ class EngineConfig:
         None, "ranks the model is cut across (attention heads, MLP widths, experts, "
         "vocabulary), one process each under torchrun; default: torchrun's world size (1 "
         "without torchrun); 1 under torchrun: every rank holds the whole model")
+    data_parallel_size: int = _option(
+        1, "whole engines side by side under torchrun (data_parallel_size x "
+        "tensor_parallel_size ranks; each group of consecutive ranks loads the model): rank 0 "
+        "shares a list of prompts among them (LLM.generate, bench humaneval / quality) and "
+        "dlrt serve hands each request to an idle one")
     linear_kernels: str = _option(
         "auto", "projections on CUDA with Triton kernels: auto (per weight shape, cuBLAS or the "
         "skinny Triton GEMM, whichever was timed faster at load), cublas, triton (the fastest "
@@ -205,7 +210,8 @@ class EngineConfig:
                 KV cache's dtype (FlashInfer and an FP8 cache), the persistent round off CUDA
                 or under tensor parallelism (each part's own reason: `supports`).
         """
-        tp = tensor_parallel_size(self.tensor_parallel_size, self.device)
+        tp = tensor_parallel_size(self.tensor_parallel_size, self.device,
+                                  self.data_parallel_size)
         device = torch_device(self.device)
         if world_size() > 1 and device.type == "cuda" and device.index is None:
             # this rank's GPU (tensor_parallel_size 1: whole models, as many as fit)
@@ -296,8 +302,9 @@ class EngineConfig:
                                   mask_token_id=mask, load_format=load,
                                   quantization=scheme.name if scheme else "none",
                                   linear_kernels=policy,
-                                  cpu_threads=resolve_cpu_threads(out.cpu_threads, device, config,
-                                                                  out.tensor_parallel_size))
+                                  cpu_threads=resolve_cpu_threads(
+                                      out.cpu_threads, device, config,
+                                      out.tensor_parallel_size * out.data_parallel_size))
         return ResolvedConfig(out, config, defaults,
                               defaults.block_length or DEFAULT_MAX_NEW_TOKENS, eos, scheme)
 
@@ -348,15 +355,15 @@ def _check_value(f: dataclasses.Field, value: Any) -> None:
     if name == "cpu_threads":
         _check_cpu_threads(value)
         return
-    want = int if name in ("seed", "max_model_len", "mask_token_id",
-                           "tensor_parallel_size") else str
+    want = int if name in ("seed", "max_model_len", "mask_token_id", "tensor_parallel_size",
+                           "data_parallel_size") else str
     if isinstance(value, bool) or not isinstance(value, want):
         raise OptionError(f"{name} must be {'an integer' if want is int else 'a string'}, "
                           f"got {value!r}")
     if name == "seed" and not 0 <= value < 2**63:
         raise OptionError(f"seed={value!r} must be in [0, 2^63)")
-    if name == "tensor_parallel_size" and value < 1:
-        raise OptionError(f"tensor_parallel_size={value!r} must be at least 1")
+    if name in ("tensor_parallel_size", "data_parallel_size") and value < 1:
+        raise OptionError(f"{name}={value!r} must be at least 1")
     if choices is not None and value not in choices:
         raise OptionError(f"{name} {value!r}: unknown {name.replace('_', ' ')}; one of "
                           f"{list(choices)}")

@@ -8,7 +8,9 @@ linear layers' methods (`dlrt.tuning.linear`, `dlrt.tuning.quant`), the paged KV
 model dtype, or FP8 with the checkpoint's per-layer scales), the attention backend, the runner,
 the executor and the decoder. Nothing here is global but the CPU thread count: for a model on
 the CPU, `apply_cpu_threads` sets the whole process's torch thread count
-(`torch.set_num_threads`); otherwise two engines in one process are independent.
+(`torch.set_num_threads`); otherwise two engines in one process are independent. Under torchrun
+the engine owns the ranks: its tensor-parallel group (`tp`) and its data-parallel groups (`dp`:
+this rank's group, the links between rank 0 and the other groups' leaders).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dlrt.checkpoint.loader import init_dummy, load_safetensors, materialize
 from dlrt.checkpoint.quant import QuantScheme, quantize_model
 from dlrt.decoding.options import DecoderDefaults
 from dlrt.distributed.agree import check_all_loaded, check_ranks_agree
+from dlrt.distributed.data_parallel import DataParallel, data_parallel
 from dlrt.distributed.group import TensorParallel, tensor_parallel_group
 from dlrt.distributed.ranks import Ranks
 from dlrt.distributed.transform import check_sizes, shard_model
@@ -66,6 +69,7 @@ class Engine(Lifecycle):
     executor: Executor
     decoder: Any
     tp: TensorParallel = dataclasses.field(default_factory=lambda: TensorParallel(0, 1))
+    dp: DataParallel = dataclasses.field(default_factory=DataParallel)
     sleeping: Sleep | None = None  # (`sleep`; None: awake)
 
     @property
@@ -114,9 +118,9 @@ class Engine(Lifecycle):
     @staticmethod
     def create(options: EngineConfig) -> Engine:
         """Load the checkpoint and build the engine (`open`, then every part from the resolved
-        config). With tensor parallelism every rank goes on or every rank raises: once the
-        ranks agree (`_tensor_parallel`), each one's outcome of the load is exchanged at its
-        end over the load-time channel (`check_all_loaded`).
+        config). With tensor or data parallelism every rank goes on or every rank raises: once
+        the ranks agree (`_parallel`), each one's outcome of the load is exchanged at its end
+        over the load-time channel (`check_all_loaded`).
 
         Raises:
             CheckpointError, ConfigError, OptionError: the message names the problem; option
@@ -128,12 +132,12 @@ class Engine(Lifecycle):
         config, mconfig, scheme = resolved.engine, resolved.model, resolved.quant
         device = config.torch_device
         apply_cpu_threads(device, config.cpu_threads)
-        tp = _tensor_parallel(config, mconfig, folder, scheme)
+        tp, dp = _parallel(config, mconfig, folder, scheme)
         _report_quantization(scheme, device)
-        if tp.size == 1:
-            return _build(resolved, folder, tokenizer, tp)
+        if tp.control is None:
+            return _build(resolved, folder, tokenizer, tp, dp)
         try:
-            engine, error = _build(resolved, folder, tokenizer, tp), None
+            engine, error = _build(resolved, folder, tokenizer, tp, dp), None
         except Exception as e:  # the other ranks hear of it before it is raised
             engine, error = None, e
         check_all_loaded(tp.control, error)  # all loaded: the first sums start together
@@ -141,7 +145,7 @@ class Engine(Lifecycle):
 
 
 def _build(resolved: ResolvedConfig, folder: CheckpointFolder, tokenizer: Any,
-           tp: TensorParallel) -> Engine:
+           tp: TensorParallel, dp: DataParallel) -> Engine:
     """Every part of the engine from the resolved config, for this rank's share (`tp`)."""
     config, mconfig, scheme = resolved.engine, resolved.model, resolved.quant
     device = config.torch_device
@@ -161,14 +165,16 @@ def _build(resolved: ResolvedConfig, folder: CheckpointFolder, tokenizer: Any,
                             resolved.decoder_defaults, executor)
     if tp.size > 1 and device.type == "cuda":
         torch.cuda.synchronize(device)  # its device work done before the ranks go on
-    return Engine(resolved, folder, tokenizer, ops, model, plan, runner, executor, decoder, tp)
+    return Engine(resolved, folder, tokenizer, ops, model, plan, runner, executor, decoder, tp,
+                  dp)
 
 
-def _tensor_parallel(config: EngineConfig, mconfig: ModelConfig, folder: CheckpointFolder,
-                     scheme: QuantScheme | None) -> TensorParallel:
-    """The ranks' group (size 1 without tensor parallelism), after checking, before any weight
-    loads, that the model splits evenly, every rank opened the same checkpoint and the
-    options fit.
+def _parallel(config: EngineConfig, mconfig: ModelConfig, folder: CheckpointFolder,
+              scheme: QuantScheme | None) -> tuple[TensorParallel, DataParallel]:
+    """This rank's tensor-parallel group (size 1 without tensor parallelism) and data-parallel
+    groups (`dlrt.distributed.data_parallel`; size 1 without), after checking, before any
+    weight loads, that the model splits evenly, every rank of the job opened the same
+    checkpoint and the options fit. Without either, no ranks are joined (control None).
 
     Raises:
         ConfigError: a size that does not split (`check_sizes`).
@@ -177,17 +183,20 @@ def _tensor_parallel(config: EngineConfig, mconfig: ModelConfig, folder: Checkpo
             without an all-reduce they can hold.
     """
     size = config.tensor_parallel_size
-    if size == 1:
-        return TensorParallel(0, 1)
+    if size == 1 and config.data_parallel_size == 1:
+        return TensorParallel(0, 1), DataParallel()
     check_sizes(mconfig, size)
     ranks = Ranks()
     same = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("device", "model")}
     check_ranks_agree(ranks, folder, same)
-    if scheme is not None:
+    if scheme is not None and size > 1:
         raise OptionError(f"tensor_parallel_size {size} with {scheme.name} weights: sharded "
                           "quantised weights (block scales cut with their rows) are not built "
                           "yet; use unquantised weights or tensor_parallel_size 1")
-    return tensor_parallel_group(ranks, config.torch_device, config.execution_mode)
+    dp = data_parallel(ranks, config.data_parallel_size)
+    if size == 1:
+        return TensorParallel(0, 1, control=dp.control), dp
+    return tensor_parallel_group(dp.control, config.torch_device, config.execution_mode), dp
 
 
 def _load(config: ModelConfig, ops: Ops, folder: CheckpointFolder, engine: EngineConfig,

@@ -38,21 +38,37 @@ def linear_kernels(policy: str, kernels: str, device: torch.device) -> str:
     return "cublas"
 
 
-def tensor_parallel_size(size: int | None, device: str) -> int:
-    """The tensor-parallel size: given, else torchrun's world size. It must be 1 or the world
-    size, and a host's ranks need a GPU each when the model runs on CUDA."""
+def tensor_parallel_size(size: int | None, device: str, data_parallel: int = 1) -> int:
+    """The tensor-parallel size: given, else torchrun's world size divided by the
+    data-parallel size. Without data parallelism it must be 1 or the world size; with it
+    (`data_parallel` > 1) data_parallel x tensor_parallel_size must be the world size. A host's
+    ranks need a GPU each when the model runs on CUDA."""
     world = world_size()
-    tp = world if size is None else size
-    if tp not in (1, world):
-        now = "this process was started without torchrun" if world == 1 else \
-            f"torchrun started {world}"
+    now = "this process was started without torchrun" if world == 1 else \
+        f"torchrun started {world}"
+    if data_parallel > 1:
+        if size is None and world % data_parallel:
+            raise OptionError(
+                f"data_parallel_size {data_parallel} needs a multiple of {data_parallel} "
+                f"processes, data_parallel_size x tensor_parallel_size ({now}): start them with "
+                f"torchrun --nproc-per-node (x --nnodes)")
+        tp = world // data_parallel if size is None else size
+        if tp * data_parallel != world:
+            raise OptionError(
+                f"data_parallel_size {data_parallel} x tensor_parallel_size {tp} needs "
+                f"{data_parallel * tp} processes ({now}): start them with torchrun "
+                f"--nproc-per-node (x --nnodes)")
+    else:
+        tp = world if size is None else size
+    if data_parallel == 1 and tp not in (1, world):
         raise OptionError(f"tensor_parallel_size {tp} needs {tp} processes, one per rank: start "
                           f"them with torchrun --nproc-per-node {tp} ({now})")
-    if tp > 1 and torch_device(device).type == "cuda":
+    if (tp > 1 or data_parallel > 1) and torch_device(device).type == "cuda":
         here, gpus = local_ranks()[1], torch.cuda.device_count()
         if here > gpus:
-            raise OptionError(f"tensor_parallel_size {tp}: {here} ranks on this host but only "
-                              f"{gpus} GPU(s); start at most {gpus} ranks per host")
+            raise OptionError(f"{here} ranks on this host but only {gpus} GPU(s) "
+                              f"(tensor_parallel_size {tp}, data_parallel_size {data_parallel}): "
+                              f"start at most {gpus} ranks per host")
     return tp
 
 

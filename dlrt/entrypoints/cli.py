@@ -396,8 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=_port, default=18080)
     sv.add_argument("--max-queue", type=_int_in(0), default=16,
-                    help="requests that may wait while one runs (0: none); more get 503 with "
-                         "Retry-After")
+                    help="requests that may wait while one runs (one per data-parallel group; "
+                         "0: none); more get 503 with Retry-After")
     sv.add_argument("--request-timeout", type=_positive(float), default=600.0,
                     help="seconds before a request ends with finish_reason 'timeout'")
     sv.add_argument("--max-body-bytes", type=_positive(int), default=1 << 20,

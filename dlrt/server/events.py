@@ -22,21 +22,28 @@ async def start(state: ServerState, job: Job) -> AsyncIterator[Event]:
     try:
         first = await events.__anext__()
     except QueueFull:
-        raise HTTPError(503, f"server busy: one request running, {worker.waiting} waiting "
+        raise HTTPError(503, f"server busy: {_running(worker)}, {worker.waiting} waiting "
                              f"(--max-queue {worker.max_queue})",
                         headers={"Retry-After": "1"}) from None
     except ShuttingDown:
         raise HTTPError(503, "server shutting down: the request was not started") from None
-    return _observed(state, first, events)
+    return _observed(state, job, first, events)
 
 
-async def _observed(state: ServerState, first: Event,
+async def _observed(state: ServerState, job: Job, first: Event,
                     events: AsyncIterator[Event]) -> AsyncIterator[Event]:
     try:
-        state.metrics.observe(*first)
+        state.metrics.observe(*first, job.group)
         yield first
         async for event in events:
-            state.metrics.observe(*event)
+            state.metrics.observe(*event, job.group)
             yield event
     finally:
         await events.aclose()
+
+
+def _running(worker) -> str:
+    """"one request running", or "2 requests running (one per data-parallel group)"."""
+    n = len(worker.group_running)
+    return "one request running" if n == 1 else \
+        f"{n} requests running (one per data-parallel group)"

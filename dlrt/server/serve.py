@@ -1,6 +1,6 @@
 """`dlrt serve`: check the flags and the address, load the model and serve it over HTTP
 (uvicorn). Under torchrun `LLM(...)` returns only on rank 0, which serves; the other ranks run
-its requests with it.
+its requests with it (with data parallelism, each request on one group: `Worker`).
 
 Stopping: the first SIGINT or SIGTERM stops taking connections and drains (the running request
 and the queued ones finish); a second SIGINT answers the queued ones with 503 and cancels the
@@ -180,8 +180,10 @@ def serve(llm_kwargs: dict, defaults: dict, host: str, port: int, max_queue: int
     name = served_model_name or served_name(model)
     worker = Worker(llm, max_queue=max_queue, timeout_s=request_timeout)
     app = create_app(llm, worker, name, defaults, max_body_bytes, api_key=api_key)
+    groups = llm.data_parallel_size
     server = HTTPServer(app, worker, host, port, started=lambda: log.info(
-        "serving %s on http://%s:%d (%d rank(s)%s)", name, host, port, llm.world_size,
+        "serving %s on http://%s:%d (%d rank(s)%s%s)", name, host, port, llm.world_size,
+        f", {groups} data-parallel groups" if groups > 1 else "",
         ", API key required" if api_key else ""))
     try:
         server.run()

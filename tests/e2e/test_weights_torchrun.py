@@ -2,7 +2,9 @@
 an update equals a fresh engine of the new checkpoint (one process), whether rank 0's tensors
 (each rank takes its slices) or a folder; a tensor of the wrong shape is refused on every rank
 and changes nothing; every rank sleeps and wakes with rank 0, and the tokens after a wake
-equal those before (`tests/unit/tp_weights.py` runs the ranks)."""
+equal those before (`tests/unit/tp_weights.py` runs the ranks). With two data-parallel groups of
+one rank each, the same reach both groups: each group's tokens follow every update, sleep and
+wake, and both ranks sleep and wake."""
 
 from __future__ import annotations
 
@@ -30,8 +32,9 @@ def _weights_only(src: Path, dst: Path) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("preset", ["tiny-sdar-moe", "tiny-llada2"])
-def test_two_ranks_update_sleep_and_wake(preset, tmp_path):
+@pytest.mark.parametrize("preset,options", [
+    ("tiny-sdar-moe", {}), ("tiny-llada2", {}), ("tiny-sdar-moe", {"data_parallel_size": 2})])
+def test_two_ranks_update_sleep_and_wake(preset, options, tmp_path):
     a, b = (_weights_only(make_checkpoint(preset, tmp_path / f"full{s}", seed=s,
                                           dtype="float32"), tmp_path / f"seed{s}")
             for s in (0, 1))
@@ -39,10 +42,13 @@ def test_two_ranks_update_sleep_and_wake(preset, tmp_path):
                       for p in (a, b))
     assert want_a != want_b
     out = tmp_path / "out.json"
-    proc = torchrun(2, str(WORKER), str(a), str(b), str(out), tmp=tmp_path)
+    proc = torchrun(2, str(WORKER), str(a), str(b), str(out), json.dumps(options),
+                    tmp=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())
-    assert got["tp"] == 2
+    dp = options.get("data_parallel_size", 1)
+    assert (got["tp"], got["dp"]) == (2 // dp, dp)
+    want_a, want_b = [want_a] * dp, [want_b] * dp  # every group's tokens
     assert got["a"] == got["a_folder"] == got["after_error"] == want_a
     assert got["a_wake"] == got["a_sleep2"] == want_a
     assert got["b_mapping"] == got["b_sleep2"] == want_b

@@ -72,15 +72,47 @@ def test_refuse_waiting_keeps_the_worker_open_until_the_running_request_ends():
     asyncio.run(scenario())
 
 
+def test_each_group_runs_a_request_at_once_and_a_waiting_one_takes_the_first_freed():
+    """With two data-parallel groups two requests run at once (one per group); a third
+    waits (a fourth is refused: `max_queue` 1) and runs on the group freed first."""
+    from dlrt.server.worker import QueueFull
+
+    llm = EndlessLLM()
+    llm.other_groups, llm.lost = [EndlessLLM()], None
+
+    async def scenario():
+        worker = Worker(llm, max_queue=1)
+        jobs = [Job(name, [1], {}) for name in "abc"]
+        a, b = worker.run(jobs[0]), worker.run(jobs[1])
+        assert (await a.__anext__())[0] == (await b.__anext__())[0] == "block"
+        assert (worker.running, worker.group_running) == (2, [1, 1])
+        assert [j.group for j in jobs[:2]] == [0, 1]
+        waiting = asyncio.ensure_future(worker.run(jobs[2]).__anext__())
+        while worker.waiting < 1:
+            await asyncio.sleep(0.01)
+        with pytest.raises(QueueFull):
+            await worker.run(Job("d", [1], {})).__anext__()
+        await b.aclose()  # b's client leaves: group 1 is freed once its thread stops
+        assert (await waiting)[0] == "block" and jobs[2].group == 1
+        assert worker.group_running == [1, 1] and worker.waiting == 0
+        await worker.close()
+        assert (worker.running, worker.group_running) == (0, [0, 0])
+
+    asyncio.run(scenario())
+
+
 class CountingLLM:
     """`stream` yields two one-token blocks, the second the last; records each call's
-    options."""
+    options; with a `gate`, the first block waits until it is set."""
 
-    def __init__(self):
+    def __init__(self, gate: threading.Event | None = None):
         self.calls: list[dict] = []
+        self.gate = gate
 
     def stream(self, prompt_ids, **options):
         self.calls.append(options)
+        if self.gate is not None:
+            assert self.gate.wait(10)
         yield BlockOutput(0, [1], "a", 1, [0], None, None)
         yield BlockOutput(1, [2], "b", 1, [0], "length", None)
 
@@ -115,5 +147,39 @@ def test_a_cancelled_job_ends_each_run_left_without_running_it():
         assert [f["finish_reason"] for f in finals] == ["cancelled", "cancelled"]
         assert finals[1]["completion_tokens"] == 0
         await worker.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_job_of_several_runs_runs_them_all_on_its_one_group():
+    """With two data-parallel groups a job's runs go back to back on the group it got; a
+    request that comes meanwhile runs at once on the other group."""
+    gate = threading.Event()
+    llm, other = CountingLLM(gate), CountingLLM(gate)
+    llm.other_groups, llm.lost = [other], None
+
+    async def events_of(worker, job):
+        return [event async for event in worker.run(job)]
+
+    async def scenario():
+        worker = Worker(llm, max_queue=0)  # none may wait: each request takes an idle group
+        job, single = Job("n", [1], {}, runs=({"seed": 5}, {"seed": 6}, {"seed": 7})), \
+            Job("one", [1], {"seed": 9})
+        first = asyncio.ensure_future(events_of(worker, job))
+        while not llm.calls:
+            await asyncio.sleep(0.01)
+        second = asyncio.ensure_future(events_of(worker, single))
+        while not other.calls:
+            await asyncio.sleep(0.01)
+        assert worker.group_running == [1, 1]
+        gate.set()
+        events, alone = await first, await second
+        assert [kind for kind, _ in events] == ["block", "block", "final"] * 3
+        assert [kind for kind, _ in alone] == ["block", "block", "final"]
+        assert (job.group, single.group) == (0, 1)
+        assert [c["seed"] for c in llm.calls] == [5, 6, 7]
+        assert [c["seed"] for c in other.calls] == [9]
+        await worker.close()
+        assert (worker.running, worker.group_running) == (0, [0, 0])
 
     asyncio.run(scenario())

@@ -1,9 +1,11 @@
 """Run under torchrun by `tests/e2e/test_weights_torchrun.py`: weight updates, sleep and wake of
 a model cut across the ranks.
 
-    torchrun --nproc-per-node 2 tests/unit/tp_weights.py CKPT_A CKPT_B OUT.json
+    torchrun --nproc-per-node 2 tests/unit/tp_weights.py CKPT_A CKPT_B OUT.json [OPTIONS]
 
-Rank 0 generates with checkpoint A, updates to B's tensors (a mapping: every rank takes its
+OPTIONS: a JSON object of engine options (such as {"data_parallel_size": 2}). Each time, rank 0
+generates the prompt once per data-parallel group (a list: each group runs one). Rank 0
+generates with checkpoint A, updates to B's tensors (a mapping: every rank takes its
 slices of rank 0's full tensors), back to A's folder, refuses a tensor of the wrong shape,
 sleeps (level 1) and wakes, sleeps (level 2) and updates to B's folder then wakes, sleeps
 (level 2) and wakes with A's folder; it writes the tokens after each step and the errors.
@@ -55,15 +57,17 @@ def error_of(fn) -> str:
     return "no error"
 
 
-def main(a: str, b: str, out: str) -> int:
+def main(a: str, b: str, out: str, options: str = "{}") -> int:
     record_events(out + ".events")
     result = {}
 
-    def tokens(llm: LLM) -> list[int]:
-        return llm.generate(PROMPT, **REQUEST).token_ids
+    def tokens(llm: LLM) -> list[list[int]]:
+        prompts = [PROMPT] * llm.data_parallel_size
+        return [r.token_ids for r in llm.generate(prompts, **REQUEST)]
 
-    with LLM(a, dtype="float32") as llm:
+    with LLM(a, **{"dtype": "float32", **json.loads(options)}) as llm:
         result["tp"] = llm.engine.config.tensor_parallel_size
+        result["dp"] = llm.data_parallel_size
         result["a"] = tokens(llm)
         b_tensors = load_file(str(Path(b) / "model.safetensors"))
         llm.update_weights(b_tensors)
