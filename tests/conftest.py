@@ -6,6 +6,7 @@ in pyproject.toml)."""
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 import torch
@@ -14,6 +15,10 @@ _MADE_CACHE = pytest.StashKey[str]()
 
 
 def pytest_configure(config):
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # NOTE: pytest-xdist's workers ignore SIGINT, and an ignored signal stays ignored in
+        # the processes they start: the tests that interrupt a command need it back.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if not torch.cuda.is_available():
         # NOTE: before any Triton kernel is defined: kernels run in Triton's CPU interpreter.
         os.environ.setdefault("TRITON_INTERPRET", "1")
