@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 import pickle
 import random
 import time
@@ -345,8 +346,12 @@ class LLM:
             WeightsError: the folder's weights do not fit (nothing changed: the LLM sleeps
                 on), or a copy failed (named).
             CheckpointError: an unreadable folder. DlrtError: the LLM is closed.
+            OptionError: a `path` that is not a str or path (e.g. a level number).
         """
         self._check_not_closed()
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise OptionError(f"wake_up(path=...): a checkpoint folder (str or path), got "
+                              f"{type(path).__name__} {path!r:.40}; wake_up() takes no level")
         if path is None:
             self.engine.plan_wake(None)  # (checked before the other ranks hear of it)
         path = None if path is None else str(path)
@@ -391,8 +396,11 @@ class LLM:
                 checks (an unreadable file) says the weights are partly updated.
             AsleepError: asleep at level 1 (wake first, or `wake_up(path)`).
             CheckpointError: an unreadable folder. DlrtError: the LLM is closed.
+            OptionError: `strict` not a bool.
         """
         self._check_not_closed()
+        if not isinstance(strict, bool):
+            raise OptionError(f"update_weights: strict must be True or False, got {strict!r:.40}")
         self.engine.check_updatable()
         if self._calls.sharing or self._hands_out:
             weights = portable(weights)  # what every rank receives, rank 0 included

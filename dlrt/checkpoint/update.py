@@ -161,7 +161,7 @@ def open_source(weights: Any) -> TensorSource:
 
     Raises:
         WeightsError: not one of those, a name that is not a str, a value that is not a
-            tensor, a name given twice.
+            tensor (or a meta tensor), a name given twice.
         CheckpointError, OptionError: a folder that cannot be read (`CheckpointFolder.open`).
     """
     if isinstance(weights, (str, os.PathLike)):
@@ -188,6 +188,9 @@ def open_source(weights: Any) -> TensorSource:
         if not isinstance(name, str) or not isinstance(t, torch.Tensor):
             raise WeightsError(f"weights: {name!r:.80} -> {type(t).__name__}: names are str "
                                "and values torch.Tensor")
+        if t.is_meta:
+            raise WeightsError(f"weights: {name!r:.80} is a meta tensor (no data); nothing "
+                               "was updated")
         if name in tensors:
             twice.append(name)
         tensors[name] = t.detach()

@@ -181,3 +181,16 @@ def test_sleep_and_wake_inside_inference_mode(tiny_llada):
     assert not any(p.is_inference() for p in llm.model.parameters())
     llm.update_weights(tiny_llada)
     assert tokens(llm) == before
+
+
+def test_wake_up_takes_a_folder_not_a_level(sdar):
+    """vLLM's wake_up takes tags, not a level: a number is refused by name, not read as a
+    folder called "1"."""
+    llm, _ = sdar
+    llm.sleep(level=1)
+    try:
+        with pytest.raises(OptionError, match="a checkpoint folder .str or path., got int 1"):
+            llm.wake_up(1)
+        assert llm.is_sleeping
+    finally:
+        llm.wake_up()

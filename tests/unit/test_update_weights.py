@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from dlrt import LLM
 from dlrt.checkpoint.default import default_model_path
 from dlrt.checkpoint.make import make_checkpoint
-from dlrt.errors import WeightsError
+from dlrt.errors import OptionError, WeightsError
 
 PROMPT = [5, 6, 7, 8, 9, 10]
 REQUEST = dict(max_new_tokens=8, temperature=0.0, seed=0, ignore_eos=True)
@@ -326,3 +326,16 @@ def test_fp8_kv_cache_takes_the_scales(pair):
     assert llm.kv_cache.k_scale is k_scale  # the same memory, new values
     assert llm.kv_cache.k_scale.tolist() == llm.kv_cache.v_scale.tolist() == \
         [2.0 + i for i in range(layers)]
+
+
+def test_meta_tensors_and_a_non_bool_strict_are_refused_before_any_copy(sdar):
+    llm, b = sdar
+    before = snapshot(llm)
+    w = tensors(b)
+    name = next(iter(w))
+    with pytest.raises(WeightsError, match="is a meta tensor .no data.; nothing was updated"):
+        llm.update_weights({**w, name: torch.empty_like(w[name], device="meta")})
+    with pytest.raises(OptionError, match="strict must be True or False, got 'yes'"):
+        llm.update_weights(w, strict="yes")
+    for n, p in llm.model.named_parameters():
+        assert torch.equal(p, before[n]), n
