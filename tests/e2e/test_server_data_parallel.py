@@ -19,6 +19,8 @@ from dlrt import LLM
 pytestmark = pytest.mark.slow  # torchrun subprocesses
 
 LONG = {"max_new_tokens": 48, "ignore_eos": True, "temperature": 0}
+# long enough for two requests to overlap on a loaded 2-core machine
+LONGER = {**LONG, "max_new_tokens": 320}
 
 
 def stream(url: str, body: dict, out: dict) -> None:
@@ -54,7 +56,8 @@ def test_two_groups_serve_two_requests_at_once(start_server, tiny_sdar, tmp_path
     server.wait_log("rank 1 leading data-parallel group 1")
     assert "(2 rank(s), 2 data-parallel groups)" in server.log()
     prompts = {"a": [1, 2, 3, 4, 5], "b": [9, 8, 6], "c": [11, 12, 13, 14]}
-    want = {k: llm.generate(p, **LONG).token_ids for k, p in prompts.items()}
+    want = {k: llm.generate(p, **(LONG if k == "a" else LONGER)).token_ids
+            for k, p in prompts.items()}
 
     # group 0 runs "a"; the failing request goes to the idle group 1 and fails alone
     a: dict = {}
@@ -73,7 +76,7 @@ def test_two_groups_serve_two_requests_at_once(start_server, tiny_sdar, tmp_path
     # two requests at once: both groups run, each answering as one process does
     seen, results = [], {k: {} for k in ("b", "c")}
     threads = [threading.Thread(target=stream, args=(server.url, {"input_ids": prompts[k],
-                                                                  **LONG}, results[k]))
+                                                                  **LONGER}, results[k]))
                for k in results]
     for t in threads:
         t.start()
