@@ -13,11 +13,11 @@ import dataclasses
 
 import pytest
 import torch
+from cpu_graph_modes import simulate
 
 from dlrt import LLM
 from dlrt.errors import NumericalError, OptionError, PromptError
 from dlrt.models.registry import family
-from dlrt.runtime import executor as executor_module
 from dlrt.runtime.decoders import decoder_for
 from dlrt.runtime.renoise_decoder import RenoiseDecoder
 
@@ -116,48 +116,6 @@ def test_image_input_is_a_named_error(llm, monkeypatch):
             llm.generate(prompt, max_new_tokens=8)
 
 
-class _Replay:
-    """A 'captured' part on the CPU: replaying it calls the function."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def replay(self):
-        self.fn()
-
-    def launch(self):
-        self.fn()
-
-    def reset(self):
-        pass
-
-    close = reset
-
-
-def _simulate(executor, mode: str, monkeypatch) -> None:
-    """Run `executor` in a graph mode on the CPU: capture is the executor's warm-up (its
-    buffers restored afterwards) and the parts replay as calls; device_loop's WHILE graph
-    runs begin, rounds while the flag is set, and end."""
-
-    def capture(program, phase):
-        begin = program.phases[phase]
-        executor_module.warm_up(program, begin, [t.clone() for t in program.buffers()])
-        if mode == "host_loop":
-            return [_Replay(begin), _Replay(program.round), _Replay(program.end)]
-
-        def loop():
-            begin()
-            while program.state.flag.item():
-                program.round()
-            program.end()
-
-        return _Replay(loop)
-
-    monkeypatch.setattr(executor, "mode", mode)
-    monkeypatch.setattr(executor, "_capture", capture)
-    monkeypatch.setattr(executor, "_free", lambda graphs: None)
-
-
 @pytest.mark.parametrize("options", [
     dict(max_denoising_steps=6, entropy_bound=0.5),
     dict(max_denoising_steps=8, entropy_bound=1e4, stability_threshold=0,
@@ -170,7 +128,7 @@ def test_execution_modes_commit_the_same_tokens(llm, options, monkeypatch):
     for mode in ("eager", "host_loop", "device_loop"):
         with monkeypatch.context() as m:
             if mode != "eager":
-                _simulate(llm.executor, mode, m)
+                simulate(llm.executor, mode, m)
             before = llm.executor.captures
             out[mode] = [llm.generate(p, max_new_tokens=37, seed=s, ignore_eos=True, **options)
                          for p in prompts for s in (0, 1)]

@@ -12,13 +12,13 @@ import math
 
 import pytest
 import torch
+from cpu_graph_modes import simulate
 
 import dlrt.runtime.decoder
 import dlrt.runtime.renoise_decoder
 from dlrt import LLM
 from dlrt.decoding.renoise import schedule_temperature
 from dlrt.errors import OptionError
-from dlrt.runtime import executor as executor_module
 
 B = 4
 MODES = ("eager", "host_loop", "device_loop")
@@ -32,48 +32,6 @@ def sdar(tiny_sdar):
 @pytest.fixture(scope="module")
 def llada(tiny_llada):
     return LLM(tiny_llada, dtype="float32")
-
-
-class _Replay:
-    """A 'captured' part on the CPU: replaying it calls the function."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def replay(self):
-        self.fn()
-
-    def launch(self):
-        self.fn()
-
-    def reset(self):
-        pass
-
-    close = reset
-
-
-def _simulate(executor, mode: str, monkeypatch) -> None:
-    """Run `executor` in a graph mode on the CPU: capture is the executor's warm-up (its buffers
-    restored afterwards) and the parts replay as calls; device_loop's WHILE graph runs begin,
-    rounds while the flag is set, and end."""
-
-    def capture(program, phase):
-        begin = program.phases[phase]
-        executor_module.warm_up(program, begin, [t.clone() for t in program.buffers()])
-        if mode == "host_loop":
-            return [_Replay(begin), _Replay(program.round), _Replay(program.end)]
-
-        def loop():
-            begin()
-            while program.state.flag.item():
-                program.round()
-            program.end()
-
-        return _Replay(loop)
-
-    monkeypatch.setattr(executor, "mode", mode)
-    monkeypatch.setattr(executor, "_capture", capture)
-    monkeypatch.setattr(executor, "_free", lambda graphs: None)
 
 
 def _outputs(r):
@@ -149,7 +107,7 @@ def test_execution_modes_give_the_same_step_map_and_logprobs(name, request, monk
     for mode in MODES:
         with monkeypatch.context() as m:
             if mode != "eager":
-                _simulate(llm.executor, mode, m)
+                simulate(llm.executor, mode, m)
             before = llm.executor.captures
             out[mode] = [_outputs(llm.generate(prompt, logprobs=True, top_logprobs=5,
                                                **options)) for _ in range(2)]
