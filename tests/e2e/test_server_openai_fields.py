@@ -11,6 +11,7 @@ import json
 import httpx
 import openai
 import pytest
+from test_server_conventions import error_of
 
 from dlrt import LLM
 
@@ -38,15 +39,6 @@ def oai(server) -> openai.OpenAI:
 def client(server):
     with httpx.Client(base_url=server.url, timeout=60) as c:
         yield c
-
-
-def error_of(r: httpx.Response, status: int) -> dict:
-    """The OpenAI error body of a response with `status`."""
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"], err
-    assert err["code"] == status and err["type"] == "invalid_request_error", err
-    return err
 
 
 # --- n and seed ---------------------------------------------------------------------------
