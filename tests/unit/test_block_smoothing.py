@@ -6,7 +6,7 @@ checkpoint and the tiny LLaDA2 one (its family's defaults: block 32, `threshold`
 Their reference forwards (`test_llada2_parity.sdar_forward`, `llada2_reference.forward`) run
 the whole sequence from input embeddings with an explicit block-causal mask, independent of
 dlrt's KV cache, folded first round and `embeds_add`. Eager mode and the host_loop mode run on
-the CPU (`test_renoise_decoder._simulate`). The models' `embeds_add` is checked on its own:
+the CPU (`cpu_graph_modes.simulate`). The models' `embeds_add` is checked on its own:
 zeros change nothing, other values equal the reference forward of the summed embeddings.
 """
 
@@ -16,12 +16,12 @@ import json
 
 import pytest
 import torch
+from cpu_graph_modes import simulate
 from llada2_generate_reference import block_causal_mask
 from llada2_reference import forward as llada2_reference_forward
 from safetensors.torch import load_file
 from smoothing_reference import Smooth, smooth_blocks
 from test_llada2_parity import sdar_forward
-from test_renoise_decoder import _simulate
 
 from dlrt import LLM
 from dlrt.errors import OptionError
@@ -81,7 +81,7 @@ CASES = [(5, 4, 16, 0.5, {}), (8, 8, 24, 0.3, CAPPED), (11, 4, 18, 0.45, CAPPED)
 @pytest.mark.parametrize("p,b,gen,threshold,values", CASES)
 def test_sdar_smoothing_matches_dinfer(sdar, monkeypatch, mode, p, b, gen, threshold, values):
     if mode != "eager":
-        _simulate(sdar[0].executor, mode, monkeypatch)
+        simulate(sdar[0].executor, mode, monkeypatch)
     try:
         _check(sdar, SDAR_MASK, p, b, gen, Smooth(threshold, **values))
     finally:
@@ -102,7 +102,7 @@ def test_sdar_smoothing_with_dinfer_s_other_decoders(sdar, strategy, p, b, gen, 
 def test_llada2_smoothing_matches_dinfer(llada2, monkeypatch, mode, p, b, gen, threshold,
                                          values, strategy):
     if mode != "eager":
-        _simulate(llada2[0].executor, mode, monkeypatch)
+        simulate(llada2[0].executor, mode, monkeypatch)
     try:
         _check(llada2, LLADA2_MASK, p, b, gen, Smooth(threshold, strategy, **values))
     finally:

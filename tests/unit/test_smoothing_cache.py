@@ -6,7 +6,7 @@ after_look) over `test_canvas_cache.FastForward` (LLaDA from dlrt's weights with
 past-K/V interface, taking input embeddings). The refresh forward adds the soft embeddings of
 every canvas position and leaves new ones for all of them; a window forward adds those of its
 positions and leaves new ones for them only. Tokens must be equal in eager mode and in the
-host_loop mode run on the CPU (`test_renoise_decoder._simulate`: captured parts replayed as
+host_loop mode run on the CPU (`cpu_graph_modes.simulate`: captured parts replayed as
 calls after the executor's warm-up).
 
 fp32 on the CPU, the LM head sharpened as in `test_canvas_cache`.
@@ -15,9 +15,9 @@ fp32 on the CPU, the LM head sharpened as in `test_canvas_cache`.
 from __future__ import annotations
 
 import pytest
+from cpu_graph_modes import simulate
 from smoothing_reference import Smooth, dinfer_cached
 from test_canvas_cache import MASK, PROMPT_IDS, SHARPEN, FastForward
-from test_renoise_decoder import _simulate
 
 from dlrt.llm import LLM
 
@@ -64,7 +64,7 @@ def test_cached_smoothing_matches_dinfer(llm, monkeypatch, mode, cache, before, 
     prompt, smooth = PROMPT_IDS[:p], Smooth(threshold, **values)
     want = _reference(llm, prompt, b, gen, cache, before, after, smooth)
     if mode != "eager":
-        _simulate(llm.executor, mode, monkeypatch)
+        simulate(llm.executor, mode, monkeypatch)
     try:
         assert _generate(llm, prompt, b, gen, cache, before, after, smooth) == want
     finally:
